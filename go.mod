@@ -1,0 +1,3 @@
+module github.com/gpudra/gpudra
+
+go 1.26.8

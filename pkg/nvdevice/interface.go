@@ -1,0 +1,64 @@
+package nvdevice
+
+import (
+	"context"
+	"errors"
+)
+
+// Inventorier reads what a node has.
+type Inventorier interface {
+	// Inventory returns a consistent snapshot of the node's GPUs. The
+	// returned value is owned by the caller.
+	Inventory(ctx context.Context) (*Inventory, error)
+}
+
+// MigManager creates and destroys MIG devices (a GPU instance with one
+// compute instance spanning it).
+type MigManager interface {
+	// CreateMigDevice creates a GPU instance of the given profile at the given
+	// placement on the parent GPU, and a compute instance that spans it.
+	CreateMigDevice(ctx context.Context, req MigCreateRequest) (*MigDevice, error)
+	// DeleteMigDevice destroys the compute instance and then the GPU instance
+	// of a MIG device. Deleting a MIG device that no longer exists returns an
+	// error wrapping ErrNotFound.
+	DeleteMigDevice(ctx context.Context, ref MigDeviceRef) error
+}
+
+// HealthWatcher streams health events.
+type HealthWatcher interface {
+	// WatchHealth delivers health events until ctx is done, then closes the
+	// channel. Several watchers may be active at the same time.
+	WatchHealth(ctx context.Context) (<-chan HealthEvent, error)
+}
+
+// Interface is everything a backend offers.
+type Interface interface {
+	Inventorier
+	MigManager
+	HealthWatcher
+	// Close releases the backend (NVML shutdown). It is safe to call twice.
+	Close() error
+}
+
+// Errors a backend wraps so that callers can react without knowing the
+// backend. They mirror the NVML return codes the hardware gives.
+var (
+	// ErrLibraryNotFound: the NVIDIA driver library could not be loaded.
+	ErrLibraryNotFound = errors.New("NVIDIA driver library not found")
+	// ErrNotFound: no such GPU, MIG device or profile.
+	ErrNotFound = errors.New("not found")
+	// ErrMigDisabled: the operation needs MIG mode enabled on the GPU.
+	ErrMigDisabled = errors.New("MIG mode is not enabled")
+	// ErrInvalidPlacement: the placement is not one the profile allows
+	// (NVML_ERROR_INVALID_ARGUMENT).
+	ErrInvalidPlacement = errors.New("invalid placement for profile")
+	// ErrInsufficientResources: the placement overlaps an existing GPU
+	// instance, or the GPU has no engines or instances left for the profile
+	// (NVML_ERROR_INSUFFICIENT_RESOURCES).
+	ErrInsufficientResources = errors.New("insufficient resources")
+	// ErrGPULost: the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST).
+	ErrGPULost = errors.New("GPU is lost")
+	// ErrInUse: a MIG device still has processes or compute instances
+	// (NVML_ERROR_IN_USE).
+	ErrInUse = errors.New("in use")
+)
