@@ -1,0 +1,165 @@
+// Package sim provides simulated GPU machines faithful to
+// ../shared/facts/h100.md: the same product figures, the real H100 MIG profile
+// table with memory-slice placements, MIG creation that refuses what the
+// hardware refuses, NVLink topology through NVSwitches, multi-node fabric
+// cliques, and injectable health faults.
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// Machine is a simulated node. It implements nvdevice.Interface and is safe
+// for concurrent use.
+type Machine struct {
+	spec     MachineSpec
+	nodeName string
+
+	mu      sync.Mutex
+	inv     nvdevice.Inventory
+	fabric  map[string]nvdevice.FabricInfo
+	lost    map[string]bool // GPU UUID -> fallen off the bus
+	created int             // MIG devices created so far, for UUIDs
+	health  *broadcaster
+	closed  bool
+}
+
+var _ nvdevice.Interface = (*Machine)(nil)
+
+// New builds a machine from a spec. nodeName seeds the UUIDs, so two nodes
+// built from the same spec have different GPUs, and the same node gets the
+// same GPUs every time.
+func New(spec MachineSpec, nodeName string) (*Machine, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("machine %q: %w", spec.Name, err)
+	}
+	model := gpuModels[spec.model()]
+	driver, cuda := spec.DriverVersion, spec.CUDADriverVersion
+	if driver == "" {
+		driver = defaultDriverVersion
+	}
+	if cuda == "" {
+		cuda = defaultCUDADriverVersion
+	}
+	m := &Machine{
+		spec:     spec,
+		nodeName: nodeName,
+		fabric:   map[string]nvdevice.FabricInfo{},
+		lost:     map[string]bool{},
+		health:   newBroadcaster(),
+		inv:      nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: cuda},
+	}
+	for i := 0; i < spec.GPUCount; i++ {
+		g := nvdevice.GPU{
+			Index:                 i,
+			Minor:                 i,
+			UUID:                  "GPU-" + derivedUUID(nodeName, fmt.Sprint(i)),
+			ProductName:           model.productName,
+			Brand:                 model.brand,
+			Architecture:          model.architecture,
+			CUDAComputeCapability: model.computeCap,
+			MemoryMiB:             model.memoryMiB,
+			Engines:               model.engines,
+			PCI: nvdevice.PCI{
+				BusID:    gpuBusID(i),
+				DeviceID: model.pciDeviceID,
+				PCIeRoot: fmt.Sprintf("pci%04x:%02x", i/len(dgxH100Buses), (i%len(dgxH100Buses))/4*0x80),
+			},
+			NUMANode:          (i % len(dgxH100Buses)) / 4,
+			DriverVersion:     driver,
+			CUDADriverVersion: cuda,
+			MIG: nvdevice.MIG{
+				Capable:  len(model.profiles) > 0,
+				Enabled:  spec.MigEnabled.enabled(i),
+				Profiles: append([]nvdevice.MigProfile(nil), model.profiles...),
+			},
+		}
+		if spec.NVLink == NVLinkNVSwitch {
+			g.NVLink.Links = switchLinks()
+		}
+		m.inv.GPUs = append(m.inv.GPUs, g)
+		if spec.Fabric != nil {
+			u, _ := parseUUID(spec.Fabric.ClusterUUID) // checked by Validate
+			m.fabric[g.UUID] = nvdevice.FabricInfo{ClusterUUID: u, CliqueID: spec.Fabric.CliqueID}
+		}
+	}
+	nvdevice.AssignNVLinkDomains(m.inv.GPUs, m.fabric)
+	for i, d := range spec.MigDevices {
+		req := nvdevice.MigCreateRequest{ParentUUID: m.inv.GPUs[d.GPU].UUID, Profile: d.Profile, Start: d.Start}
+		if _, err := m.createLocked(req); err != nil {
+			return nil, fmt.Errorf("machine %q: migDevices[%d]: %w", spec.Name, i, err)
+		}
+	}
+	return m, nil
+}
+
+// NewBuiltin builds a built-in machine or one described in a YAML file.
+func NewBuiltin(nameOrFile, nodeName string) (*Machine, error) {
+	spec, err := LookupSpec(nameOrFile)
+	if err != nil {
+		return nil, err
+	}
+	return New(spec, nodeName)
+}
+
+// Spec returns the spec the machine was built from.
+func (m *Machine) Spec() MachineSpec { return m.spec }
+
+// switchLinks gives a GPU its 18 NVLink links spread over the 4 NVSwitches.
+func switchLinks() []nvdevice.NVLinkLink {
+	var links []nvdevice.NVLinkLink
+	for sw, n := range nvswitchLinks {
+		for j := 0; j < n; j++ {
+			links = append(links, nvdevice.NVLinkLink{
+				Index: len(links), Active: true, RemoteBusID: nvswitchBusID(sw), RemoteKind: nvdevice.RemoteNVSwitch,
+			})
+		}
+	}
+	return links
+}
+
+// Inventory returns a deep copy of the machine's state. GPUs that fell off
+// the bus are not listed, as NVML can no longer read them.
+func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, fmt.Errorf("simulated machine %q is closed", m.spec.Name)
+	}
+	out := &nvdevice.Inventory{DriverVersion: m.inv.DriverVersion, CUDADriverVersion: m.inv.CUDADriverVersion}
+	for _, g := range m.inv.GPUs {
+		if m.lost[g.UUID] {
+			continue
+		}
+		out.GPUs = append(out.GPUs, copyGPU(g))
+	}
+	return out, nil
+}
+
+func copyGPU(g nvdevice.GPU) nvdevice.GPU {
+	g.MIG.Profiles = append([]nvdevice.MigProfile(nil), g.MIG.Profiles...)
+	for i := range g.MIG.Profiles {
+		g.MIG.Profiles[i].Placements = append([]nvdevice.Placement(nil), g.MIG.Profiles[i].Placements...)
+	}
+	g.MIG.Devices = append([]nvdevice.MigDevice(nil), g.MIG.Devices...)
+	g.NVLink.Links = append([]nvdevice.NVLinkLink(nil), g.NVLink.Links...)
+	return g
+}
+
+// Close stops the machine; health watchers are closed.
+func (m *Machine) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		m.health.close()
+	}
+	return nil
+}

@@ -1,0 +1,220 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// MachineSpec describes a simulated machine. Built-in machines are specs too,
+// and tests and the demo can shape their own nodes in a small YAML file:
+//
+//	name: two-h100-mig
+//	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie
+//	gpuCount: 2
+//	nvlink: nvswitch           # nvswitch | none
+//	migEnabled: all            # all | none | a list of GPU indexes: [0]
+//	migDevices:                # MIG devices that exist at start
+//	- {gpu: 0, profile: 3g.40gb, start: 4}
+//	fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
+type MachineSpec struct {
+	Name              string          `json:"name"`
+	GPUModel          string          `json:"gpuModel,omitempty"`
+	GPUCount          int             `json:"gpuCount"`
+	NVLink            string          `json:"nvlink,omitempty"`
+	MigEnabled        MigEnabledSpec  `json:"migEnabled,omitempty"`
+	MigDevices        []MigDeviceSpec `json:"migDevices,omitempty"`
+	Fabric            *FabricSpec     `json:"fabric,omitempty"`
+	DriverVersion     string          `json:"driverVersion,omitempty"`
+	CUDADriverVersion string          `json:"cudaDriverVersion,omitempty"`
+}
+
+// NVLink topologies.
+const (
+	NVLinkNVSwitch = "nvswitch"
+	NVLinkNone     = "none"
+)
+
+// MigEnabledSpec is "all", "none" or a list of GPU indexes.
+type MigEnabledSpec struct {
+	All     bool
+	Indexes []int
+}
+
+// UnmarshalJSON accepts "all", "none" or a list of indexes.
+func (m *MigEnabledSpec) UnmarshalJSON(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	switch s {
+	case `"all"`:
+		*m = MigEnabledSpec{All: true}
+		return nil
+	case `"none"`, `null`:
+		*m = MigEnabledSpec{}
+		return nil
+	}
+	var idx []int
+	if err := yaml.Unmarshal(b, &idx); err != nil {
+		return fmt.Errorf(`migEnabled: want "all", "none" or a list of GPU indexes, got %s`, s)
+	}
+	*m = MigEnabledSpec{Indexes: idx}
+	return nil
+}
+
+// MarshalJSON is the inverse of UnmarshalJSON.
+func (m MigEnabledSpec) MarshalJSON() ([]byte, error) {
+	if m.All {
+		return []byte(`"all"`), nil
+	}
+	if len(m.Indexes) == 0 {
+		return []byte(`"none"`), nil
+	}
+	return yaml.Marshal(m.Indexes)
+}
+
+func (m MigEnabledSpec) enabled(index int) bool {
+	if m.All {
+		return true
+	}
+	for _, i := range m.Indexes {
+		if i == index {
+			return true
+		}
+	}
+	return false
+}
+
+// MigDeviceSpec is a MIG device that exists when the machine starts.
+type MigDeviceSpec struct {
+	GPU     int    `json:"gpu"`
+	Profile string `json:"profile"`
+	Start   int    `json:"start"`
+}
+
+// FabricSpec puts the machine in a multi-node NVLink fabric.
+type FabricSpec struct {
+	ClusterUUID string `json:"clusterUUID"`
+	CliqueID    uint32 `json:"cliqueID"`
+}
+
+const (
+	defaultDriverVersion     = "570.172.08"
+	defaultCUDADriverVersion = "12.8"
+	// defaultClusterUUID is the fabric cluster of the built-in multi-node
+	// machine; every node built from it is in the same clique.
+	defaultClusterUUID = "4d1c2b3a-9e8f-4a7b-8c6d-5e4f3a2b1c0d"
+)
+
+// Built-in machines.
+var builtins = map[string]MachineSpec{
+	// DGX H100: 8 x H100 SXM5 all-to-all through 4 NVSwitches, MIG enabled
+	// so that every placement can be offered.
+	"dgx-h100": {Name: "dgx-h100", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch,
+		MigEnabled: MigEnabledSpec{All: true}},
+	// The same board with MIG mode off everywhere.
+	"dgx-h100-nomig": {Name: "dgx-h100-nomig", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch},
+	// Two PCIe H100 without NVLink bridges.
+	"h100-pcie": {Name: "h100-pcie", GPUModel: ModelH100PCIe, GPUCount: 2, NVLink: NVLinkNone,
+		MigEnabled: MigEnabledSpec{All: true}},
+	// An H100 node in a multi-node NVLink fabric (NVLink Switch System):
+	// a non-zero fabric cluster UUID and clique id.
+	"h100-nvlink-fabric": {Name: "h100-nvlink-fabric", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch,
+		MigEnabled: MigEnabledSpec{All: true}, Fabric: &FabricSpec{ClusterUUID: defaultClusterUUID, CliqueID: 1}},
+}
+
+// BuiltinMachines lists the names of the built-in machines.
+func BuiltinMachines() []string {
+	names := make([]string, 0, len(builtins))
+	for n := range builtins {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// LookupSpec returns a built-in machine by name, or reads a YAML file when
+// nameOrFile is not a built-in name.
+func LookupSpec(nameOrFile string) (MachineSpec, error) {
+	if spec, ok := builtins[nameOrFile]; ok {
+		return spec, nil
+	}
+	data, err := os.ReadFile(nameOrFile)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return MachineSpec{}, fmt.Errorf("machine %q is neither a built-in machine (%s) nor a readable file: %w",
+				nameOrFile, strings.Join(BuiltinMachines(), ", "), err)
+		}
+		return MachineSpec{}, fmt.Errorf("read machine file: %w", err)
+	}
+	spec, err := ParseSpec(data)
+	if err != nil {
+		return MachineSpec{}, fmt.Errorf("machine file %s: %w", nameOrFile, err)
+	}
+	return spec, nil
+}
+
+// ParseSpec decodes a YAML machine spec strictly (unknown fields are errors)
+// and validates it.
+func ParseSpec(data []byte) (MachineSpec, error) {
+	var spec MachineSpec
+	if err := yaml.UnmarshalStrict(data, &spec); err != nil {
+		return MachineSpec{}, err
+	}
+	if err := spec.Validate(); err != nil {
+		return MachineSpec{}, err
+	}
+	return spec, nil
+}
+
+// Validate checks a spec. Defaults (model, driver versions) are applied when
+// the machine is built, not here.
+func (s MachineSpec) Validate() error {
+	var errs []error
+	if s.GPUCount < 1 || s.GPUCount > 64 {
+		errs = append(errs, fmt.Errorf("gpuCount: must be between 1 and 64, got %d", s.GPUCount))
+	}
+	model := s.model()
+	if _, ok := gpuModels[model]; !ok {
+		errs = append(errs, fmt.Errorf("gpuModel: unknown model %q, want %s or %s", s.GPUModel, ModelH100SXM5, ModelH100PCIe))
+	}
+	switch s.NVLink {
+	case "", NVLinkNone:
+	case NVLinkNVSwitch:
+		if m, ok := gpuModels[model]; ok && m.nvlinkLinks == 0 {
+			errs = append(errs, fmt.Errorf("nvlink: model %s has no NVLink", model))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("nvlink: unknown topology %q, want %s or %s", s.NVLink, NVLinkNVSwitch, NVLinkNone))
+	}
+	for _, i := range s.MigEnabled.Indexes {
+		if i < 0 || i >= s.GPUCount {
+			errs = append(errs, fmt.Errorf("migEnabled: GPU index %d out of range [0,%d)", i, s.GPUCount))
+		}
+	}
+	for i, d := range s.MigDevices {
+		if d.GPU < 0 || d.GPU >= s.GPUCount {
+			errs = append(errs, fmt.Errorf("migDevices[%d].gpu: index %d out of range [0,%d)", i, d.GPU, s.GPUCount))
+		} else if !s.MigEnabled.enabled(d.GPU) {
+			errs = append(errs, fmt.Errorf("migDevices[%d].gpu: MIG is not enabled on GPU %d", i, d.GPU))
+		}
+	}
+	if s.Fabric != nil {
+		if _, err := parseUUID(s.Fabric.ClusterUUID); err != nil {
+			errs = append(errs, fmt.Errorf("fabric.clusterUUID: %w", err))
+		}
+		if s.NVLink != NVLinkNVSwitch {
+			errs = append(errs, fmt.Errorf("fabric: a multi-node NVLink fabric needs nvlink: %s", NVLinkNVSwitch))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s MachineSpec) model() string {
+	if s.GPUModel == "" {
+		return ModelH100SXM5
+	}
+	return s.GPUModel
+}

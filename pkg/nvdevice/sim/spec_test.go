@@ -1,0 +1,84 @@
+package sim
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseSpec(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		wantErr string
+	}{
+		{name: "minimal", yaml: "name: x\ngpuCount: 2\n"},
+		{name: "full", yaml: `
+name: two
+gpuModel: h100-sxm5
+gpuCount: 2
+nvlink: nvswitch
+migEnabled: [0]
+migDevices:
+- {gpu: 0, profile: 3g.40gb, start: 4}
+fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
+driverVersion: 550.90.07
+cudaDriverVersion: "12.4"
+`},
+		{name: "unknown field", yaml: "name: x\ngpuCount: 1\ngpus: 3\n", wantErr: `unknown field "gpus"`},
+		{name: "no GPUs", yaml: "name: x\n", wantErr: "gpuCount: must be between 1 and 64, got 0"},
+		{name: "bad model", yaml: "name: x\ngpuCount: 1\ngpuModel: a100\n", wantErr: `gpuModel: unknown model "a100"`},
+		{name: "pcie has no nvlink", yaml: "name: x\ngpuCount: 1\ngpuModel: h100-pcie\nnvlink: nvswitch\n", wantErr: "nvlink: model h100-pcie has no NVLink"},
+		{name: "bad migEnabled", yaml: "name: x\ngpuCount: 1\nmigEnabled: some\n", wantErr: "migEnabled: want"},
+		{name: "migEnabled out of range", yaml: "name: x\ngpuCount: 1\nmigEnabled: [3]\n", wantErr: "migEnabled: GPU index 3 out of range"},
+		{name: "mig device without MIG", yaml: "name: x\ngpuCount: 2\nmigEnabled: [0]\nmigDevices: [{gpu: 1, profile: 1g.10gb, start: 0}]\n", wantErr: "migDevices[0].gpu: MIG is not enabled on GPU 1"},
+		{name: "bad cluster uuid", yaml: "name: x\ngpuCount: 1\nnvlink: nvswitch\nfabric: {clusterUUID: nope}\n", wantErr: "fabric.clusterUUID"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseSpec([]byte(tc.yaml))
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}
+
+func TestSpecFileMachine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "m.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`
+name: two
+gpuCount: 2
+nvlink: nvswitch
+migEnabled: all
+migDevices:
+- {gpu: 1, profile: 3g.40gb, start: 4}
+- {gpu: 1, profile: 2g.20gb, start: 0}
+fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
+`), 0o600))
+	m, err := NewBuiltin(file, "node-x")
+	require.NoError(t, err)
+	inv := inventory(t, m)
+	require.Len(t, inv.GPUs, 2)
+	assert.Empty(t, inv.GPUs[0].MIG.Devices)
+	require.Len(t, inv.GPUs[1].MIG.Devices, 2)
+	assert.Equal(t, "3g.40gb", inv.GPUs[1].MIG.Devices[0].Profile)
+	assert.Equal(t, "4d1c2b3a-0000-4000-8000-000000000001.7", inv.GPUs[0].NVLink.FabricClique)
+
+	_, err = NewBuiltin(filepath.Join(t.TempDir(), "missing.yaml"), "n")
+	require.ErrorContains(t, err, "neither a built-in machine (dgx-h100, dgx-h100-nomig, h100-nvlink-fabric, h100-pcie) nor a readable file")
+}
+
+func TestSpecMigDevicesObeyHardwareRules(t *testing.T) {
+	spec, err := ParseSpec([]byte("name: x\ngpuCount: 1\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 4g.40gb, start: 0}\n- {gpu: 0, profile: 3g.40gb, start: 0}\n"))
+	require.NoError(t, err)
+	_, err = New(spec, "n")
+	require.ErrorContains(t, err, "migDevices[1]")
+	require.ErrorContains(t, err, "overlaps")
+}

@@ -1,0 +1,231 @@
+// Package slicebuilder turns the GPU model of a node into the ResourceSlices
+// the kubelet plugin publishes (and `gpudra slices` prints): full GPUs and MIG
+// placements as partitionable devices that consume one shared counter set per
+// physical GPU, split to the API's limits.
+package slicebuilder
+
+import (
+	"fmt"
+	"sort"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// API limits of resource.k8s.io/v1 ResourceSlices.
+const (
+	// MaxDevicesWithCounters is the device limit of a slice in which any
+	// device consumes counters or has taints.
+	MaxDevicesWithCounters = 64
+	// MaxCounterSetsPerSlice is the limit on shared counter sets in a slice.
+	MaxCounterSetsPerSlice = 8
+	// MaxCountersPerSet is the limit on counters in one counter set.
+	MaxCountersPerSet = 32
+	// MaxAttributesAndCapacities is the limit on attributes plus capacities
+	// of one device.
+	MaxAttributesAndCapacities = 32
+)
+
+// Options shape what is published.
+type Options struct {
+	// ManagedMigDevices are the UUIDs of MIG devices the driver created for
+	// claims. They do not hide the placements they overlap: the scheduler
+	// already accounts for them through the counters. Any other existing
+	// MIG device belongs to someone else and blocks the full GPU and every
+	// placement it overlaps.
+	ManagedMigDevices map[string]bool
+	// Taints are added to the named devices (health).
+	Taints map[string][]resourceapi.DeviceTaint
+}
+
+// gpuDevices is what one physical GPU contributes.
+type gpuDevices struct {
+	counters resourceapi.CounterSet
+	devices  []resourceapi.Device
+}
+
+// Build returns the node's one pool: counter slices first, then device
+// slices holding whole GPUs in index order, so that first-fit allocation
+// packs MIG devices onto the lowest GPUs and leaves the others whole.
+func Build(inv *nvdevice.Inventory, nodeName string, opts Options) (resourceslice.DriverResources, error) {
+	gpus := append([]nvdevice.GPU(nil), inv.GPUs...)
+	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+
+	var perGPU []gpuDevices
+	for i := range gpus {
+		gd, err := buildGPU(&gpus[i], opts)
+		if err != nil {
+			return resourceslice.DriverResources{}, err
+		}
+		perGPU = append(perGPU, gd)
+	}
+
+	var slices []resourceslice.Slice
+	for start := 0; start < len(perGPU); start += MaxCounterSetsPerSlice {
+		end := min(start+MaxCounterSetsPerSlice, len(perGPU))
+		var sets []resourceapi.CounterSet
+		for _, gd := range perGPU[start:end] {
+			sets = append(sets, gd.counters)
+		}
+		slices = append(slices, resourceslice.Slice{SharedCounters: sets})
+	}
+	var current []resourceapi.Device
+	for _, gd := range perGPU {
+		if len(current)+len(gd.devices) > MaxDevicesWithCounters {
+			slices = append(slices, resourceslice.Slice{Devices: current})
+			current = nil
+		}
+		for len(gd.devices) > MaxDevicesWithCounters { // never for an H100, kept for larger parts
+			slices = append(slices, resourceslice.Slice{Devices: gd.devices[:MaxDevicesWithCounters]})
+			gd.devices = gd.devices[MaxDevicesWithCounters:]
+		}
+		current = append(current, gd.devices...)
+	}
+	if len(current) > 0 || len(slices) == 0 {
+		// An empty pool still gets one slice: "no devices" differs from "no driver".
+		slices = append(slices, resourceslice.Slice{Devices: current})
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}}}, nil
+}
+
+func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
+	counters := gpuCounters(g)
+	if len(counters) > MaxCountersPerSet {
+		return gpuDevices{}, fmt.Errorf("GPU %d (%s): %d counters exceed the limit of %d", g.Index, g.UUID, len(counters), MaxCountersPerSet)
+	}
+	gd := gpuDevices{counters: resourceapi.CounterSet{Name: CounterSetName(g), Counters: counters}}
+
+	foreign := foreignMigDevices(g, opts.ManagedMigDevices)
+	if len(foreign) == 0 {
+		gd.devices = append(gd.devices, fullGPUDevice(g, opts))
+	}
+	if g.MIG.Capable && g.MIG.Enabled {
+		for _, prof := range g.MIG.Profiles {
+			// Highest start first: small instances fill the top of the GPU
+			// and keep the low placements, where the big profiles sit, free.
+			for i := len(prof.Placements) - 1; i >= 0; i-- {
+				pl := prof.Placements[i]
+				existing, blocked := placementState(foreign, prof.Name, pl)
+				if blocked {
+					continue
+				}
+				gd.devices = append(gd.devices, migDevice(g, &prof, pl, existing, opts))
+			}
+		}
+	}
+	for _, d := range gd.devices {
+		if n := len(d.Attributes) + len(d.Capacity); n > MaxAttributesAndCapacities {
+			return gpuDevices{}, fmt.Errorf("device %s: %d attributes and capacities exceed the limit of %d", d.Name, n, MaxAttributesAndCapacities)
+		}
+	}
+	return gd, nil
+}
+
+// foreignMigDevices are the MIG devices on g that the driver did not create.
+func foreignMigDevices(g *nvdevice.GPU, managed map[string]bool) []nvdevice.MigDevice {
+	var out []nvdevice.MigDevice
+	for _, d := range g.MIG.Devices {
+		if !managed[d.UUID] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// placementState says whether a foreign MIG device sits exactly at this
+// placement (then it is offered as it is) or overlaps it (then the placement
+// cannot be created and is not offered).
+func placementState(foreign []nvdevice.MigDevice, profile string, pl nvdevice.Placement) (*nvdevice.MigDevice, bool) {
+	for i, d := range foreign {
+		if d.Profile == profile && d.Placement == pl {
+			return &foreign[i], false
+		}
+		if d.Placement.Overlaps(pl) {
+			return nil, true
+		}
+	}
+	return nil, false
+}
+
+func gpuCounters(g *nvdevice.GPU) map[string]resourceapi.Counter {
+	c := map[string]resourceapi.Counter{}
+	if g.MIG.Capable && g.MIG.Enabled {
+		for i := 0; i < nvdevice.MemorySlices; i++ {
+			c[memorySliceCounter(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
+		}
+	}
+	c[counterMemory] = resourceapi.Counter{Value: mebibytes(g.MemoryMiB)}
+	addEngineCounters(c, g.Engines)
+	return c
+}
+
+// addEngineCounters sets (or, for consumption, records) the engine units.
+// Engines a GPU does not have (H100: encoders) get no counter.
+func addEngineCounters(c map[string]resourceapi.Counter, e nvdevice.Engines) {
+	for name, v := range map[string]int{
+		counterMultiprocessors: e.Multiprocessors,
+		counterCopyEngines:     e.CopyEngines,
+		counterDecoders:        e.Decoders,
+		counterJPEGEngines:     e.JPEGEngines,
+		counterOFAEngines:      e.OFAEngines,
+	} {
+		if v > 0 {
+			c[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(v), resource.DecimalSI)}
+		}
+	}
+}
+
+func mebibytes(mib uint64) resource.Quantity {
+	return *resource.NewQuantity(int64(mib)*1024*1024, resource.BinarySI)
+}
+
+func fullGPUDevice(g *nvdevice.GPU, opts Options) resourceapi.Device {
+	name := GPUDeviceName(g)
+	attrs := commonAttributes(g)
+	attrs["type"] = str(TypeGPU)
+	attrs["uuid"] = str(g.UUID)
+	if g.NVLink.Domain != "" {
+		attrs["nvlinkDomain"] = str(g.NVLink.Domain)
+	}
+	if g.NVLink.FabricClique != "" {
+		attrs["fabricClique"] = str(g.NVLink.FabricClique)
+	}
+	consumed := gpuCounters(g) // a full GPU takes everything its counter set holds
+	return resourceapi.Device{
+		Name:       name,
+		Attributes: attrs,
+		Capacity:   capacities(g.MemoryMiB, g.Engines),
+		ConsumesCounters: []resourceapi.DeviceCounterConsumption{{
+			CounterSet: CounterSetName(g), Counters: consumed,
+		}},
+		Taints: opts.Taints[name],
+	}
+}
+
+func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement, existing *nvdevice.MigDevice, opts Options) resourceapi.Device {
+	name := MigDeviceName(g, prof.Name, pl.Start)
+	attrs := commonAttributes(g)
+	attrs["type"] = str(TypeMIG)
+	attrs["migProfile"] = str(prof.Name)
+	attrs["parentUUID"] = str(g.UUID)
+	if existing != nil {
+		attrs["uuid"] = str(existing.UUID)
+	}
+	consumed := map[string]resourceapi.Counter{counterMemory: {Value: mebibytes(prof.MemoryMiB)}}
+	for _, s := range pl.Slices() {
+		consumed[memorySliceCounter(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
+	}
+	addEngineCounters(consumed, prof.Engines)
+	return resourceapi.Device{
+		Name:       name,
+		Attributes: attrs,
+		Capacity:   capacities(prof.MemoryMiB, prof.Engines),
+		ConsumesCounters: []resourceapi.DeviceCounterConsumption{{
+			CounterSet: CounterSetName(g), Counters: consumed,
+		}},
+		Taints: opts.Taints[name],
+	}
+}

@@ -1,0 +1,49 @@
+package slicebuilder
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// DriverName is gpudra's DRA driver name.
+const DriverName = "gpu.gpudra.dev"
+
+// Device types, the value of the "type" attribute.
+const (
+	TypeGPU = "gpu"
+	TypeMIG = "mig"
+)
+
+// GPUDeviceName is the stable name of a full GPU: "gpu-<minor>". The minor
+// number does not change across restarts and reboots, unlike NVML's index
+// order on some systems.
+func GPUDeviceName(g *nvdevice.GPU) string { return fmt.Sprintf("gpu-%d", g.Minor) }
+
+// MigDeviceName is the stable name of a MIG placement:
+// "gpu-<minor>-mig-<profile>-<placement start>", with the profile turned into
+// a DNS label ("1g.10gb+me" -> "1g-10gb-me").
+func MigDeviceName(g *nvdevice.GPU, profile string, start int) string {
+	return fmt.Sprintf("gpu-%d-mig-%s-%d", g.Minor, profileLabel(profile), start)
+}
+
+func profileLabel(profile string) string {
+	return strings.NewReplacer(".", "-", "+", "-").Replace(strings.ToLower(profile))
+}
+
+// CounterSetName names the shared counters of one physical GPU.
+func CounterSetName(g *nvdevice.GPU) string { return fmt.Sprintf("gpu-%d-counters", g.Minor) }
+
+// memorySliceCounter names the counter of one MIG memory slice.
+func memorySliceCounter(i int) string { return fmt.Sprintf("memory-slice-%d", i) }
+
+// Engine counter names (DNS labels, as counters require).
+const (
+	counterMemory          = "memory"
+	counterMultiprocessors = "multiprocessors"
+	counterCopyEngines     = "copy-engines"
+	counterDecoders        = "decoders"
+	counterJPEGEngines     = "jpeg-engines"
+	counterOFAEngines      = "ofa-engines"
+)
