@@ -28,8 +28,8 @@ func (f FabricInfo) Clique() string {
 //
 // A multi-node fabric clique wins when the cluster UUID is non-zero.
 // Otherwise GPUs whose active links reach a common NVSwitch, or each other,
-// form one intra-node domain, named after the UUID of its lowest-index GPU so
-// that the name is stable across restarts and unique across nodes. A GPU
+// form one intra-node domain, "nvlink-<UUID of its lowest-index GPU>", a name
+// stable across restarts and unique across nodes. A GPU
 // without active links has no domain.
 func AssignNVLinkDomains(gpus []GPU, fabric map[string]FabricInfo) {
 	parent := map[string]string{}
@@ -81,6 +81,6 @@ func AssignNVLinkDomains(gpus []GPU, fabric map[string]FabricInfo) {
 		if g.NVLink.ActiveLinks() == 0 {
 			continue
 		}
-		g.NVLink.Domain = anchor[find(key(g.PCI.BusID))].UUID
+		g.NVLink.Domain = "nvlink-" + strings.TrimPrefix(anchor[find(key(g.PCI.BusID))].UUID, "GPU-")
 	}
 }

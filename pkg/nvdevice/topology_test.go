@@ -26,7 +26,7 @@ func TestAssignNVLinkDomains(t *testing.T) {
 		{
 			name: "all through shared NVSwitches",
 			gpus: []GPU{gpu(0, "A", "0000:18:00.0", "0000:05:00.0", "0000:06:00.0"), gpu(1, "B", "0000:2a:00.0", "0000:06:00.0", "0000:05:00.0")},
-			want: []string{"A", "A"},
+			want: []string{"nvlink-A", "nvlink-A"},
 		},
 		{
 			name: "two islands of bridged pairs, named after their lowest GPU",
@@ -34,7 +34,7 @@ func TestAssignNVLinkDomains(t *testing.T) {
 				gpu(0, "A", "0000:01:00.0", "0000:02:00.0"), gpu(1, "B", "0000:02:00.0", "0000:01:00.0"),
 				gpu(2, "C", "0000:03:00.0", "0000:04:00.0"), gpu(3, "D", "0000:04:00.0", "0000:03:00.0"),
 			},
-			want: []string{"A", "A", "C", "C"},
+			want: []string{"nvlink-A", "nvlink-A", "nvlink-C", "nvlink-C"},
 		},
 		{
 			name: "inactive links give no domain",
@@ -52,7 +52,7 @@ func TestAssignNVLinkDomains(t *testing.T) {
 			name:   "a zero cluster UUID is no fabric",
 			gpus:   []GPU{gpu(0, "A", "0000:18:00.0", "0000:05:00.0")},
 			fabric: map[string]FabricInfo{"A": {CliqueID: 3}},
-			want:   []string{"A"},
+			want:   []string{"nvlink-A"},
 		},
 	}
 	for _, tc := range tests {

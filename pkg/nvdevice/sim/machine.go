@@ -24,7 +24,7 @@ type Machine struct {
 	fabric  map[string]nvdevice.FabricInfo
 	lost    map[string]bool // GPU UUID -> fallen off the bus
 	created int             // MIG devices created so far, for UUIDs
-	health  *broadcaster
+	health  *nvdevice.HealthBroadcaster
 	closed  bool
 }
 
@@ -50,7 +50,7 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 		nodeName: nodeName,
 		fabric:   map[string]nvdevice.FabricInfo{},
 		lost:     map[string]bool{},
-		health:   newBroadcaster(),
+		health:   nvdevice.NewHealthBroadcaster(),
 		inv:      nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: cuda},
 	}
 	for i := 0; i < spec.GPUCount; i++ {
@@ -159,7 +159,7 @@ func (m *Machine) Close() error {
 	defer m.mu.Unlock()
 	if !m.closed {
 		m.closed = true
-		m.health.close()
+		m.health.Close()
 	}
 	return nil
 }

@@ -1,0 +1,53 @@
+# gpudra: build, test and demo. See README.md.
+SHELL := /bin/bash
+GO ?= go
+export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
+# The header of go-nvml marks many functions deprecated; the warnings are noise.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/gpudra/gpudra/internal/version.Version=$(VERSION)
+BIN := bin
+
+# Everything but the NVML backend builds and tests without cgo.
+NVML_PKG := ./pkg/nvdevice/nvml/...
+PURE_PKGS = $(shell $(GO) list ./... | grep -v /pkg/nvdevice/nvml)
+FUZZTIME ?= 10s
+
+.PHONY: all build test test-unit test-nvml lint fmt bench demo clean
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra ./cmd/gpudra
+	CGO_ENABLED=0 $(GO) build ./...
+
+test: lint test-unit test-nvml
+
+test-unit:
+	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)
+
+test-nvml:
+	CGO_ENABLED=1 $(GO) test -count=1 $(NVML_PKG)
+
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
+	CGO_ENABLED=1 $(GO) vet $(NVML_PKG)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+bench:
+	CGO_ENABLED=0 $(GO) test -run '^$$' -bench . -benchmem $(PURE_PKGS)
+
+# Until devcluster exists the demo shows what a simulated DGX H100 node has
+# and what it would publish.
+demo:
+	@echo "devcluster is not built yet: showing a simulated DGX H100 node instead."
+	CGO_ENABLED=0 $(GO) run ./cmd/gpudra inventory --backend sim --machine dgx-h100 --node-name demo-node
+	CGO_ENABLED=0 $(GO) run ./cmd/gpudra slices --backend sim --machine dgx-h100 --node-name demo-node -o table | tail -n 30
+
+clean:
+	rm -rf $(BIN)
