@@ -42,6 +42,15 @@ func ProfileName(index int, info nvml.GpuInstanceProfileInfo) string {
 	return name
 }
 
+// enginesOf reads a profile's units.
+func enginesOf(info nvml.GpuInstanceProfileInfo) nvdevice.Engines {
+	return nvdevice.Engines{
+		Multiprocessors: int(info.MultiprocessorCount), CopyEngines: int(info.CopyEngineCount),
+		Decoders: int(info.DecoderCount), Encoders: int(info.EncoderCount),
+		JPEGEngines: int(info.JpegCount), OFAEngines: int(info.OfaCount),
+	}
+}
+
 // profileInfos returns the GPU's supported GPU-instance profiles by NVML index.
 func profileInfos(dev nvml.Device) map[int]nvml.GpuInstanceProfileInfo {
 	out := map[int]nvml.GpuInstanceProfileInfo{}
@@ -72,11 +81,7 @@ func (b *Backend) readMIG(dev nvml.Device, g *nvdevice.GPU) (nvdevice.MIG, error
 		p := nvdevice.MigProfile{
 			Name: ProfileName(i, info), ID: int(info.Id), NVMLIndex: i,
 			ComputeSlices: int(info.SliceCount), MaxInstances: int(info.InstanceCount), MemoryMiB: info.MemorySizeMB,
-			Engines: nvdevice.Engines{
-				Multiprocessors: int(info.MultiprocessorCount), CopyEngines: int(info.CopyEngineCount),
-				Decoders: int(info.DecoderCount), Encoders: int(info.EncoderCount),
-				JPEGEngines: int(info.JpegCount), OFAEngines: int(info.OfaCount),
-			},
+			Engines: enginesOf(info),
 		}
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
 		if ret == nvml.SUCCESS {
@@ -230,19 +235,16 @@ func (b *Backend) createMigDevice(ctx context.Context, req nvdevice.MigCreateReq
 		ci.Destroy()
 		return nil, rollback(err)
 	}
+	parentIndex, _ := dev.GetIndex()
 	uuid := ""
 	if cinfo.Device != nil {
 		uuid, _ = cinfo.Device.GetUUID()
 	}
 	return &nvdevice.MigDevice{
-		UUID: uuid, ParentUUID: req.ParentUUID, Profile: req.Profile,
+		UUID: uuid, ParentUUID: req.ParentUUID, ParentIndex: parentIndex, Profile: req.Profile,
 		Placement:     nvdevice.Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
 		GPUInstanceID: int(giInfo.Id), ComputeInstanceID: int(cinfo.Id), MemoryMiB: info.MemorySizeMB,
-		Engines: nvdevice.Engines{
-			Multiprocessors: int(info.MultiprocessorCount), CopyEngines: int(info.CopyEngineCount),
-			Decoders: int(info.DecoderCount), Encoders: int(info.EncoderCount),
-			JPEGEngines: int(info.JpegCount), OFAEngines: int(info.OfaCount),
-		},
+		Engines: enginesOf(info),
 	}, nil
 }
 

@@ -49,6 +49,7 @@ func fakeH100(index int, uuid, bus string, migMode int, switches []string, fabri
 	return &mock.Device{
 		GetUUIDFunc:        func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
 		GetMinorNumberFunc: func() (int, nvml.Return) { return index, nvml.SUCCESS },
+		GetIndexFunc:       func() (int, nvml.Return) { return index, nvml.SUCCESS },
 		GetNameFunc:        func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3", nvml.SUCCESS },
 		GetBrandFunc:       func() (nvml.BrandType, nvml.Return) { return nvml.BRAND_NVIDIA, nvml.SUCCESS },
 		GetArchitectureFunc: func() (nvml.DeviceArchitecture, nvml.Return) {
