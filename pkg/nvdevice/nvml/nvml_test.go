@@ -4,6 +4,8 @@ package nvml
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -330,4 +332,18 @@ func TestNewWithoutDriver(t *testing.T) {
 	require.ErrorIs(t, err, nvdevice.ErrLibraryNotFound)
 	assert.Contains(t, err.Error(), "NVIDIA driver library not found: looked for libnvidia-ml.so.1 in "+root+"/usr/lib64")
 	assert.NotContains(t, err.Error(), "\n", "one line")
+}
+
+func TestSysfsTopology(t *testing.T) {
+	sysfs := t.TempDir()
+	devDir := filepath.Join(sysfs, "devices/pci0000:15/0000:15:01.0/0000:18:00.0")
+	require.NoError(t, os.MkdirAll(devDir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(devDir, "numa_node"), []byte("1\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(sysfs, "bus/pci/devices"), 0o755))
+	require.NoError(t, os.Symlink("../../../devices/pci0000:15/0000:15:01.0/0000:18:00.0", filepath.Join(sysfs, "bus/pci/devices/0000:18:00.0")))
+
+	inv, err := newBackend(fakeLib(fakeH100(0, "GPU-a", "00000000:18:00.0", 0, nil, nil)), sysfs).Inventory(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "pci0000:15", inv.GPUs[0].PCI.PCIeRoot)
+	assert.Equal(t, 1, inv.GPUs[0].NUMANode)
 }
