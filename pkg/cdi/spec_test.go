@@ -1,0 +1,92 @@
+package cdi
+
+import (
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+var majors = Majors{NVIDIA: 195, UVM: 508, Caps: 511}
+
+func claimA() Claim {
+	return Claim{UID: "uid-a", Devices: []Device{
+		{Name: "gpu-3", UUID: "GPU-aaa", Nodes: []DeviceNode{GPUNode(majors, 3)}},
+		{Name: "gpu-0-mig-3g-40gb-4", UUID: "MIG-bbb", Nodes: []DeviceNode{GPUNode(majors, 0), CapNode(majors, 30), CapNode(majors, 31)}},
+	}, Env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": "/mps"}}
+}
+
+// inject resolves CDI ids the way a container runtime does.
+func inject(t *testing.T, dir string, ids ...string) *oci.Spec {
+	t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	require.NoError(t, err)
+	require.NoError(t, cache.Refresh())
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	unresolved, err := cache.InjectDevices(spec, ids...)
+	require.NoError(t, err, "unresolved: %v", unresolved)
+	return spec
+}
+
+func nodePaths(s *oci.Spec) map[string]oci.LinuxDevice {
+	out := map[string]oci.LinuxDevice{}
+	for _, d := range s.Linux.Devices {
+		out[d.Path] = d
+	}
+	return out
+}
+
+func TestSpecResolvesIntoOCI(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	for _, c := range []Claim{claimA(), {UID: "uid-other", Devices: []Device{{Name: "gpu-5", UUID: "GPU-other", Nodes: []DeviceNode{GPUNode(majors, 5)}}}}} {
+		spec, err := BuildSpec(c, majors)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(c.UID, spec))
+	}
+
+	oci := inject(t, dir, QualifiedName("uid-a", "gpu-3"), QualifiedName("uid-a", "gpu-0-mig-3g-40gb-4"))
+	assert.Contains(t, oci.Process.Env, "NVIDIA_VISIBLE_DEVICES=GPU-aaa,MIG-bbb")
+	assert.Contains(t, oci.Process.Env, "CUDA_VISIBLE_DEVICES=GPU-aaa,MIG-bbb")
+	assert.Contains(t, oci.Process.Env, "CUDA_MPS_PIPE_DIRECTORY=/mps")
+	nodes := nodePaths(oci)
+	for path, want := range map[string][2]int64{
+		"/dev/nvidiactl": {195, 255}, "/dev/nvidia-uvm": {508, 0}, "/dev/nvidia-uvm-tools": {508, 1},
+		"/dev/nvidia3": {195, 3}, "/dev/nvidia0": {195, 0},
+		"/dev/nvidia-caps/nvidia-cap30": {511, 30}, "/dev/nvidia-caps/nvidia-cap31": {511, 31},
+	} {
+		d, ok := nodes[path]
+		require.True(t, ok, "missing %s", path)
+		assert.Equal(t, "c", d.Type)
+		assert.Equal(t, want[0], d.Major, path)
+		assert.Equal(t, want[1], d.Minor, path)
+	}
+	assert.NotContains(t, nodes, "/dev/nvidia5", "another claim's GPU never appears")
+	assert.Len(t, nodes, 7)
+	for _, e := range oci.Process.Env {
+		assert.NotContains(t, e, "GPU-other")
+	}
+}
+
+func TestRemove(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	spec, err := BuildSpec(claimA(), majors)
+	require.NoError(t, err)
+	require.NoError(t, w.Write("uid-a", spec))
+	assert.True(t, w.Exists("uid-a"))
+	require.NoError(t, w.Remove("uid-a"))
+	assert.False(t, w.Exists("uid-a"))
+	require.NoError(t, w.Remove("uid-a"), "removing twice is fine")
+}
+
+func TestBuildSpecErrors(t *testing.T) {
+	_, err := BuildSpec(Claim{}, majors)
+	require.EqualError(t, err, "claim UID is empty")
+	_, err = BuildSpec(Claim{UID: "u", Devices: []Device{{Name: "gpu-1"}}}, majors)
+	require.EqualError(t, err, "claim u: device gpu-1 has no UUID")
+}
