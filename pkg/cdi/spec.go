@@ -77,7 +77,9 @@ func CapNode(m Majors, minor int) DeviceNode {
 
 // SpecName is the transient spec's name for a claim; unique per claim UID so
 // that a runtime's cache never confuses two claims.
-func SpecName(claimUID string) string { return cdiapi.GenerateTransientSpecName(Vendor, Class, claimUID) }
+func SpecName(claimUID string) string {
+	return cdiapi.GenerateTransientSpecName(Vendor, Class, claimUID)
+}
 
 // DeviceName is the CDI device name of one DRA device of a claim.
 func DeviceName(claimUID, device string) string { return claimUID + "-" + device }
