@@ -12,9 +12,9 @@ BIN := bin
 # Everything but the NVML backend builds and tests without cgo.
 NVML_PKG := ./pkg/nvdevice/nvml/...
 PURE_PKGS = $(shell $(GO) list ./... | grep -v /pkg/nvdevice/nvml)
-FUZZTIME ?= 10s
+FUZZTIME ?= 100000x
 
-.PHONY: all build test test-unit test-nvml lint fmt bench demo clean
+.PHONY: all build test test-unit test-nvml test-fuzz lint fmt bench demo clean
 all: build
 
 build:
@@ -22,7 +22,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra ./cmd/gpudra
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint test-unit test-nvml
+test: lint test-unit test-nvml test-fuzz
 
 test-unit:
 	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)
@@ -30,8 +30,13 @@ test-unit:
 test-nvml:
 	CGO_ENABLED=1 $(GO) test -count=1 $(NVML_PKG)
 
+# Bounded fuzzing of every parser of untrusted input: zero panics allowed.
+test-fuzz:
+	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME) ./pkg/plugin/checkpoint/
+	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzParseSpec$$' -fuzztime $(FUZZTIME) ./pkg/nvdevice/sim/
+
 lint:
-	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=1 $(GO) vet $(NVML_PKG)

@@ -82,3 +82,29 @@ func TestSpecMigDevicesObeyHardwareRules(t *testing.T) {
 	require.ErrorContains(t, err, "migDevices[1]")
 	require.ErrorContains(t, err, "overlaps")
 }
+
+// FuzzParseSpec: a machine file never panics the parser, and a spec it
+// accepts always builds a machine.
+func FuzzParseSpec(f *testing.F) {
+	f.Add([]byte("name: x\ngpuCount: 2\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n"))
+	f.Add([]byte("gpuCount: 1\nnvlink: nvswitch\nfabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}\n"))
+	f.Add([]byte("migEnabled: [0, 9]\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		spec, err := ParseSpec(b)
+		if err != nil {
+			return
+		}
+		m, err := New(spec, "n")
+		if err != nil {
+			// Only the hardware rules on listed MIG devices may refuse a valid spec.
+			if len(spec.MigDevices) == 0 {
+				t.Fatalf("valid spec without MIG devices failed to build: %v", err)
+			}
+			return
+		}
+		inv, err := m.Inventory(t.Context())
+		if err != nil || len(inv.GPUs) != spec.GPUCount {
+			t.Fatalf("inventory: %v, %d GPUs for gpuCount %d", err, len(inv.GPUs), spec.GPUCount)
+		}
+	})
+}
