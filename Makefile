@@ -33,6 +33,7 @@ test-nvml:
 # Bounded fuzzing of every parser of untrusted input: zero panics allowed.
 test-fuzz:
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME) ./pkg/plugin/checkpoint/
+	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./api/gpu/v1alpha1/
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzParseSpec$$' -fuzztime $(FUZZTIME) ./pkg/nvdevice/sim/
 
 lint:
