@@ -1,0 +1,118 @@
+// Package plugin is the DRA kubelet plugin's node logic: what to prepare for
+// a claim (a pure plan), doing it (MIG creation, CDI spec, checkpoint), and
+// undoing it. The gRPC front (kubeletplugin) is not wired yet.
+package plugin
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// PlannedDevice is one device of a claim and what preparing it takes.
+type PlannedDevice struct {
+	Requests []string
+	Device   string
+	GPU      nvdevice.GPU
+	// Mig is set for a MIG placement.
+	Mig *PlannedMig
+	// Config is the decoded GpuConfig that applies to the device.
+	Config *gpuapi.GpuConfig
+}
+
+// PlannedMig is a MIG placement to use or create.
+type PlannedMig struct {
+	Profile   string
+	Placement nvdevice.Placement
+	// Existing is set when a MIG device already sits at the placement and
+	// the driver did not create it: it is used as it is.
+	Existing *nvdevice.MigDevice
+}
+
+// Plan computes, without side effects, what preparing a claim's devices of
+// this driver and pool takes. Errors name the device or the config.
+func Plan(claim *resourceapi.ResourceClaim, pool string, inv *nvdevice.Inventory, managed map[string]bool) ([]PlannedDevice, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	index := deviceIndex(inv)
+	var out []PlannedDevice
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != slicebuilder.DriverName || r.Pool != pool {
+			continue
+		}
+		pd, ok := index[r.Device]
+		if !ok {
+			return nil, fmt.Errorf("device %s of claim %s/%s does not exist on this node (a GPU may have vanished)", r.Device, claim.Namespace, claim.Name)
+		}
+		cfg, err := configFor(claim, r)
+		if err != nil {
+			return nil, err
+		}
+		pd.Requests, pd.Config = []string{r.Request}, cfg
+		if pd.Mig != nil && pd.Mig.Existing != nil && managed[pd.Mig.Existing.UUID] {
+			// Created by us for a claim that was unprepared in between
+			// without cleanup: it is free to take over as if new.
+			pd.Mig.Existing = nil
+		}
+		out = append(out, pd)
+	}
+	return out, nil
+}
+
+// configFor decodes the claim's opaque configs for this driver that apply to
+// the result; the last one wins, as the DRA API orders class configs before
+// claim configs.
+func configFor(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (*gpuapi.GpuConfig, error) {
+	cfg := gpuapi.DefaultConfig()
+	for i, c := range resourceclaim.ConfigForResult(claim.Status.Allocation.Devices.Config, r) {
+		if c.Opaque == nil || c.Opaque.Driver != slicebuilder.DriverName {
+			continue
+		}
+		decoded, err := gpuapi.Decode(c.Opaque.Parameters.Raw)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s: config %d for request %q: %w", claim.Namespace, claim.Name, i, r.Request, err)
+		}
+		cfg = decoded
+	}
+	return cfg, nil
+}
+
+// deviceIndex maps every device name a node publishes to its plan.
+func deviceIndex(inv *nvdevice.Inventory) map[string]PlannedDevice {
+	out := map[string]PlannedDevice{}
+	for _, g := range inv.GPUs {
+		out[slicebuilder.GPUDeviceName(&g)] = PlannedDevice{Device: slicebuilder.GPUDeviceName(&g), GPU: g}
+		for _, p := range g.MIG.Profiles {
+			for _, pl := range p.Placements {
+				name := slicebuilder.MigDeviceName(&g, p.Name, pl.Start)
+				mig := &PlannedMig{Profile: p.Name, Placement: pl}
+				for i, d := range g.MIG.Devices {
+					if d.Profile == p.Name && d.Placement == pl {
+						mig.Existing = &g.MIG.Devices[i]
+					}
+				}
+				out[name] = PlannedDevice{Device: name, GPU: g, Mig: mig}
+			}
+		}
+	}
+	return out
+}
+
+// conflicts says whether two devices cannot be prepared for two claims at
+// once: the same device, a full GPU and anything on it, or overlapping MIG
+// placements on one GPU.
+func conflicts(a, b PlannedDevice) bool {
+	if a.GPU.UUID != b.GPU.UUID {
+		return false
+	}
+	if a.Mig == nil || b.Mig == nil {
+		return true
+	}
+	return a.Mig.Placement.Overlaps(b.Mig.Placement)
+}

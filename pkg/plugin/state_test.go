@@ -1,0 +1,254 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+const pool = "node-a"
+
+var majors = cdi.Majors{NVIDIA: 195, UVM: 508, Caps: 511}
+
+type env struct {
+	t       *testing.T
+	machine *sim.Machine
+	dir     string
+	cdiDir  string
+	crashAt func(string)
+}
+
+func newEnv(t *testing.T) *env {
+	m, err := sim.NewBuiltin("dgx-h100", pool)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "mig-minors"))
+	require.NoError(t, err)
+	require.NoError(t, sim.WriteMigMinors(f, 8))
+	require.NoError(t, f.Close())
+	return &env{t: t, machine: m, dir: dir, cdiDir: filepath.Join(dir, "cdi")}
+}
+
+// start is a plugin (re)start over the same node: same GPUs, same files.
+func (e *env) start() *NodeState {
+	e.t.Helper()
+	w, err := cdi.NewWriter(e.cdiDir)
+	require.NoError(e.t, err)
+	s, _, err := NewNodeState(context.Background(), StateOptions{
+		Pool: pool, Backend: e.machine, CDI: w, Majors: majors,
+		CapMinors:      MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")),
+		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
+	})
+	require.NoError(e.t, err)
+	return s
+}
+
+func (e *env) migDevices() []nvdevice.MigDevice {
+	inv, err := e.machine.Inventory(context.Background())
+	require.NoError(e.t, err)
+	var out []nvdevice.MigDevice
+	for _, g := range inv.GPUs {
+		out = append(out, g.MIG.Devices...)
+	}
+	return out
+}
+
+func (e *env) cdiSpecs() []string {
+	entries, _ := os.ReadDir(e.cdiDir)
+	var out []string
+	for _, en := range entries {
+		out = append(out, en.Name())
+	}
+	return out
+}
+
+func claim(uid string, devices []string, configs ...string) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + uid, Namespace: "ns", UID: types.UID(uid)},
+		Status:     resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{}},
+	}
+	for _, d := range devices {
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: slicebuilder.DriverName, Pool: pool, Device: d})
+	}
+	for _, raw := range configs {
+		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+			Source: resourceapi.AllocationConfigSourceClaim,
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: slicebuilder.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}},
+		})
+	}
+	return c
+}
+
+func inject(t *testing.T, dir string, ids []string) *oci.Spec {
+	t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	require.NoError(t, err)
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	_, err = cache.InjectDevices(spec, ids...)
+	require.NoError(t, err)
+	return spec
+}
+
+func TestPrepareFullGPU(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	inv, _ := e.machine.Inventory(context.Background())
+	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-3"}))
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
+
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
+	assert.Contains(t, spec.Process.Env, "NVIDIA_VISIBLE_DEVICES="+inv.GPUs[3].UUID)
+	var paths []string
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, d.Path)
+	}
+	assert.ElementsMatch(t, []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3"}, paths)
+
+	again, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-3"}))
+	require.NoError(t, err)
+	assert.Equal(t, devs, again, "prepare is idempotent")
+
+	require.NoError(t, s.Unprepare(context.Background(), "u1"))
+	assert.Empty(t, e.cdiSpecs())
+	require.NoError(t, s.Unprepare(context.Background(), "u1"), "unprepare of an unknown claim succeeds")
+}
+
+func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+	require.NoError(t, err)
+	migs := e.migDevices()
+	require.Len(t, migs, 1)
+	assert.Equal(t, migs[0].UUID, devs[0].UUID)
+	assert.Equal(t, nvdevice.Placement{Start: 4, Size: 4}, migs[0].Placement)
+	assert.Equal(t, map[string]bool{migs[0].UUID: true}, s.ManagedMigDevices())
+
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
+	gi := migs[0].GPUInstanceID
+	var caps []string
+	for _, d := range spec.Linux.Devices {
+		if strings.HasPrefix(d.Path, "/dev/nvidia-caps/") {
+			caps = append(caps, d.Path)
+		}
+	}
+	assert.Equal(t, []string{fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 3+gi*9), fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 4+gi*9)}, caps)
+
+	require.NoError(t, s.Unprepare(context.Background(), "u1"))
+	assert.Empty(t, e.migDevices(), "the MIG device the driver created is destroyed")
+}
+
+func TestDoubleUseRefused(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	_, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}))
+	require.NoError(t, err)
+	for _, dev := range []string{"gpu-0", "gpu-0-mig-1g-10gb-6"} {
+		_, err = s.Prepare(context.Background(), claim("u2", []string{dev}))
+		require.EqualError(t, err, fmt.Sprintf("device %s is unavailable: gpu-0 is prepared for claim ns/claim-u1 (u1)", dev))
+	}
+	_, err = s.Prepare(context.Background(), claim("u3", []string{"gpu-1-mig-3g-40gb-0"}))
+	require.NoError(t, err)
+	_, err = s.Prepare(context.Background(), claim("u4", []string{"gpu-1-mig-1g-10gb-2"}))
+	require.ErrorContains(t, err, "device gpu-1-mig-1g-10gb-2 is unavailable: gpu-1-mig-3g-40gb-0 is prepared for claim ns/claim-u3")
+	_, err = s.Prepare(context.Background(), claim("u5", []string{"gpu-1-mig-3g-40gb-4"}))
+	require.NoError(t, err, "a placement that does not overlap is fine")
+	assert.Len(t, e.migDevices(), 2)
+}
+
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	_, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"mode":"x"}}`))
+	require.EqualError(t, err, `claim ns/claim-u1: config 0 for request "gpu": decode GpuConfig: unknown field "sharing.mode"`)
+	_, err = s.Prepare(context.Background(), claim("u2", []string{"gpu-9"}))
+	require.EqualError(t, err, "device gpu-9 of claim ns/claim-u2 does not exist on this node (a GPU may have vanished)")
+	assert.Empty(t, e.cdiSpecs(), "a refused claim leaves nothing")
+}
+
+// TestCrashAtEveryStep kills the plugin at every step of prepare and of
+// unprepare, restarts it over the same node, and checks that nothing leaks
+// and nothing prepared is lost.
+func TestCrashAtEveryStep(t *testing.T) {
+	prepareSteps := []string{"after-intent", "before-mig-create", "after-mig-create", "after-mig-record", "after-cdi-write", "after-complete"}
+	unprepareSteps := []string{"after-mig-delete", "after-cdi-remove"}
+	for _, step := range append(prepareSteps, unprepareSteps...) {
+		t.Run(step, func(t *testing.T) {
+			e := newEnv(t)
+			other := e.start()
+			keep, err := other.Prepare(context.Background(), claim("keep", []string{"gpu-1-mig-1g-10gb-0"}))
+			require.NoError(t, err)
+
+			e.crashAt = func(s string) {
+				if s == step {
+					panic("killed at " + s)
+				}
+			}
+			s := e.start()
+			isPrepare := false
+			for _, p := range prepareSteps {
+				isPrepare = isPrepare || p == step
+			}
+			func() {
+				defer func() { require.Equal(t, "killed at "+step, recover()) }()
+				if isPrepare {
+					_, _ = s.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+				} else {
+					e.crashAt = nil
+					s2 := e.start()
+					_, err := s2.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+					require.NoError(t, err)
+					e.crashAt = func(s string) {
+						if s == step {
+							panic("killed at " + s)
+						}
+					}
+					_ = e.start().Unprepare(context.Background(), "u1")
+				}
+			}()
+
+			e.crashAt = nil
+			restarted := e.start()
+			got, ok := restarted.Prepared("keep")
+			require.True(t, ok, "the other claim survives")
+			assert.Equal(t, keep, got)
+			if step == "after-complete" {
+				_, ok := restarted.Prepared("u1")
+				assert.True(t, ok, "a completed prepare is kept")
+				require.NoError(t, restarted.Unprepare(context.Background(), "u1"))
+			} else if !isPrepare {
+				// An interrupted unprepare is finished by the kubelet's retry.
+				require.NoError(t, restarted.Unprepare(context.Background(), "u1"))
+			}
+			migs := e.migDevices()
+			require.Len(t, migs, 1, "only the other claim's MIG device remains")
+			assert.Equal(t, keep[0].UUID, migs[0].UUID)
+			assert.Len(t, e.cdiSpecs(), 1, "only the other claim's CDI spec remains")
+
+			devs, err := restarted.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+			require.NoError(t, err, "the claim can be prepared after the restart")
+			assert.Len(t, devs, 1)
+		})
+	}
+}
