@@ -1,0 +1,104 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// Driver implements kubeletplugin.DRAPlugin over a NodeState.
+type Driver struct {
+	state   *NodeState
+	backend nvdevice.Interface
+	pool    string
+	// publish is called whenever the node's devices change.
+	publish func(context.Context) error
+	// cancel stops the plugin on a fatal background error.
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex
+	health map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// PrepareResourceClaims prepares each claim; a claim's error goes into its
+// own result so the other claims of the call still succeed.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	logger := klog.FromContext(ctx)
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	changed := false
+	for _, c := range claims {
+		devs, err := d.state.Prepare(ctx, c)
+		if err != nil {
+			logger.Error(err, "Prepare failed", "claim", klog.KObj(c))
+			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		res := kubeletplugin.PrepareResult{}
+		for _, pd := range devs {
+			res.Devices = append(res.Devices, kubeletplugin.Device{
+				Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs,
+			})
+			changed = changed || pd.CreatedMig != nil
+		}
+		out[c.UID] = res
+	}
+	if changed {
+		d.republish(ctx)
+	}
+	return out, nil
+}
+
+// UnprepareResourceClaims undoes prepares; unknown claims succeed.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		out[c.UID] = d.state.Unprepare(ctx, string(c.UID))
+	}
+	d.republish(ctx)
+	return out, nil
+}
+
+// HandleError logs background errors; a fatal one stops the plugin through
+// its main context rather than exiting deep inside.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	runtime.HandleErrorWithContext(ctx, err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.cancel != nil {
+		d.cancel(fmt.Errorf("fatal background error: %s: %w", msg, err))
+	}
+}
+
+func (d *Driver) republish(ctx context.Context) {
+	if d.publish == nil {
+		return
+	}
+	if err := d.publish(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Republishing ResourceSlices failed")
+	}
+}
+
+// Resources builds what the node publishes now, and returns the inventory
+// it was built from.
+func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, *nvdevice.Inventory, error) {
+	inv, err := d.backend.Inventory(ctx)
+	if err != nil {
+		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
+	}
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: d.taints(inv)})
+	if err != nil {
+		return resourceslice.DriverResources{}, nil, err
+	}
+	return res, inv, nil
+}

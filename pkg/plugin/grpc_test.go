@@ -1,0 +1,119 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// testKubelet plays the kubelet's part: it finds the plugin through the
+// registry directory and calls the DRA service on the socket it names.
+type testKubelet struct {
+	dra drapb.DRAPluginClient
+}
+
+func dial(t *testing.T, socket string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func registerPlugin(t *testing.T, registry string) *testKubelet {
+	t.Helper()
+	reg := registerapi.NewRegistrationClient(dial(t, filepath.Join(registry, slicebuilder.DriverName+"-reg.sock")))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, registerapi.DRAPlugin, info.Type)
+	assert.Equal(t, slicebuilder.DriverName, info.Name)
+	_, err = reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true})
+	require.NoError(t, err)
+	return &testKubelet{dra: drapb.NewDRAPluginClient(dial(t, info.Endpoint))}
+}
+
+func TestPrepareOverTheDRASocket(t *testing.T) {
+	e := newEnv(t)
+	// Unix socket paths are limited to 108 bytes: keep them short.
+	sockets, err := os.MkdirTemp("", "gpudra")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockets) })
+
+	c1 := claim("uid-1", []string{"gpu-2"})
+	c2 := claim("uid-2", []string{"gpu-2"}) // the same device: must be refused
+	c3 := claim("uid-3", []string{"gpu-0-mig-1g-10gb-6"})
+	client := fake.NewSimpleClientset(c1, c2, c3, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}})
+	// The fake client does not implement generateName; the API server does.
+	var generated atomic.Int32
+	client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
+		if obj.Name == "" {
+			obj.Name = fmt.Sprintf("%s%d", obj.GenerateName, generated.Add(1))
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	p, err := Start(ctx, Config{
+		NodeName: pool, Backend: e.machine, Client: client,
+		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: e.cdiDir,
+		Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1",
+	}, cancel)
+	require.NoError(t, err)
+	defer p.Stop()
+
+	kubelet := registerPlugin(t, filepath.Join(sockets, "reg"))
+	req := &drapb.NodePrepareResourcesRequest{}
+	for _, c := range []*resourceapi.ResourceClaim{c1, c2, c3} {
+		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
+	}
+	resp, err := kubelet.dra.NodePrepareResources(context.Background(), req)
+	require.NoError(t, err)
+	require.Len(t, resp.Claims, 3)
+	assert.Empty(t, resp.Claims["uid-1"].Error)
+	require.Len(t, resp.Claims["uid-1"].Devices, 1)
+	assert.Equal(t, "gpu-2", resp.Claims["uid-1"].Devices[0].DeviceName)
+	assert.Equal(t, []string{"gpu.gpudra.dev/claim=uid-1-gpu-2"}, resp.Claims["uid-1"].Devices[0].CdiDeviceIds)
+	assert.Contains(t, resp.Claims["uid-2"].Error, "device gpu-2 is unavailable: gpu-2 is prepared for claim ns/claim-uid-1 (uid-1)")
+	assert.Empty(t, resp.Claims["uid-3"].Error, "one claim's error does not fail the others")
+
+	spec := inject(t, e.cdiDir, resp.Claims["uid-3"].Devices[0].CdiDeviceIds)
+	assert.Len(t, spec.Linux.Devices, 6, "control nodes, the parent GPU and two capability nodes")
+
+	// The MIG device created for uid-3 is published with all placements;
+	// slices exist in the API.
+	var slices *resourceapi.ResourceSliceList
+	require.Eventually(t, func() bool {
+		slices, err = client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+		return err == nil && len(slices.Items) == 5
+	}, 10*time.Second, 50*time.Millisecond, "the node's 5 slices are published")
+
+	un, err := kubelet.dra.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: req.Claims})
+	require.NoError(t, err)
+	for uid, r := range un.Claims {
+		assert.Empty(t, r.Error, uid)
+	}
+	assert.Empty(t, e.cdiSpecs())
+	assert.Empty(t, e.migDevices())
+}

@@ -1,0 +1,140 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// UnhealthyTaintKey marks devices of an unhealthy GPU in the slices.
+const UnhealthyTaintKey = "gpu.gpudra.dev/unhealthy"
+
+// healthResend keeps the kubelet's view fresh (it expires after 30 s).
+const healthResend = 10 * time.Second
+
+// observe updates the health map from an event; it reports whether the
+// published devices must change.
+func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.health == nil {
+		d.health = map[string]nvdevice.HealthEvent{}
+	}
+	_, was := d.health[ev.GPUUUID]
+	switch {
+	case ev.Critical():
+		d.health[ev.GPUUUID] = ev
+		return !was
+	case ev.Kind == nvdevice.HealthRecovered:
+		delete(d.health, ev.GPUUUID)
+		return was
+	}
+	return false // application XIDs do not make a device unhealthy
+}
+
+// taints are the device taints of unhealthy GPUs: the full GPU and every MIG
+// device on it.
+func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.DeviceTaint {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string][]resourceapi.DeviceTaint{}
+	for _, g := range inv.GPUs {
+		ev, bad := d.health[g.UUID]
+		if !bad {
+			continue
+		}
+		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		out[slicebuilder.GPUDeviceName(&g)] = taint
+		for _, p := range g.MIG.Profiles {
+			for _, pl := range p.Placements {
+				out[slicebuilder.MigDeviceName(&g, p.Name, pl.Start)] = taint
+			}
+		}
+	}
+	return out
+}
+
+func healthValue(ev nvdevice.HealthEvent) string {
+	if ev.Kind == nvdevice.HealthXID {
+		return fmt.Sprintf("xid-%d", ev.XID)
+	}
+	return string(ev.Kind)
+}
+
+// report is the health of every device the node has now.
+func (d *Driver) report(ctx context.Context) (kubeletplugin.DeviceHealthReport, error) {
+	res, _, err := d.Resources(ctx)
+	if err != nil {
+		return kubeletplugin.DeviceHealthReport{}, err
+	}
+	now := time.Now()
+	var rep kubeletplugin.DeviceHealthReport
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for _, dev := range s.Devices {
+				h := kubeletplugin.DeviceHealth{PoolName: d.pool, DeviceName: dev.Name, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
+				if len(dev.Taints) > 0 {
+					h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, dev.Taints[0].Value
+				}
+				rep.Devices = append(rep.Devices, h)
+			}
+		}
+	}
+	return rep, nil
+}
+
+// WatchHealthStatus sends a full report at once, again on every health
+// change (and republishes the slices with taints), and every 10 s.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	logger := klog.FromContext(ctx)
+	events, err := d.backend.WatchHealth(ctx)
+	if err != nil {
+		return fmt.Errorf("watch GPU health: %w", err)
+	}
+	send := func() error {
+		rep, err := d.report(ctx)
+		if err != nil {
+			logger.Error(err, "Building the health report failed")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case reports <- rep:
+			return nil
+		}
+	}
+	ticker := time.NewTicker(healthResend)
+	defer ticker.Stop()
+	if send() != nil {
+		return nil
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				return nil
+			}
+			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical())
+			if d.observe(ev) {
+				d.republish(ctx)
+				if send() != nil {
+					return nil
+				}
+			}
+		case <-ticker.C:
+			if send() != nil {
+				return nil
+			}
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// Config is everything the kubelet plugin needs; cmd/kubelet-plugin fills it
+// from flags.
+type Config struct {
+	NodeName string
+	Backend  nvdevice.Interface
+	Client   kubernetes.Interface
+	// RegistrarDir is the kubelet's plugin registry
+	// (/var/lib/kubelet/plugins_registry).
+	RegistrarDir string
+	// PluginDataDir holds the DRA socket and the checkpoint
+	// (/var/lib/kubelet/plugins/gpu.gpudra.dev).
+	PluginDataDir string
+	CDIDir        string
+	Majors        cdi.Majors
+	CapMinors     CapMinors
+	BootID        string
+}
+
+// Plugin is a running kubelet plugin.
+type Plugin struct {
+	Driver *Driver
+	Helper *kubeletplugin.Helper
+}
+
+// Start starts the plugin: node state from the checkpoint, the gRPC
+// services on their sockets, and the first publication of the slices.
+func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Plugin, error) {
+	logger := klog.FromContext(ctx)
+	for _, dir := range []string{cfg.PluginDataDir, cfg.RegistrarDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("plugin directory: %w", err)
+		}
+	}
+	writer, err := cdi.NewWriter(cfg.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	state, loaded, err := NewNodeState(ctx, StateOptions{
+		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: cfg.Majors, CapMinors: cfg.CapMinors,
+		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if loaded.MovedAside != "" {
+		logger.Error(loaded.Cause, "Checkpoint was corrupt; moved aside and starting from the devices", "movedTo", loaded.MovedAside)
+	}
+	if loaded.StaleBoot {
+		logger.Info("Checkpoint was written before a reboot; starting empty")
+	}
+	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel}
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.KubeClient(cfg.Client),
+		kubeletplugin.NodeName(cfg.NodeName),
+		kubeletplugin.DriverName(slicebuilder.DriverName),
+		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start kubelet plugin: %w", err)
+	}
+	d.publish = func(ctx context.Context) error {
+		res, _, err := d.Resources(ctx)
+		if err != nil {
+			return err
+		}
+		return helper.PublishResources(ctx, res)
+	}
+	if err := d.publish(ctx); err != nil {
+		helper.Stop()
+		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return &Plugin{Driver: d, Helper: helper}, nil
+}
+
+// Stop stops the gRPC services; the published slices stay (the kubelet
+// removes them if the plugin does not come back).
+func (p *Plugin) Stop() { p.Helper.Stop() }
