@@ -20,6 +20,7 @@ all: build
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra ./cmd/gpudra
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-kubelet-plugin ./cmd/kubelet-plugin
 	CGO_ENABLED=0 $(GO) build ./...
 
 test: lint test-unit test-nvml test-fuzz

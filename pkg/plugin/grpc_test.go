@@ -3,9 +3,9 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 

@@ -1,0 +1,150 @@
+// Command gpudra-kubelet-plugin is gpudra's DRA kubelet plugin: it runs on
+// every GPU node, publishes the node's GPUs and prepares claims for the
+// kubelet.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+type flags struct {
+	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
+	backend, machine, procRoot                                            string
+	qps                                                                   float64
+	burst                                                                 int
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	var f flags
+	klog.InitFlags(nil)
+	flag.StringVar(&f.nodeName, "node-name", env("NODE_NAME", ""), "this node's name (env NODE_NAME)")
+	flag.StringVar(&f.kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig; in-cluster config when empty (env KUBECONFIG)")
+	flag.StringVar(&f.driverRoot, "driver-root", env("DRIVER_ROOT", nvml.DefaultDriverRoot), "where the NVIDIA driver is installed (env DRIVER_ROOT)")
+	flag.StringVar(&f.cdiDir, "cdi-dir", env("CDI_DIR", "/var/run/cdi"), "where CDI specs are written (env CDI_DIR)")
+	flag.StringVar(&f.pluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join(kubeletplugin.KubeletPluginsDir, slicebuilder.DriverName)), "DRA socket and checkpoint (env PLUGIN_DATA_DIR)")
+	flag.StringVar(&f.registrarDir, "registrar-dir", env("REGISTRAR_DIR", kubeletplugin.KubeletRegistryDir), "kubelet plugin registry (env REGISTRAR_DIR)")
+	flag.StringVar(&f.backend, "backend", env("BACKEND", "nvml"), "nvml or sim (env BACKEND)")
+	flag.StringVar(&f.machine, "sim-machine", env("SIM_MACHINE", "dgx-h100"), "simulated machine for --backend sim: built-in name or YAML file (env SIM_MACHINE)")
+	flag.StringVar(&f.procRoot, "proc-root", env("PROC_ROOT", "/proc"), "host /proc, for boot id, device majors and MIG minors (env PROC_ROOT)")
+	flag.Float64Var(&f.qps, "kube-api-qps", 50, "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares")
+	flag.IntVar(&f.burst, "kube-api-burst", 100, "API client burst")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithCancelCause(ctx)
+	if err := run(ctx, f, cancel); err != nil {
+		klog.FromContext(ctx).Error(err, "gpudra-kubelet-plugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
+	if f.nodeName == "" {
+		return errors.New("--node-name (env NODE_NAME) is required")
+	}
+	cfg, err := clientConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	var backend nvdevice.Interface
+	pc := plugin.Config{NodeName: f.nodeName, Client: client, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
+		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
+	switch f.backend {
+	case "nvml":
+		if backend, err = nvml.New(ctx, nvml.Options{DriverRoot: f.driverRoot}); err != nil {
+			return err
+		}
+		if pc.Majors, err = plugin.MajorsFromProc(filepath.Join(f.procRoot, "devices")); err != nil {
+			return err
+		}
+	case "sim":
+		m, err := sim.NewBuiltin(f.machine, f.nodeName)
+		if err != nil {
+			return err
+		}
+		backend, pc.Majors = m, plugin.SimulatedMajors
+		minors := filepath.Join(f.pluginDataDir, "sim-mig-minors")
+		if err := writeSimMinors(minors, m.Spec().GPUCount); err != nil {
+			return err
+		}
+		pc.CapMinors = plugin.MigMinorsFromFile(minors)
+	default:
+		return fmt.Errorf("--backend: unknown backend %q, want nvml or sim", f.backend)
+	}
+	defer backend.Close()
+	pc.Backend = backend
+	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
+		return err
+	}
+	p, err := plugin.Start(ctx, pc, cancel)
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	klog.FromContext(ctx).Info("gpudra kubelet plugin running", "node", f.nodeName, "backend", f.backend)
+	<-ctx.Done()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+func writeSimMinors(path string, gpus int) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := sim.WriteMigMinors(f, gpus); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func clientConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+	}
+	return cfg, nil
+}

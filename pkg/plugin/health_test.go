@@ -1,0 +1,76 @@
+package plugin
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+)
+
+func TestHealthReportsAndTaints(t *testing.T) {
+	e := newEnv(t)
+	d := &Driver{state: e.start(), backend: e.machine, pool: pool}
+	published := make(chan struct{}, 10)
+	d.publish = func(context.Context) error { published <- struct{}{}; return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	done := make(chan error)
+	go func() { done <- d.WatchHealthStatus(ctx, reports) }()
+
+	next := func() map[string]kubeletplugin.DeviceHealth {
+		t.Helper()
+		select {
+		case r := <-reports:
+			out := map[string]kubeletplugin.DeviceHealth{}
+			for _, h := range r.Devices {
+				out[h.DeviceName] = h
+			}
+			return out
+		case <-time.After(5 * time.Second):
+			t.Fatal("no health report")
+			return nil
+		}
+	}
+	first := next()
+	require.Len(t, first, 208, "the first report covers every device")
+	assert.Equal(t, kubeletplugin.HealthStatusHealthy, first["gpu-1"].Health)
+
+	inv, _ := e.machine.Inventory(ctx)
+	require.NoError(t, e.machine.InjectXID(inv.GPUs[1].UUID, "", 13)) // application error: ignored
+	require.NoError(t, e.machine.InjectXID(inv.GPUs[1].UUID, "", 79)) // fallen off the bus: unhealthy
+	rep := next()
+	assert.Equal(t, kubeletplugin.HealthStatusUnhealthy, rep["gpu-1"].Health)
+	assert.Equal(t, "xid-79", rep["gpu-1"].Message)
+	assert.Equal(t, kubeletplugin.HealthStatusUnhealthy, rep["gpu-1-mig-1g-10gb-0"].Health, "its MIG devices too")
+	assert.Equal(t, kubeletplugin.HealthStatusHealthy, rep["gpu-0"].Health)
+	<-published
+
+	res, _, err := d.Resources(ctx)
+	require.NoError(t, err)
+	tainted := 0
+	for _, s := range res.Pools[pool].Slices {
+		for _, dev := range s.Devices {
+			if len(dev.Taints) > 0 {
+				tainted++
+				assert.Equal(t, UnhealthyTaintKey, dev.Taints[0].Key)
+			}
+		}
+	}
+	assert.Equal(t, 26, tainted, "the GPU and its 25 placements are tainted")
+
+	require.NoError(t, e.machine.RecoverGPU(inv.GPUs[1].UUID))
+	assert.Equal(t, kubeletplugin.HealthStatusHealthy, next()["gpu-1"].Health, "the device comes back")
+	res, _, err = d.Resources(ctx)
+	require.NoError(t, err)
+	for _, s := range res.Pools[pool].Slices {
+		for _, dev := range s.Devices {
+			assert.Empty(t, dev.Taints, dev.Name)
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+}
