@@ -64,10 +64,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // UnprepareResourceClaims undoes prepares; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
+	changed := false
 	for _, c := range claims {
-		out[c.UID] = d.state.Unprepare(ctx, string(c.UID))
+		destroyed, err := d.state.Unprepare(ctx, string(c.UID))
+		out[c.UID], changed = err, changed || destroyed
 	}
-	d.republish(ctx)
+	if changed {
+		d.republish(ctx)
+	}
 	return out, nil
 }
 

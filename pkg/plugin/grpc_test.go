@@ -31,7 +31,7 @@ type testKubelet struct {
 	dra drapb.DRAPluginClient
 }
 
-func dial(t *testing.T, socket string) *grpc.ClientConn {
+func dial(t testing.TB, socket string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -39,7 +39,7 @@ func dial(t *testing.T, socket string) *grpc.ClientConn {
 	return conn
 }
 
-func registerPlugin(t *testing.T, registry string) *testKubelet {
+func registerPlugin(t testing.TB, registry string) *testKubelet {
 	t.Helper()
 	reg := registerapi.NewRegistrationClient(dial(t, filepath.Join(registry, slicebuilder.DriverName+"-reg.sock")))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -53,17 +53,19 @@ func registerPlugin(t *testing.T, registry string) *testKubelet {
 	return &testKubelet{dra: drapb.NewDRAPluginClient(dial(t, info.Endpoint))}
 }
 
-func TestPrepareOverTheDRASocket(t *testing.T) {
-	e := newEnv(t)
+// startPlugin starts the real plugin over e's node with the given claims in
+// a fake API, and registers it with a test kubelet.
+func startPlugin(t testing.TB, e *env, claims ...*resourceapi.ResourceClaim) (*testKubelet, *fake.Clientset) {
+	t.Helper()
 	// Unix socket paths are limited to 108 bytes: keep them short.
 	sockets, err := os.MkdirTemp("", "gpudra")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(sockets) })
-
-	c1 := claim("uid-1", []string{"gpu-2"})
-	c2 := claim("uid-2", []string{"gpu-2"}) // the same device: must be refused
-	c3 := claim("uid-3", []string{"gpu-0-mig-1g-10gb-6"})
-	client := fake.NewSimpleClientset(c1, c2, c3, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}})
+	objs := []runtime.Object{&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}}}
+	for _, c := range claims {
+		objs = append(objs, c)
+	}
+	client := fake.NewSimpleClientset(objs...)
 	// The fake client does not implement generateName; the API server does.
 	var generated atomic.Int32
 	client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -74,16 +76,23 @@ func TestPrepareOverTheDRASocket(t *testing.T) {
 		return false, nil, nil
 	})
 	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
+	t.Cleanup(func() { cancel(nil) })
 	p, err := Start(ctx, Config{
 		NodeName: pool, Backend: e.machine, Client: client,
 		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: e.cdiDir,
 		Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1",
 	}, cancel)
 	require.NoError(t, err)
-	defer p.Stop()
+	t.Cleanup(p.Stop)
+	return registerPlugin(t, filepath.Join(sockets, "reg")), client
+}
 
-	kubelet := registerPlugin(t, filepath.Join(sockets, "reg"))
+func TestPrepareOverTheDRASocket(t *testing.T) {
+	e := newEnv(t)
+	c1 := claim("uid-1", []string{"gpu-2"})
+	c2 := claim("uid-2", []string{"gpu-2"}) // the same device: must be refused
+	c3 := claim("uid-3", []string{"gpu-0-mig-1g-10gb-6"})
+	kubelet, client := startPlugin(t, e, c1, c2, c3)
 	req := &drapb.NodePrepareResourcesRequest{}
 	for _, c := range []*resourceapi.ResourceClaim{c1, c2, c3} {
 		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})

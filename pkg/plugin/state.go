@@ -186,14 +186,21 @@ func (s *NodeState) executeLocked(ctx context.Context, uid string, record *check
 	return devices, nil
 }
 
-// Unprepare undoes a claim's prepare. An unknown claim is already unprepared.
-func (s *NodeState) Unprepare(ctx context.Context, uid string) error {
+// Unprepare undoes a claim's prepare. An unknown claim is already
+// unprepared. It reports whether MIG devices were destroyed (the published
+// devices change then).
+func (s *NodeState) Unprepare(ctx context.Context, uid string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.cp.Claims[uid]; !ok {
-		return nil
+	c, ok := s.cp.Claims[uid]
+	if !ok {
+		return false, nil
 	}
-	return s.rollbackLocked(ctx, uid)
+	createdMig := false
+	for _, d := range c.Devices {
+		createdMig = createdMig || d.CreatedMig != nil
+	}
+	return createdMig, s.rollbackLocked(ctx, uid)
 }
 
 // rollbackLocked destroys the MIG devices the claim's record names, removes

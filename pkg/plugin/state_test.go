@@ -28,14 +28,14 @@ const pool = "node-a"
 var majors = cdi.Majors{NVIDIA: 195, UVM: 508, Caps: 511}
 
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	machine *sim.Machine
 	dir     string
 	cdiDir  string
 	crashAt func(string)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	m, err := sim.NewBuiltin("dgx-h100", pool)
 	require.NoError(t, err)
 	dir := t.TempDir()
@@ -98,7 +98,7 @@ func claim(uid string, devices []string, configs ...string) *resourceapi.Resourc
 	return c
 }
 
-func inject(t *testing.T, dir string, ids []string) *oci.Spec {
+func inject(t testing.TB, dir string, ids []string) *oci.Spec {
 	t.Helper()
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
 	require.NoError(t, err)
@@ -129,9 +129,12 @@ func TestPrepareFullGPU(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, devs, again, "prepare is idempotent")
 
-	require.NoError(t, s.Unprepare(context.Background(), "u1"))
+	destroyed, err := s.Unprepare(context.Background(), "u1")
+	require.NoError(t, err)
+	assert.False(t, destroyed, "a full GPU changes no published device")
 	assert.Empty(t, e.cdiSpecs())
-	require.NoError(t, s.Unprepare(context.Background(), "u1"), "unprepare of an unknown claim succeeds")
+	_, err = s.Unprepare(context.Background(), "u1")
+	require.NoError(t, err, "unprepare of an unknown claim succeeds")
 }
 
 func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
@@ -155,7 +158,9 @@ func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
 	}
 	assert.Equal(t, []string{fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 3+gi*9), fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 4+gi*9)}, caps)
 
-	require.NoError(t, s.Unprepare(context.Background(), "u1"))
+	destroyed, err := s.Unprepare(context.Background(), "u1")
+	require.NoError(t, err)
+	assert.True(t, destroyed)
 	assert.Empty(t, e.migDevices(), "the MIG device the driver created is destroyed")
 }
 
@@ -224,7 +229,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 							panic("killed at " + s)
 						}
 					}
-					_ = e.start().Unprepare(context.Background(), "u1")
+					_, _ = e.start().Unprepare(context.Background(), "u1")
 				}
 			}()
 
@@ -236,10 +241,12 @@ func TestCrashAtEveryStep(t *testing.T) {
 			if step == "after-complete" {
 				_, ok := restarted.Prepared("u1")
 				assert.True(t, ok, "a completed prepare is kept")
-				require.NoError(t, restarted.Unprepare(context.Background(), "u1"))
+				_, err := restarted.Unprepare(context.Background(), "u1")
+				require.NoError(t, err)
 			} else if !isPrepare {
 				// An interrupted unprepare is finished by the kubelet's retry.
-				require.NoError(t, restarted.Unprepare(context.Background(), "u1"))
+				_, err := restarted.Unprepare(context.Background(), "u1")
+				require.NoError(t, err)
 			}
 			migs := e.migDevices()
 			require.Len(t, migs, 1, "only the other claim's MIG device remains")

@@ -1,0 +1,43 @@
+package plugin
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+)
+
+// benchPrepare measures NodePrepareResources + NodeUnprepareResources of one
+// claim through the DRA socket, as the kubelet calls them, and reports the
+// p50 and p99 of the round trip.
+func benchPrepare(b *testing.B, device string) {
+	e := newEnv(b)
+	c := claim("bench", []string{device})
+	kubelet, _ := startPlugin(b, e, c)
+	req := []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}
+	ctx := context.Background()
+	var lat []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		resp, err := kubelet.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: req})
+		if err != nil || resp.Claims["bench"].Error != "" {
+			b.Fatalf("prepare: %v %v", err, resp)
+		}
+		un, err := kubelet.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: req})
+		if err != nil || un.Claims["bench"].Error != "" {
+			b.Fatalf("unprepare: %v %v", err, un)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
+
+func BenchmarkPrepareUnprepareFullGPU(b *testing.B) { benchPrepare(b, "gpu-3") }
+
+func BenchmarkPrepareUnprepareNewMig(b *testing.B) { benchPrepare(b, "gpu-0-mig-3g-40gb-4") }
