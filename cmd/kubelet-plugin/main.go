@@ -29,7 +29,7 @@ import (
 
 type flags struct {
 	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
-	backend, machine, procRoot                                            string
+	backend, machine, procRoot, podUID                                    string
 	qps                                                                   float64
 	burst                                                                 int
 }
@@ -53,6 +53,7 @@ func main() {
 	flag.StringVar(&f.backend, "backend", env("BACKEND", "nvml"), "nvml or sim (env BACKEND)")
 	flag.StringVar(&f.machine, "sim-machine", env("SIM_MACHINE", "dgx-h100"), "simulated machine for --backend sim: built-in name or YAML file (env SIM_MACHINE)")
 	flag.StringVar(&f.procRoot, "proc-root", env("PROC_ROOT", "/proc"), "host /proc, for boot id, device majors and MIG minors (env PROC_ROOT)")
+	flag.StringVar(&f.podUID, "pod-uid", env("POD_UID", ""), "this pod's UID, from the downward API: enables rolling updates (env POD_UID)")
 	flag.Float64Var(&f.qps, "kube-api-qps", 50, "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares")
 	flag.IntVar(&f.burst, "kube-api-burst", 100, "API client burst")
 	flag.Parse()
@@ -81,7 +82,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		return fmt.Errorf("API client: %w", err)
 	}
 	var backend nvdevice.Interface
-	pc := plugin.Config{NodeName: f.nodeName, Client: client, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
+	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
 		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":

@@ -1,6 +1,8 @@
 package cdi
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -89,4 +91,19 @@ func TestBuildSpecErrors(t *testing.T) {
 	require.EqualError(t, err, "claim UID is empty")
 	_, err = BuildSpec(Claim{UID: "u", Devices: []Device{{Name: "gpu-1"}}}, majors)
 	require.EqualError(t, err, "claim u: device gpu-1 has no UUID")
+}
+
+func TestClaimUIDs(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	for _, c := range []Claim{claimA(), {UID: "uid-b", Devices: []Device{{Name: "gpu-1", UUID: "GPU-b"}}}} {
+		spec, err := BuildSpec(c, majors)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(c.UID, spec))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "other-vendor.json"), []byte("{}"), 0o644))
+	uids, err := w.ClaimUIDs()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"uid-a", "uid-b"}, uids)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -60,3 +61,23 @@ func (w *Writer) Exists(claimUID string) bool {
 
 // Dir is the directory the writer manages.
 func (w *Writer) Dir() string { return w.dir }
+
+// ClaimUIDs lists the claims that have a spec in the directory, so that the
+// plugin can remove specs its checkpoint does not know (left by a kill).
+func (w *Writer) ClaimUIDs() ([]string, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list CDI specs: %w", err)
+	}
+	prefix := SpecName("")
+	var uids []string
+	for _, e := range entries {
+		name := e.Name()
+		ext := filepath.Ext(name)
+		if (ext != ".json" && ext != ".yaml") || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		uids = append(uids, strings.TrimSuffix(strings.TrimPrefix(name, prefix), ext))
+	}
+	return uids, nil
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -31,6 +32,9 @@ type Config struct {
 	Majors        cdi.Majors
 	CapMinors     CapMinors
 	BootID        string
+	// PodUID enables rolling updates: old and new plugin pods serve side
+	// by side during an upgrade, so a node is never without a plugin.
+	PodUID string
 }
 
 // Plugin is a running kubelet plugin.
@@ -66,13 +70,17 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		logger.Info("Checkpoint was written before a reboot; starting empty")
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel}
-	helper, err := kubeletplugin.Start(ctx, d,
+	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),
 		kubeletplugin.DriverName(slicebuilder.DriverName),
 		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
-	)
+	}
+	if cfg.PodUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(cfg.PodUID)))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}

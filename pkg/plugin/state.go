@@ -65,6 +65,20 @@ func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, checkpoin
 			}
 		}
 	}
+	// A kill between writing a CDI spec and recording the claim leaves a
+	// spec nobody knows: remove it.
+	uids, err := opts.CDI.ClaimUIDs()
+	if err != nil {
+		return nil, res, err
+	}
+	for _, uid := range uids {
+		if _, known := s.cp.Claims[uid]; !known {
+			klog.FromContext(ctx).Info("Removing a CDI spec left by an interrupted prepare", "uid", uid)
+			if err := opts.CDI.Remove(uid); err != nil {
+				return nil, res, err
+			}
+		}
+	}
 	return s, res, nil
 }
 
@@ -113,11 +127,15 @@ func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClai
 		return nil, err
 	}
 
-	// Phase one: record the intent before any side effect.
+	// Phase one: record the intent before a side effect that only the
+	// record can undo (a MIG instance). A CDI spec alone needs no record:
+	// unknown specs are removed at start.
 	record := checkpoint.PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
-	if err := s.recordLocked(uid, &record, "after-intent"); err != nil {
-		delete(s.cp.Claims, uid)
-		return nil, err
+	if createsMig(plan) {
+		if err := s.recordLocked(uid, &record, "after-intent"); err != nil {
+			delete(s.cp.Claims, uid)
+			return nil, err
+		}
 	}
 	devices, err := s.executeLocked(ctx, uid, &record, plan)
 	if err != nil {
@@ -285,6 +303,15 @@ func (s *NodeState) migRefLocked(ctx context.Context, m *checkpoint.CreatedMig) 
 		}
 	}
 	return nvdevice.MigDeviceRef{}, false, nil
+}
+
+func createsMig(plan []PlannedDevice) bool {
+	for _, p := range plan {
+		if p.Mig != nil && p.Mig.Existing == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // unknownInstance marks instance ids not known yet.

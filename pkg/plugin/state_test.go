@@ -259,3 +259,27 @@ func TestCrashAtEveryStep(t *testing.T) {
 		})
 	}
 }
+
+// TestCrashFullGPUAfterCDIWrite: a full-GPU prepare keeps no intent record;
+// the CDI spec a kill leaves behind is removed at the next start.
+func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
+	e := newEnv(t)
+	e.crashAt = func(s string) {
+		if s == "after-cdi-write" {
+			panic(s)
+		}
+	}
+	s := e.start()
+	func() {
+		defer func() { require.Equal(t, "after-cdi-write", recover()) }()
+		_, _ = s.Prepare(context.Background(), claim("u1", []string{"gpu-2"}))
+	}()
+	require.Len(t, e.cdiSpecs(), 1)
+	e.crashAt = nil
+	restarted := e.start()
+	assert.Empty(t, e.cdiSpecs(), "the orphan spec is removed at start")
+	_, ok := restarted.Prepared("u1")
+	assert.False(t, ok)
+	_, err := restarted.Prepare(context.Background(), claim("u1", []string{"gpu-2"}))
+	require.NoError(t, err)
+}
