@@ -95,6 +95,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		helper.Stop()
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
+	go d.watchInventory(ctx)
 	return &Plugin{Driver: d, Helper: helper}, nil
 }
 

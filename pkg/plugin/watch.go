@@ -1,0 +1,62 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// inventoryPoll is how often the plugin looks for changes made outside it
+// (someone ran nvidia-smi mig, a GPU vanished without an event).
+const inventoryPoll = 15 * time.Second
+
+// fingerprint captures what in an inventory changes the published devices.
+func fingerprint(inv *nvdevice.Inventory) string {
+	var parts []string
+	for _, g := range inv.GPUs {
+		parts = append(parts, fmt.Sprintf("%s/mig=%t", g.UUID, g.MIG.Enabled))
+		for _, d := range g.MIG.Devices {
+			parts = append(parts, fmt.Sprintf("%s/%s@%d", g.UUID, d.UUID, d.Placement.Start))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+// checkInventory republishes when the node's devices changed since last seen.
+func (d *Driver) checkInventory(ctx context.Context, last *string) {
+	inv, err := d.backend.Inventory(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading GPUs failed")
+		return
+	}
+	if fp := fingerprint(inv); fp != *last {
+		if *last != "" {
+			klog.FromContext(ctx).Info("GPUs changed outside the driver; republishing")
+			d.republish(ctx)
+		}
+		*last = fp
+	}
+}
+
+// watchInventory polls until ctx is done.
+func (d *Driver) watchInventory(ctx context.Context) {
+	var last string
+	d.checkInventory(ctx, &last)
+	t := time.NewTicker(inventoryPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.checkInventory(ctx, &last)
+		}
+	}
+}

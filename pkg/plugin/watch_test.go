@@ -1,0 +1,43 @@
+package plugin
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+func TestRepublishOnOutsideChanges(t *testing.T) {
+	e := newEnv(t)
+	d := &Driver{state: e.start(), backend: e.machine, pool: pool}
+	published := 0
+	d.publish = func(context.Context) error { published++; return nil }
+	ctx := context.Background()
+	var last string
+	d.checkInventory(ctx, &last)
+	d.checkInventory(ctx, &last)
+	assert.Equal(t, 0, published, "nothing changed")
+
+	inv, _ := e.machine.Inventory(ctx)
+	_, err := e.machine.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[5].UUID, Profile: "4g.40gb", Start: 0})
+	require.NoError(t, err)
+	d.checkInventory(ctx, &last)
+	assert.Equal(t, 1, published, "a MIG device made with nvidia-smi is noticed")
+	res, _, err := d.Resources(ctx)
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, s := range res.Pools[pool].Slices {
+		for _, dev := range s.Devices {
+			names[dev.Name] = true
+		}
+	}
+	assert.False(t, names["gpu-5"], "the full GPU under a foreign MIG device is withdrawn")
+	assert.True(t, names["gpu-5-mig-4g-40gb-0"])
+
+	require.NoError(t, e.machine.LoseGPU(inv.GPUs[6].UUID))
+	d.checkInventory(ctx, &last)
+	assert.Equal(t, 2, published, "a vanished GPU is noticed")
+}
