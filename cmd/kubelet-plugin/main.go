@@ -29,7 +29,7 @@ import (
 
 type flags struct {
 	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
-	backend, machine, procRoot, podUID                                    string
+	backend, machine, procRoot, podUID, metricsAddr                       string
 	qps                                                                   float64
 	burst                                                                 int
 }
@@ -54,6 +54,7 @@ func main() {
 	flag.StringVar(&f.machine, "sim-machine", env("SIM_MACHINE", "dgx-h100"), "simulated machine for --backend sim: built-in name or YAML file (env SIM_MACHINE)")
 	flag.StringVar(&f.procRoot, "proc-root", env("PROC_ROOT", "/proc"), "host /proc, for boot id, device majors and MIG minors (env PROC_ROOT)")
 	flag.StringVar(&f.podUID, "pod-uid", env("POD_UID", ""), "this pod's UID, from the downward API: enables rolling updates (env POD_UID)")
+	flag.StringVar(&f.metricsAddr, "metrics-address", env("METRICS_ADDRESS", ":9477"), "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables (env METRICS_ADDRESS)")
 	flag.Float64Var(&f.qps, "kube-api-qps", 50, "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares")
 	flag.IntVar(&f.burst, "kube-api-burst", 100, "API client burst")
 	flag.Parse()
@@ -108,6 +109,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	}
 	defer backend.Close()
 	pc.Backend = backend
+	pc.Metrics = plugin.NewMetrics()
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -116,6 +118,13 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		return err
 	}
 	defer p.Stop()
+	if f.metricsAddr != "" {
+		go func() {
+			if err := plugin.Serve(ctx, f.metricsAddr, pc.Metrics.Handler(p.Sockets...)); err != nil {
+				cancel(err)
+			}
+		}()
+	}
 	klog.FromContext(ctx).Info("gpudra kubelet plugin running", "node", f.nodeName, "backend", f.backend)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,8 @@ type Driver struct {
 	// cancel stops the plugin on a fatal background error.
 	cancel context.CancelCauseFunc
 
+	metrics *Metrics
+
 	mu     sync.Mutex
 	health map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
 }
@@ -40,7 +43,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	changed := false
 	for _, c := range claims {
+		start := time.Now()
 		devs, err := d.state.Prepare(ctx, c)
+		d.metrics.observe("prepare", start, err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(c))
 			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -66,7 +71,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	out := make(map[types.UID]error, len(claims))
 	changed := false
 	for _, c := range claims {
+		start := time.Now()
 		destroyed, err := d.state.Unprepare(ctx, string(c.UID))
+		d.metrics.observe("unprepare", start, err)
 		out[c.UID], changed = err, changed || destroyed
 	}
 	if changed {
@@ -100,9 +107,22 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
 	}
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: d.taints(inv)})
+	taints := d.taints(inv)
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: taints})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
+	}
+	if d.metrics != nil {
+		n := 0
+		for _, p := range res.Pools {
+			for _, s := range p.Slices {
+				n += len(s.Devices)
+			}
+		}
+		d.metrics.devicesPublished.Set(float64(n))
+		d.mu.Lock()
+		d.metrics.unhealthyGPUs.Set(float64(len(d.health)))
+		d.mu.Unlock()
 	}
 	return res, inv, nil
 }

@@ -56,6 +56,11 @@ func registerPlugin(t testing.TB, registry string) *testKubelet {
 // startPlugin starts the real plugin over e's node with the given claims in
 // a fake API, and registers it with a test kubelet.
 func startPlugin(t testing.TB, e *env, claims ...*resourceapi.ResourceClaim) (*testKubelet, *fake.Clientset) {
+	k, c, _ := startPluginWithMetrics(t, e, nil, claims...)
+	return k, c
+}
+
+func startPluginWithMetrics(t testing.TB, e *env, metrics *Metrics, claims ...*resourceapi.ResourceClaim) (*testKubelet, *fake.Clientset, *Plugin) {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes: keep them short.
 	sockets, err := os.MkdirTemp("", "gpudra")
@@ -80,11 +85,11 @@ func startPlugin(t testing.TB, e *env, claims ...*resourceapi.ResourceClaim) (*t
 	p, err := Start(ctx, Config{
 		NodeName: pool, Backend: e.machine, Client: client,
 		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: e.cdiDir,
-		Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1",
+		Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1", Metrics: metrics,
 	}, cancel)
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
-	return registerPlugin(t, filepath.Join(sockets, "reg")), client
+	return registerPlugin(t, filepath.Join(sockets, "reg")), client, p
 }
 
 func TestPrepareOverTheDRASocket(t *testing.T) {

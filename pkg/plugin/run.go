@@ -32,6 +32,8 @@ type Config struct {
 	Majors        cdi.Majors
 	CapMinors     CapMinors
 	BootID        string
+	// Metrics receive the plugin's measurements; nil disables them.
+	Metrics *Metrics
 	// PodUID enables rolling updates: old and new plugin pods serve side
 	// by side during an upgrade, so a node is never without a plugin.
 	PodUID string
@@ -41,6 +43,8 @@ type Config struct {
 type Plugin struct {
 	Driver *Driver
 	Helper *kubeletplugin.Helper
+	// Sockets are the registration and DRA sockets, for the liveness check.
+	Sockets []string
 }
 
 // Start starts the plugin: node state from the checkpoint, the gRPC
@@ -69,7 +73,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if loaded.StaleBoot {
 		logger.Info("Checkpoint was written before a reboot; starting empty")
 	}
-	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel}
+	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -96,7 +100,12 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	go d.watchInventory(ctx)
-	return &Plugin{Driver: d, Helper: helper}, nil
+	sockets := []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
+	if cfg.PodUID != "" {
+		sockets = []string{filepath.Join(cfg.PluginDataDir, "dra-"+cfg.PodUID+".sock"),
+			filepath.Join(cfg.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(cfg.RegistrarDir, slicebuilder.DriverName, types.UID(cfg.PodUID)))}
+	}
+	return &Plugin{Driver: d, Helper: helper, Sockets: sockets}, nil
 }
 
 // Stop stops the gRPC services; the published slices stay (the kubelet
