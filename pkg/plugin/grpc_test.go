@@ -131,3 +131,30 @@ func TestPrepareOverTheDRASocket(t *testing.T) {
 	assert.Empty(t, e.cdiSpecs())
 	assert.Empty(t, e.migDevices())
 }
+
+// TestCorruptCheckpointAtStart: the plugin starts anyway, with an Event on
+// the Node naming where the damaged file went.
+func TestCorruptCheckpointAtStart(t *testing.T) {
+	e := newEnv(t)
+	sockets, err := os.MkdirTemp("", "gpudra")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockets) })
+	data := filepath.Join(sockets, "data")
+	require.NoError(t, os.MkdirAll(data, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(data, "checkpoint.json"), []byte(`{"checksum":1,"data":{}}`), 0o600))
+	client := fake.NewSimpleClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool}})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	p, err := Start(ctx, Config{NodeName: pool, Backend: e.machine, Client: client, RegistrarDir: filepath.Join(sockets, "reg"),
+		PluginDataDir: data, CDIDir: e.cdiDir, Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1"}, cancel)
+	require.NoError(t, err, "a corrupt checkpoint never stops the plugin")
+	defer p.Stop()
+	events, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	require.Len(t, events.Items, 1)
+	ev := events.Items[0]
+	assert.Equal(t, "CheckpointCorrupt", ev.Reason)
+	assert.Equal(t, "Node", ev.InvolvedObject.Kind)
+	assert.Contains(t, ev.Message, "checkpoint is corrupt: checksum 00000001")
+	assert.Contains(t, ev.Message, "checkpoint.json.corrupt-")
+}

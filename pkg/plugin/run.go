@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -69,6 +71,10 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	}
 	if loaded.MovedAside != "" {
 		logger.Error(loaded.Cause, "Checkpoint was corrupt; moved aside and starting from the devices", "movedTo", loaded.MovedAside)
+		if err := nodeEvent(ctx, cfg.Client, cfg.NodeName, corev1.EventTypeWarning, "CheckpointCorrupt",
+			fmt.Sprintf("gpudra kubelet plugin: checkpoint was corrupt (%v); moved to %s, claims will be prepared again", loaded.Cause, loaded.MovedAside)); err != nil {
+			logger.Error(err, "Could not record an Event for the corrupt checkpoint")
+		}
 	}
 	if loaded.StaleBoot {
 		logger.Info("Checkpoint was written before a reboot; starting empty")
@@ -106,6 +112,20 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 			filepath.Join(cfg.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(cfg.RegistrarDir, slicebuilder.DriverName, types.UID(cfg.PodUID)))}
 	}
 	return &Plugin{Driver: d, Helper: helper, Sockets: sockets}, nil
+}
+
+// nodeEvent records an Event on the Node, where an admin looking at the node
+// sees it.
+func nodeEvent(ctx context.Context, client kubernetes.Interface, node, eventType, reason, message string) error {
+	now := metav1.Now()
+	_, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + "."},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, APIVersion: "v1"},
+		Type:           eventType, Reason: reason, Message: message,
+		Source:         corev1.EventSource{Component: "gpudra-kubelet-plugin", Host: node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}, metav1.CreateOptions{})
+	return err
 }
 
 // Stop stops the gRPC services; the published slices stay (the kubelet
