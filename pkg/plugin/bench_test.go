@@ -18,7 +18,7 @@ func benchPrepare(b *testing.B, device string) {
 	kubelet, _ := startPlugin(b, e, c)
 	req := []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}
 	ctx := context.Background()
-	var lat []time.Duration
+	var prep, unprep []time.Duration
 	b.ResetTimer()
 	for b.Loop() {
 		start := time.Now()
@@ -26,16 +26,21 @@ func benchPrepare(b *testing.B, device string) {
 		if err != nil || resp.Claims["bench"].Error != "" {
 			b.Fatalf("prepare: %v %v", err, resp)
 		}
+		mid := time.Now()
 		un, err := kubelet.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: req})
 		if err != nil || un.Claims["bench"].Error != "" {
 			b.Fatalf("unprepare: %v %v", err, un)
 		}
-		lat = append(lat, time.Since(start))
+		prep, unprep = append(prep, mid.Sub(start)), append(unprep, time.Since(mid))
 	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
-	b.ReportMetric(pct(0.50), "p50-ms")
-	b.ReportMetric(pct(0.99), "p99-ms")
+	report := func(lat []time.Duration, name string) {
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+		b.ReportMetric(pct(0.50), name+"-p50-ms")
+		b.ReportMetric(pct(0.99), name+"-p99-ms")
+	}
+	report(prep, "prepare")
+	report(unprep, "unprepare")
 }
 
 func BenchmarkPrepareUnprepareFullGPU(b *testing.B) { benchPrepare(b, "gpu-3") }

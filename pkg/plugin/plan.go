@@ -37,10 +37,14 @@ type PlannedMig struct {
 // Plan computes, without side effects, what preparing a claim's devices of
 // this driver and pool takes. Errors name the device or the config.
 func Plan(claim *resourceapi.ResourceClaim, pool string, inv *nvdevice.Inventory, managed map[string]bool) ([]PlannedDevice, error) {
+	return planWithIndex(claim, pool, deviceIndex(inv), managed)
+}
+
+// planWithIndex is Plan over a device index the caller already built.
+func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[string]PlannedDevice, managed map[string]bool) ([]PlannedDevice, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
-	index := deviceIndex(inv)
 	var out []PlannedDevice
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != slicebuilder.DriverName || r.Pool != pool {
@@ -58,7 +62,9 @@ func Plan(claim *resourceapi.ResourceClaim, pool string, inv *nvdevice.Inventory
 		if pd.Mig != nil && pd.Mig.Existing != nil && managed[pd.Mig.Existing.UUID] {
 			// Created by us for a claim that was unprepared in between
 			// without cleanup: it is free to take over as if new.
-			pd.Mig.Existing = nil
+			mig := *pd.Mig // the index is shared: never change it in place
+			mig.Existing = nil
+			pd.Mig = &mig
 		}
 		out = append(out, pd)
 	}

@@ -41,6 +41,11 @@ type NodeState struct {
 	opts StateOptions
 	mu   sync.Mutex
 	cp   *checkpoint.Checkpoint
+	// index caches the device index of the inventory it was built from
+	// (keyed by fingerprint): rebuilding 208 device names on every prepare
+	// was the largest cost of a prepare.
+	index            map[string]PlannedDevice
+	indexFingerprint string
 }
 
 // NewNodeState loads the checkpoint (a corrupt one is moved aside and
@@ -119,11 +124,12 @@ func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClai
 	if err != nil {
 		return nil, fmt.Errorf("read GPUs: %w", err)
 	}
-	plan, err := Plan(claim, s.opts.Pool, inv, s.managedLocked())
+	index := s.indexLocked(inv)
+	plan, err := planWithIndex(claim, s.opts.Pool, index, s.managedLocked())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkConflictsLocked(uid, plan, inv); err != nil {
+	if err := s.checkConflictsLocked(uid, plan, index); err != nil {
 		return nil, err
 	}
 
@@ -248,8 +254,7 @@ func (s *NodeState) rollbackLocked(ctx context.Context, uid string) error {
 	return s.storeLocked()
 }
 
-func (s *NodeState) checkConflictsLocked(uid string, plan []PlannedDevice, inv *nvdevice.Inventory) error {
-	index := deviceIndex(inv)
+func (s *NodeState) checkConflictsLocked(uid string, plan []PlannedDevice, index map[string]PlannedDevice) error {
 	for otherUID, other := range s.cp.Claims {
 		if otherUID == uid {
 			continue
@@ -268,6 +273,13 @@ func (s *NodeState) checkConflictsLocked(uid string, plan []PlannedDevice, inv *
 		}
 	}
 	return nil
+}
+
+func (s *NodeState) indexLocked(inv *nvdevice.Inventory) map[string]PlannedDevice {
+	if fp := fingerprint(inv); fp != s.indexFingerprint || s.index == nil {
+		s.index, s.indexFingerprint = deviceIndex(inv), fp
+	}
+	return s.index
 }
 
 func (s *NodeState) managedLocked() map[string]bool {
