@@ -3,6 +3,7 @@ package slicebuilder
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,7 +20,7 @@ import (
 )
 
 // The DeviceClasses the chart installs.
-var testClasses = []*resourceapi.DeviceClass{
+var testClasses = classLister{
 	deviceClass("gpu.gpudra.dev", `device.driver == "gpu.gpudra.dev" && device.attributes["gpu.gpudra.dev"].type == "gpu"`),
 	deviceClass("mig.gpudra.dev", `device.driver == "gpu.gpudra.dev" && device.attributes["gpu.gpudra.dev"].type == "mig"`),
 }
@@ -31,6 +32,7 @@ func deviceClass(name, expr string) *resourceapi.DeviceClass {
 	}
 }
 
+// classLister is a structured.DeviceClassLister over a fixed list.
 type classLister []*resourceapi.DeviceClass
 
 func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
@@ -43,140 +45,292 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 }
 
-// cluster allocates claims one after another with the scheduler's own
-// allocator, feeding what it allocated back as the allocated state, as the
-// scheduler does between pods.
-type cluster struct {
-	t         *testing.T
-	node      *v1.Node
-	slices    []*resourceapi.ResourceSlice
-	allocated sets.Set[structured.DeviceID]
-	cache     *cel.Cache
-	n         int
+// allocatorFeatures are the DRA features a 1.37 scheduler runs with by
+// default: GA (admin access, device taints, prioritized list, binding
+// conditions and device status) and beta (partitionable devices, consumable
+// capacity).
+var allocatorFeatures = structured.Features{
+	AdminAccess:            true,
+	ConsumableCapacity:     true,
+	DeviceBindingAndStatus: true,
+	DeviceTaints:           true,
+	PartitionableDevices:   true,
+	PrioritizedList:        true,
 }
 
-func newCluster(t *testing.T, machineName string) *cluster {
+// cluster is one node's published slices plus what has been allocated on
+// them so far, as the scheduler tracks it between pods.
+type cluster struct {
+	node   *v1.Node
+	slices []*resourceapi.ResourceSlice
+	// allocated is the scheduler's AllocatedState.AllocatedDevices. The
+	// allocator derives the counters already consumed from it and the
+	// slices (see checkAvailableCounters in structured/internal/incubating),
+	// so feeding back the allocated devices is all it needs.
+	allocated sets.Set[structured.DeviceID]
+	cache     *cel.Cache
+	claims    int
+}
+
+func newCluster(t *testing.T, machineName string, opts Options) *cluster {
+	t.Helper()
 	_, inv := machine(t, machineName, "node-a")
 	c := &cluster{
-		t:         t,
 		node:      &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}},
 		allocated: sets.New[structured.DeviceID](),
 		cache:     cel.NewCache(100, cel.Features{}),
 	}
-	for _, s := range build(t, inv, "node-a", Options{}) {
+	for _, s := range build(t, inv, "node-a", opts) {
 		c.slices = append(c.slices, s.DeepCopy())
 	}
 	return c
 }
 
-type req struct {
-	class    string
-	profile  string // CEL on migProfile when set
-	count    int64
-	sameLink bool // matchAttribute on nvlinkDomain
+// device returns a published device by name.
+func (c *cluster) device(name string) (resourceapi.Device, bool) {
+	for _, s := range c.slices {
+		for _, d := range s.Spec.Devices {
+			if d.Name == name {
+				return d, true
+			}
+		}
+	}
+	return resourceapi.Device{}, false
 }
 
-// allocate tries one claim; it returns the devices, or nil if it cannot fit.
-func (c *cluster) allocate(r req) []string {
-	c.t.Helper()
-	c.n++
-	er := &resourceapi.ExactDeviceRequest{DeviceClassName: r.class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: max(r.count, 1)}
-	if r.profile != "" {
-		er.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf(`device.attributes["gpu.gpudra.dev"].migProfile == %q`, r.profile)}}}
+// ask is one request of a claim.
+type ask struct {
+	class   string
+	profile string // a CEL selector on migProfile when set
+	count   int64  // 1 when zero
+	// sameNVLink adds a matchAttribute constraint on nvlinkDomain.
+	sameNVLink bool
+}
+
+func gpuAsk() ask               { return ask{class: "gpu.gpudra.dev"} }
+func migAsk(profile string) ask { return ask{class: "mig.gpudra.dev", profile: profile} }
+
+// claim turns an ask into a resource.k8s.io/v1 ResourceClaim.
+func (c *cluster) claim(a ask) *resourceapi.ResourceClaim {
+	c.claims++
+	req := &resourceapi.ExactDeviceRequest{
+		DeviceClassName: a.class,
+		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
+		Count:           max(a.count, 1),
+	}
+	if a.profile != "" {
+		req.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.attributes["gpu.gpudra.dev"].migProfile == %q`, a.profile),
+		}}}
 	}
 	claim := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", c.n), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%d", c.n))},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("claim-%d", c.claims), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%d", c.claims)),
+		},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: er}},
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}},
 		}},
 	}
-	if r.sameLink {
-		claim.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("gpu.gpudra.dev/nvlinkDomain"))}}
+	if a.sameNVLink {
+		claim.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{
+			MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("gpu.gpudra.dev/nvlinkDomain")),
+		}}
 	}
-	features := structured.Features{PartitionableDevices: true, PrioritizedList: true, DeviceTaints: true}
-	alloc, err := structured.NewAllocator(context.Background(), features,
-		structured.AllocatedState{AllocatedDevices: c.allocated, AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](), AggregatedCapacity: structured.NewConsumedCapacityCollection()},
-		classLister(testClasses), c.slices, c.cache)
-	require.NoError(c.t, err)
-	results, err := alloc.Allocate(context.Background(), c.node, []*resourceapi.ResourceClaim{claim})
-	require.NoError(c.t, err)
-	if len(results) == 0 {
+	return claim
+}
+
+// allocate runs the scheduler's allocator for one claim against what is
+// allocated so far. It returns the allocated device names, or nil when the
+// claim does not fit; what it allocates stays allocated for later claims.
+func (c *cluster) allocate(t *testing.T, a ask) []string {
+	t.Helper()
+	ctx := context.Background()
+	state := structured.AllocatedState{
+		AllocatedDevices:         c.allocated.Clone(),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	alloc, err := structured.NewAllocator(ctx, allocatorFeatures, state, testClasses, c.slices, c.cache)
+	require.NoError(t, err)
+	results, err := alloc.Allocate(ctx, c.node, []*resourceapi.ResourceClaim{c.claim(a)})
+	require.NoError(t, err)
+	if results == nil {
 		return nil
 	}
+	require.Len(t, results, 1)
 	var names []string
-	for _, d := range results[0].Devices.Results {
-		c.allocated.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
-		names = append(names, d.Device)
+	for _, r := range results[0].Devices.Results {
+		require.Equal(t, DriverName, r.Driver)
+		require.Equal(t, "node-a", r.Pool)
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		require.False(t, c.allocated.Has(id), "%s handed out twice", r.Device)
+		c.allocated.Insert(id)
+		names = append(names, r.Device)
 	}
 	return names
 }
 
-func TestAllocatorSevenMigSlicesFitAnEighthDoesNot(t *testing.T) {
-	c := newCluster(t, oneGPUMig)
-	seen := map[string]bool{}
-	for i := 0; i < 7; i++ {
-		got := c.allocate(req{class: "mig.gpudra.dev", profile: "1g.10gb"})
-		require.Len(t, got, 1, "1g.10gb number %d must fit", i+1)
-		assert.False(t, seen[got[0]])
-		seen[got[0]] = true
-	}
-	assert.Nil(t, c.allocate(req{class: "mig.gpudra.dev", profile: "1g.10gb"}), "an 8th 1g.10gb does not fit")
-	assert.Nil(t, c.allocate(req{class: "gpu.gpudra.dev"}), "nor does the full GPU")
+// step is one claim in a sequence and whether it must fit.
+type step struct {
+	ask  ask
+	fits bool
 }
 
-func TestAllocatorFullGPUExcludesMig(t *testing.T) {
-	c := newCluster(t, oneGPUMig)
-	require.Equal(t, []string{"gpu-0"}, c.allocate(req{class: "gpu.gpudra.dev"}))
-	for _, p := range []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"} {
-		assert.Nil(t, c.allocate(req{class: "mig.gpudra.dev", profile: p}), "%s beside an allocated full GPU", p)
+func repeat(n int, s step) []step {
+	out := make([]step, n)
+	for i := range out {
+		out[i] = s
 	}
-
-	c = newCluster(t, oneGPUMig)
-	require.NotNil(t, c.allocate(req{class: "mig.gpudra.dev", profile: "1g.10gb"}))
-	assert.Nil(t, c.allocate(req{class: "gpu.gpudra.dev"}), "the full GPU beside a MIG device")
+	return out
 }
 
-func TestAllocatorHardwareRules(t *testing.T) {
+func seq(parts ...[]step) []step {
+	var out []step
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+var allProfiles = []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
+
+func TestAllocatorOneGPU(t *testing.T) {
+	fit := func(a ask) []step { return []step{{a, true}} }
+	nofit := func(a ask) []step { return []step{{a, false}} }
 	tests := []struct {
-		name string
-		reqs []string // profiles in order
-		fits []bool
+		name  string
+		steps []step
 	}{
-		{"one +me only", []string{"1g.10gb+me", "1g.10gb+me"}, []bool{true, false}},
-		{"+me beside six 1g.10gb", []string{"1g.10gb+me", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"}, []bool{true, true, true, true, true, true, true, false}},
-		{"4g + 3g", []string{"4g.40gb", "3g.40gb", "3g.40gb"}, []bool{true, true, false}},
-		{"two 3g", []string{"3g.40gb", "3g.40gb", "1g.10gb"}, []bool{true, true, false}},
-		{"four 1g.20gb", []string{"1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb"}, []bool{true, true, true, true, false}},
-		{"7g alone", []string{"7g.80gb", "1g.10gb"}, []bool{true, false}},
+		{"seven 1g.10gb fit, an eighth does not", seq(
+			repeat(7, step{migAsk("1g.10gb"), true}),
+			nofit(migAsk("1g.10gb")), nofit(migAsk("1g.10gb+me")), nofit(gpuAsk()))},
+		{"seven 1g.10gb in one claim, then nothing", seq(
+			fit(ask{class: "mig.gpudra.dev", profile: "1g.10gb", count: 7}), nofit(migAsk("1g.10gb")))},
+		{"eight 1g.10gb in one claim do not fit", nofit(ask{class: "mig.gpudra.dev", profile: "1g.10gb", count: 8})},
+		{"a full GPU excludes every MIG device", seq(fit(gpuAsk()),
+			nofit(migAsk("1g.10gb")), nofit(migAsk("1g.10gb+me")), nofit(migAsk("1g.20gb")), nofit(migAsk("2g.20gb")),
+			nofit(migAsk("3g.40gb")), nofit(migAsk("4g.40gb")), nofit(migAsk("7g.80gb")))},
+		{"only one full GPU", seq(fit(gpuAsk()), nofit(gpuAsk()))},
+		{"two 1g.10gb+me do not fit (one OFA engine)", seq(fit(migAsk("1g.10gb+me")), nofit(migAsk("1g.10gb+me")))},
+		{"one 1g.10gb+me beside six 1g.10gb", seq(fit(migAsk("1g.10gb+me")),
+			repeat(6, step{migAsk("1g.10gb"), true}), nofit(migAsk("1g.10gb")))},
+		{"six 1g.10gb, then one 1g.10gb+me", seq(repeat(6, step{migAsk("1g.10gb"), true}),
+			fit(migAsk("1g.10gb+me")), nofit(migAsk("1g.10gb+me")), nofit(migAsk("1g.10gb")))},
+		{"4g.40gb and 3g.40gb fit together", seq(fit(migAsk("4g.40gb")), fit(migAsk("3g.40gb")))},
+		{"4g.40gb and two 3g.40gb do not", seq(fit(migAsk("4g.40gb")), fit(migAsk("3g.40gb")), nofit(migAsk("3g.40gb")))},
+		{"two 3g.40gb leave no room for a 4g.40gb", seq(fit(migAsk("3g.40gb")), fit(migAsk("3g.40gb")), nofit(migAsk("4g.40gb")), nofit(migAsk("1g.10gb")))},
+		{"four 1g.20gb", seq(repeat(4, step{migAsk("1g.20gb"), true}), nofit(migAsk("1g.20gb")), nofit(migAsk("1g.10gb")))},
+		{"three 2g.20gb and a 1g.10gb", seq(repeat(3, step{migAsk("2g.20gb"), true}), fit(migAsk("1g.10gb")), nofit(migAsk("1g.10gb")))},
+		{"7g.80gb alone", seq(fit(migAsk("7g.80gb")), nofit(migAsk("1g.10gb")), nofit(gpuAsk()))},
 	}
+	// Any one MIG device keeps the full GPU from being allocated.
+	for _, p := range allProfiles {
+		tests = append(tests, struct {
+			name  string
+			steps []step
+		}{"a " + p + " excludes the full GPU", seq(fit(migAsk(p)), nofit(gpuAsk()))})
+	}
+
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, oneGPUMig)
-			for i, p := range tc.reqs {
-				got := c.allocate(req{class: "mig.gpudra.dev", profile: p})
-				assert.Equal(t, tc.fits[i], got != nil, "request %d (%s)", i+1, p)
+			c := newCluster(t, oneGPUMig, Options{})
+			for i, s := range tc.steps {
+				got := c.allocate(t, s.ask)
+				what := fmt.Sprintf("claim %d (%s %s x%d)", i+1, s.ask.class, s.ask.profile, max(s.ask.count, 1))
+				if !s.fits {
+					assert.Nil(t, got, "%s must not fit", what)
+					continue
+				}
+				if !assert.Len(t, got, int(max(s.ask.count, 1)), "%s must fit", what) {
+					continue
+				}
+				for _, name := range got {
+					d, ok := c.device(name)
+					require.True(t, ok, name)
+					if s.ask.profile != "" {
+						assert.Equal(t, s.ask.profile, strAttr(d, "migProfile"), "%s got %s", what, name)
+					} else {
+						assert.Equal(t, TypeGPU, strAttr(d, "type"), "%s got %s", what, name)
+					}
+				}
 			}
 		})
 	}
 }
 
-func TestAllocatorNVLinkDomain(t *testing.T) {
-	c := newCluster(t, "dgx-h100")
-	got := c.allocate(req{class: "gpu.gpudra.dev", count: 2, sameLink: true})
-	assert.Len(t, got, 2, "two GPUs on one NVLink domain")
-
-	pcie := newCluster(t, "h100-pcie")
-	assert.Nil(t, pcie.allocate(req{class: "gpu.gpudra.dev", count: 2, sameLink: true}), "PCIe GPUs have no NVLink domain to match")
-	assert.Len(t, pcie.allocate(req{class: "gpu.gpudra.dev", count: 2}), 2, "without the constraint they fit")
+func TestAllocatorNVLink(t *testing.T) {
+	tests := []struct {
+		machine  string
+		ask      ask
+		wantFits bool
+	}{
+		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, true},
+		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 8, sameNVLink: true}, true},
+		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 9, sameNVLink: true}, false},
+		{"h100-nvlink-fabric", ask{class: "gpu.gpudra.dev", count: 4, sameNVLink: true}, true},
+		// PCIe GPUs have no NVLink domain to match.
+		{"h100-pcie", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, false},
+		{"h100-pcie", ask{class: "gpu.gpudra.dev", count: 2}, true},
+		// MIG devices have no NVLink either.
+		{"dgx-h100", ask{class: "mig.gpudra.dev", profile: "1g.10gb", count: 2, sameNVLink: true}, false},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s %s x%d nvlink=%v", tc.machine, tc.ask.class, tc.ask.count, tc.ask.sameNVLink), func(t *testing.T) {
+			c := newCluster(t, tc.machine, Options{})
+			got := c.allocate(t, tc.ask)
+			if !tc.wantFits {
+				assert.Nil(t, got)
+				return
+			}
+			require.Len(t, got, int(tc.ask.count))
+			domains := sets.New[string]()
+			for _, name := range got {
+				d, ok := c.device(name)
+				require.True(t, ok, name)
+				assert.Equal(t, TypeGPU, strAttr(d, "type"), name)
+				domains.Insert(strAttr(d, "nvlinkDomain"))
+			}
+			assert.Len(t, sets.New(got...), len(got), "distinct GPUs")
+			if tc.ask.sameNVLink {
+				assert.Equal(t, 1, domains.Len(), "one NVLink domain: %v", sets.List(domains))
+				assert.NotContains(t, domains, "")
+			}
+		})
+	}
 }
 
 func TestAllocatorPacksMigOntoLowGPUs(t *testing.T) {
-	c := newCluster(t, "dgx-h100")
+	c := newCluster(t, "dgx-h100", Options{})
 	for i := 0; i < 7; i++ {
-		got := c.allocate(req{class: "mig.gpudra.dev", profile: "1g.10gb"})
+		got := c.allocate(t, migAsk("1g.10gb"))
 		require.Len(t, got, 1)
-		assert.Regexp(t, `^gpu-0-`, got[0], "first-fit fills GPU 0 before touching GPU 1")
+		assert.True(t, strings.HasPrefix(got[0], "gpu-0-"), "1g.10gb number %d: first-fit fills GPU 0 first, got %s", i+1, got[0])
 	}
-	assert.Regexp(t, `^gpu-1-`, c.allocate(req{class: "mig.gpudra.dev", profile: "1g.10gb"})[0])
+	got := c.allocate(t, migAsk("1g.10gb"))
+	require.Len(t, got, 1)
+	assert.True(t, strings.HasPrefix(got[0], "gpu-1-"), "the 8th goes to GPU 1, got %s", got[0])
+	full := c.allocate(t, gpuAsk())
+	require.Len(t, full, 1)
+	assert.NotContains(t, []string{"gpu-0", "gpu-1"}, full[0], "GPUs 0 and 1 hold MIG devices")
+}
+
+func TestAllocatorHonoursTaints(t *testing.T) {
+	noSchedule := resourceapi.DeviceTaint{Key: "gpu.gpudra.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	tests := []struct {
+		name    string
+		tainted string
+		ask     ask
+		want    []string // nil: does not fit
+	}{
+		{"tainted full GPU", "gpu-0", gpuAsk(), nil},
+		{"MIG devices of a tainted full GPU are still offered", "gpu-0", migAsk("7g.80gb"), []string{"gpu-0-mig-7g-80gb-0"}},
+		{"tainted MIG device", "gpu-0-mig-7g-80gb-0", migAsk("7g.80gb"), nil},
+		{"full GPU beside a tainted MIG device", "gpu-0-mig-7g-80gb-0", gpuAsk(), []string{"gpu-0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, oneGPUMig, Options{Taints: map[string][]resourceapi.DeviceTaint{tc.tainted: {noSchedule}}})
+			assert.Equal(t, tc.want, c.allocate(t, tc.ask))
+		})
+	}
 }

@@ -96,9 +96,20 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 	if len(counters) > MaxCountersPerSet {
 		return gpuDevices{}, fmt.Errorf("GPU %d (%s): %d counters exceed the limit of %d", g.Index, g.UUID, len(counters), MaxCountersPerSet)
 	}
+	foreign := foreignMigDevices(g, opts.ManagedMigDevices)
+	// Someone else's MIG devices hold their memory slices and engines whether
+	// or not the scheduler hands them out: take them out of the counter set
+	// (the devices themselves are published without counter consumption).
+	for _, d := range foreign {
+		for name, c := range migConsumption(d.MemoryMiB, d.Placement, d.Engines) {
+			if have, ok := counters[name]; ok {
+				have.Value.Sub(c.Value)
+				counters[name] = have
+			}
+		}
+	}
 	gd := gpuDevices{counters: resourceapi.CounterSet{Name: CounterSetName(g), Counters: counters}}
 
-	foreign := foreignMigDevices(g, opts.ManagedMigDevices)
 	if len(foreign) == 0 {
 		gd.devices = append(gd.devices, fullGPUDevice(g, opts))
 	}
@@ -214,18 +225,26 @@ func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement
 	if existing != nil {
 		attrs["uuid"] = str(existing.UUID)
 	}
-	consumed := map[string]resourceapi.Counter{counterMemory: {Value: mebibytes(prof.MemoryMiB)}}
-	for _, s := range pl.Slices() {
-		consumed[memorySliceCounter(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
-	}
-	addEngineCounters(consumed, prof.Engines)
-	return resourceapi.Device{
+	d := resourceapi.Device{
 		Name:       name,
 		Attributes: attrs,
 		Capacity:   capacities(prof.MemoryMiB, prof.Engines),
-		ConsumesCounters: []resourceapi.DeviceCounterConsumption{{
-			CounterSet: CounterSetName(g), Counters: consumed,
-		}},
-		Taints: opts.Taints[name],
+		Taints:     opts.Taints[name],
 	}
+	if existing == nil { // an existing foreign device was taken out of the counter set
+		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
+			CounterSet: CounterSetName(g), Counters: migConsumption(prof.MemoryMiB, pl, prof.Engines),
+		}}
+	}
+	return d
+}
+
+// migConsumption is what a MIG device takes from its GPU's counter set.
+func migConsumption(memoryMiB uint64, pl nvdevice.Placement, e nvdevice.Engines) map[string]resourceapi.Counter {
+	consumed := map[string]resourceapi.Counter{counterMemory: {Value: mebibytes(memoryMiB)}}
+	for _, s := range pl.Slices() {
+		consumed[memorySliceCounter(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
+	}
+	addEngineCounters(consumed, e)
+	return consumed
 }

@@ -2,6 +2,7 @@ package slicebuilder
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,12 +12,14 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
+// machine builds a simulated machine: a built-in one by name, otherwise one
+// described by the YAML spec given inline (sim.ParseSpec + sim.New).
 func machine(t testing.TB, nameOrYAML, node string) (*sim.Machine, *nvdevice.Inventory) {
 	t.Helper()
 	var m *sim.Machine
 	var err error
-	if spec, perr := sim.LookupSpec(nameOrYAML); perr == nil {
-		m, err = sim.New(spec, node)
+	if slices.Contains(sim.BuiltinMachines(), nameOrYAML) {
+		m, err = sim.NewBuiltin(nameOrYAML, node)
 	} else {
 		spec, perr := sim.ParseSpec([]byte(nameOrYAML))
 		require.NoError(t, perr)
@@ -28,6 +31,7 @@ func machine(t testing.TB, nameOrYAML, node string) (*sim.Machine, *nvdevice.Inv
 	return m, inv
 }
 
+// build runs Build and ResourceSlices, as the plugin and the CLI do.
 func build(t testing.TB, inv *nvdevice.Inventory, node string, opts Options) []resourceapi.ResourceSlice {
 	t.Helper()
 	res, err := Build(inv, node, opts)
@@ -58,4 +62,5 @@ func strAttr(d resourceapi.Device, name resourceapi.QualifiedName) string {
 	return ""
 }
 
+// oneGPUMig is a machine with one H100 SXM5 in MIG mode.
 const oneGPUMig = "name: one\ngpuCount: 1\nmigEnabled: all\n"
