@@ -1,12 +1,15 @@
-//go:build cgo
+//go:build cgo && linux
 
 package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
@@ -14,39 +17,57 @@ import (
 )
 
 // Backend is the real GPU model. NVML is initialised once in New and shut
-// down in Close; every method is guarded by the lifecycle lock so no call
-// reaches NVML outside that window.
+// down in Close; every call into NVML happens between the two: the methods
+// run under the lifecycle lock, and Close waits for the health event loop to
+// stop before it shuts NVML down (go-nvml dlcloses the library at shutdown, so
+// a late call would crash the process).
 type Backend struct {
 	lib    nvml.Interface
-	sysfs  string // root of /sys, for NUMA and PCIe root look-ups
+	devlib device.Interface // go-nvlib, for MIG profile names
+	sysfs  string           // root of /sys, for NUMA node and PCIe root look-ups
 	health *nvdevice.HealthBroadcaster
 
-	mu     sync.Mutex
-	closed bool
-	stop   context.CancelFunc // stops the event loop
+	mu       sync.Mutex
+	closed   bool
+	symbols  map[string]bool
+	stopLoop context.CancelFunc // stops the health event loop
+	loopDone chan struct{}      // closed when the event loop has returned
+	// eventWait bounds one wait on the event set (defaultEventWait if zero).
+	eventWait time.Duration
 }
 
 var _ nvdevice.Interface = (*Backend)(nil)
 
-// New loads NVML from the driver root and initialises it.
+// New finds libnvidia-ml.so.1 under the driver root, loads and initialises
+// NVML. Without the library it returns an error wrapping
+// nvdevice.ErrLibraryNotFound and never loads anything.
 func New(ctx context.Context, opts Options) (nvdevice.Interface, error) {
 	path, err := FindLibrary(opts)
 	if err != nil {
 		return nil, err
 	}
 	lib := nvml.New(nvml.WithLibraryPath(path))
-	if ret := lib.Init(); ret != nvml.SUCCESS {
+	switch ret := lib.Init(); ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return nil, fmt.Errorf("%w: %s exists but could not be loaded", nvdevice.ErrLibraryNotFound, path)
+	default:
 		return nil, fmt.Errorf("initialise NVML from %s: %w", path, &nvmlError{op: "nvmlInit", ret: ret})
 	}
 	klog.FromContext(ctx).V(2).Info("NVML initialised", "library", path)
-	return newBackend(lib, "/sys"), nil
+	return newBackend(lib, "/sys", device.New(lib)), nil
 }
 
-func newBackend(lib nvml.Interface, sysfs string) *Backend {
-	return &Backend{lib: lib, sysfs: sysfs, health: nvdevice.NewHealthBroadcaster()}
+func newBackend(lib nvml.Interface, sysfs string, devlib device.Interface) *Backend {
+	return &Backend{
+		lib: lib, devlib: devlib, sysfs: sysfs,
+		health:  nvdevice.NewHealthBroadcaster(),
+		symbols: map[string]bool{},
+	}
 }
 
-// Close shuts NVML down. It is safe to call twice.
+// Close stops the health event loop, ends every watcher and shuts NVML down.
+// It is safe to call twice.
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -54,19 +75,34 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
-	if b.stop != nil {
-		b.stop()
+	if b.stopLoop != nil {
+		b.stopLoop()
+		<-b.loopDone // at most one event wait
 	}
 	b.health.Close()
 	return check(b.lib.Shutdown(), "nvmlShutdown")
 }
+
+var errClosed = errors.New("NVML backend is closed")
 
 // locked runs f with NVML known to be initialised.
 func (b *Backend) locked(f func() error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return fmt.Errorf("NVML backend is closed")
+		return errClosed
 	}
 	return f()
+}
+
+// hasSymbol says whether the loaded libnvidia-ml has a function. Calls that
+// newer drivers added are guarded with it: calling a missing symbol kills the
+// process. The caller holds b.mu.
+func (b *Backend) hasSymbol(name string) bool {
+	has, ok := b.symbols[name]
+	if !ok {
+		has = b.lib.Extensions().LookupSymbol(name) == nil
+		b.symbols[name] = has
+	}
+	return has
 }

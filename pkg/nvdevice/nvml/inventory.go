@@ -1,9 +1,10 @@
-//go:build cgo
+//go:build cgo && linux
 
 package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,9 +12,14 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
+
+// skippedProducts are NVIDIA devices that are not compute GPUs (the display
+// adapter of a DGX Station), as go-nvlib skips them.
+var skippedProducts = map[string]bool{"DGX Display": true, "NVIDIA DGX Display": true}
 
 // Inventory reads every GPU, its MIG state and NVLink topology.
 func (b *Backend) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
@@ -27,31 +33,44 @@ func (b *Backend) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 }
 
 func (b *Backend) readInventory(ctx context.Context) (*nvdevice.Inventory, error) {
+	logger := klog.FromContext(ctx)
 	driver, ret := b.lib.SystemGetDriverVersion()
 	if err := check(ret, "read driver version"); err != nil {
 		return nil, err
 	}
-	cudaInt, ret := b.lib.SystemGetCudaDriverVersion()
+	cuda, ret := b.lib.SystemGetCudaDriverVersion()
 	if err := check(ret, "read CUDA driver version"); err != nil {
 		return nil, err
 	}
-	inv := &nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: fmt.Sprintf("%d.%d", cudaInt/1000, cudaInt%1000/10)}
+	inv := &nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: cudaVersion(cuda)}
 	count, ret := b.lib.DeviceGetCount()
 	if err := check(ret, "count GPUs"); err != nil {
 		return nil, err
 	}
 	fabric := map[string]nvdevice.FabricInfo{}
-	for i := 0; i < count; i++ {
+	for i := range count {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		dev, ret := b.lib.DeviceGetHandleByIndex(i)
-		if err := check(ret, "get GPU %d", i); err != nil {
-			return nil, err
+		err := check(ret, "get handle of GPU %d", i)
+		var g nvdevice.GPU
+		var fi *nvdevice.FabricInfo
+		if err == nil {
+			g, fi, err = b.readGPU(ctx, i, dev)
 		}
-		g, fi, err := b.readGPU(i, dev)
+		if errors.Is(err, nvdevice.ErrGPULost) {
+			// One GPU off the bus must not hide the others: it is left out
+			// (so nothing is offered on it) and reported.
+			logger.Error(err, "GPU is lost, leaving it out of the inventory", "index", i)
+			continue
+		}
 		if err != nil {
 			return nil, err
+		}
+		if skippedProducts[g.ProductName] {
+			logger.V(4).Info("Skipping a device that is not a compute GPU", "index", i, "name", g.ProductName)
+			continue
 		}
 		g.DriverVersion, g.CUDADriverVersion = inv.DriverVersion, inv.CUDADriverVersion
 		if fi != nil {
@@ -63,7 +82,10 @@ func (b *Backend) readInventory(ctx context.Context) (*nvdevice.Inventory, error
 	return inv, nil
 }
 
-func (b *Backend) readGPU(index int, dev nvml.Device) (nvdevice.GPU, *nvdevice.FabricInfo, error) {
+// cudaVersion turns NVML's 12080 into "12.8".
+func cudaVersion(v int) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }
+
+func (b *Backend) readGPU(ctx context.Context, index int, dev nvml.Device) (nvdevice.GPU, *nvdevice.FabricInfo, error) {
 	g := nvdevice.GPU{Index: index, NUMANode: -1}
 	var ret nvml.Return
 	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
@@ -72,20 +94,25 @@ func (b *Backend) readGPU(index int, dev nvml.Device) (nvdevice.GPU, *nvdevice.F
 	wrap := func(ret nvml.Return, what string) error {
 		return check(ret, "read %s of GPU %d (%s)", what, index, g.UUID)
 	}
-	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
-		return g, nil, wrap(ret, "minor number")
-	}
 	if g.ProductName, ret = dev.GetName(); ret != nvml.SUCCESS {
 		return g, nil, wrap(ret, "name")
+	}
+	if skippedProducts[g.ProductName] {
+		return g, nil, nil
+	}
+	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+		return g, nil, wrap(ret, "minor number")
 	}
 	brand, ret := dev.GetBrand()
 	if ret != nvml.SUCCESS {
 		return g, nil, wrap(ret, "brand")
 	}
 	g.Brand = brandName(brand)
-	if arch, ret := dev.GetArchitecture(); ret == nvml.SUCCESS {
-		g.Architecture = architectureName(arch)
+	arch, ret := dev.GetArchitecture()
+	if ret != nvml.SUCCESS {
+		return g, nil, wrap(ret, "architecture")
 	}
+	g.Architecture = architectureName(arch)
 	major, minor, ret := dev.GetCudaComputeCapability()
 	if ret != nvml.SUCCESS {
 		return g, nil, wrap(ret, "compute capability")
@@ -101,45 +128,88 @@ func (b *Backend) readGPU(index int, dev nvml.Device) (nvdevice.GPU, *nvdevice.F
 		return g, nil, wrap(ret, "PCI info")
 	}
 	g.PCI = nvdevice.PCI{
-		BusID:    normalizeBusID(pci.BusId[:]),
+		BusID: normalizeBusID(pci.BusId[:]),
+		// PciDeviceId is 0x233010de: device in the upper 16 bits, vendor below.
 		DeviceID: fmt.Sprintf("%04x:%04x", pci.PciDeviceId&0xffff, pci.PciDeviceId>>16),
 	}
 	g.PCI.PCIeRoot = b.pcieRoot(g.PCI.BusID)
 	g.NUMANode = b.numaNode(g.PCI.BusID)
 
-	mig, err := b.readMIG(dev, &g)
+	mig, err := b.readMIG(dev, &g, mem.Total)
 	if err != nil {
 		return g, nil, err
 	}
 	g.MIG = mig
-	// The full GPU's units: NVML reports them only per GPU-instance profile,
-	// so they are those of the profile spanning the whole GPU. Without MIG
-	// support they stay unknown (zero).
-	for _, p := range mig.Profiles {
-		if p.Engines.Multiprocessors > g.Engines.Multiprocessors {
-			g.Engines = p.Engines
-		}
+	g.Engines = fullGPUEngines(mig.Profiles)
+	if g.NVLink.Links, err = b.readLinks(dev, &g); err != nil {
+		return g, nil, err
 	}
-	g.NVLink.Links = readLinks(dev)
-	return g, readFabric(dev), nil
+	fi, err := b.readFabric(ctx, dev, &g)
+	return g, fi, err
 }
 
+// fullGPUEngines are the units of the full GPU. NVML has no call for a full
+// GPU's multiprocessor or engine counts (GetAttributes answers only for MIG
+// devices), so they are those of the GPU-instance profile spanning the whole
+// GPU (the most compute slices, then the most multiprocessors): 7g.80gb on an
+// H100 SXM5, 132 SMs and all its engines. On GPUs where the 7-slice instance
+// leaves SMs unused (A100: 98 of 108) this is what MIG can use, not the die.
+// Without MIG support they stay unknown (zero).
+func fullGPUEngines(profiles []nvdevice.MigProfile) nvdevice.Engines {
+	var best *nvdevice.MigProfile
+	for i := range profiles {
+		p := &profiles[i]
+		if best == nil || p.ComputeSlices > best.ComputeSlices ||
+			(p.ComputeSlices == best.ComputeSlices && p.Engines.Multiprocessors > best.Engines.Multiprocessors) {
+			best = p
+		}
+	}
+	if best == nil {
+		return nvdevice.Engines{}
+	}
+	return best.Engines
+}
+
+// brandName is the product brand as nvidia-smi -q prints it.
 func brandName(b nvml.BrandType) string {
 	switch b {
-	case nvml.BRAND_NVIDIA:
-		return "NVIDIA"
+	case nvml.BRAND_QUADRO:
+		return "Quadro"
 	case nvml.BRAND_TESLA:
 		return "Tesla"
-	case nvml.BRAND_QUADRO, nvml.BRAND_NVIDIA_RTX:
-		return "Quadro"
+	case nvml.BRAND_NVS:
+		return "NVS"
+	case nvml.BRAND_GRID:
+		return "Grid"
 	case nvml.BRAND_GEFORCE:
 		return "GeForce"
 	case nvml.BRAND_TITAN:
 		return "Titan"
+	case nvml.BRAND_NVIDIA_VAPPS:
+		return "NVIDIA Virtual Applications"
+	case nvml.BRAND_NVIDIA_VPC:
+		return "NVIDIA Virtual PC"
+	case nvml.BRAND_NVIDIA_VCS:
+		return "NVIDIA Virtual Compute Server"
+	case nvml.BRAND_NVIDIA_VWS:
+		return "NVIDIA RTX Virtual Workstation"
+	case nvml.BRAND_NVIDIA_CLOUD_GAMING:
+		return "NVIDIA Cloud Gaming"
+	case nvml.BRAND_QUADRO_RTX:
+		return "Quadro RTX"
+	case nvml.BRAND_NVIDIA_RTX:
+		return "NVIDIA RTX"
+	case nvml.BRAND_NVIDIA:
+		return "NVIDIA"
+	case nvml.BRAND_GEFORCE_RTX:
+		return "GeForce RTX"
+	case nvml.BRAND_TITAN_RTX:
+		return "Titan RTX"
 	}
-	return fmt.Sprintf("brand-%d", b)
+	return "Unknown"
 }
 
+// architectureName names NVML's architecture enum.
 func architectureName(a nvml.DeviceArchitecture) string {
 	switch a {
 	case nvml.DEVICE_ARCH_KEPLER:
@@ -160,12 +230,15 @@ func architectureName(a nvml.DeviceArchitecture) string {
 		return "Hopper"
 	case nvml.DEVICE_ARCH_BLACKWELL:
 		return "Blackwell"
+	case nvml.DEVICE_ARCH_RUBIN:
+		return "Rubin"
 	}
-	return fmt.Sprintf("arch-%d", a)
+	return "Unknown"
 }
 
-// normalizeBusID turns NVML's "00000000:18:00.0" into the kernel's
-// "0000:18:00.0".
+// normalizeBusID turns NVML's "00000000:18:00.0" (a NUL-terminated C string,
+// domain in 8 hex digits) into the kernel's "0000:18:00.0": lower case, the
+// domain printed as sysfs does (%04x, so a VMD domain stays "10000").
 func normalizeBusID(raw []int8) string {
 	var sb strings.Builder
 	for _, c := range raw {
@@ -174,27 +247,42 @@ func normalizeBusID(raw []int8) string {
 		}
 		sb.WriteByte(byte(c))
 	}
-	id := strings.ToLower(sb.String())
-	if parts := strings.SplitN(id, ":", 2); len(parts) == 2 && len(parts[0]) > 4 {
-		id = parts[0][len(parts[0])-4:] + ":" + parts[1]
+	id := strings.ToLower(strings.TrimSpace(sb.String()))
+	domain, rest, ok := strings.Cut(id, ":")
+	if !ok || strings.Count(rest, ":") != 1 {
+		return id // no domain ("18:00.0") or not a bus id: leave it as NVML says
 	}
-	return id
+	d, err := strconv.ParseUint(domain, 16, 32)
+	if err != nil {
+		return id
+	}
+	return fmt.Sprintf("%04x:%s", d, rest)
 }
 
-// pcieRoot resolves the GPU's sysfs path to its root complex, "pci0000:00".
+// pcieRoot resolves /sys/bus/pci/devices/<busID> to the root complex it
+// hangs off ("pci0000:15"), as the resourceslice standard attribute
+// resource.kubernetes.io/pcieRoot defines it. Empty when unknown.
 func (b *Backend) pcieRoot(busID string) string {
-	target, err := filepath.EvalSymlinks(filepath.Join(b.sysfs, "bus/pci/devices", busID))
+	link := filepath.Join(b.sysfs, "bus/pci/devices", busID)
+	target, err := os.Readlink(link)
 	if err != nil {
 		return ""
 	}
-	for _, part := range strings.Split(target, string(filepath.Separator)) {
-		if strings.HasPrefix(part, "pci") && strings.Contains(part, ":") {
-			return part
-		}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(link), target)
 	}
-	return ""
+	rel, err := filepath.Rel(filepath.Join(b.sysfs, "devices"), target)
+	if err != nil || filepath.Base(target) != busID {
+		return ""
+	}
+	root, _, _ := strings.Cut(rel, string(filepath.Separator))
+	if !strings.HasPrefix(root, "pci") || !strings.Contains(root, ":") {
+		return ""
+	}
+	return root
 }
 
+// numaNode reads the GPU's NUMA node from sysfs, -1 when unknown.
 func (b *Backend) numaNode(busID string) int {
 	data, err := os.ReadFile(filepath.Join(b.sysfs, "bus/pci/devices", busID, "numa_node"))
 	if err != nil {
@@ -205,40 +293,4 @@ func (b *Backend) numaNode(busID string) int {
 		return -1
 	}
 	return n
-}
-
-func readLinks(dev nvml.Device) []nvdevice.NVLinkLink {
-	var links []nvdevice.NVLinkLink
-	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
-		state, ret := dev.GetNvLinkState(l)
-		if ret != nvml.SUCCESS {
-			// NOT_SUPPORTED on the first link means no NVLink at all;
-			// INVALID_ARGUMENT past the last link ends the list.
-			break
-		}
-		link := nvdevice.NVLinkLink{Index: l, Active: state == nvml.FEATURE_ENABLED, RemoteKind: nvdevice.RemoteUnknown}
-		if link.Active {
-			if pci, ret := dev.GetNvLinkRemotePciInfo(l); ret == nvml.SUCCESS {
-				link.RemoteBusID = normalizeBusID(pci.BusId[:])
-			}
-			if t, ret := dev.GetNvLinkRemoteDeviceType(l); ret == nvml.SUCCESS {
-				switch t {
-				case nvml.NVLINK_DEVICE_TYPE_GPU:
-					link.RemoteKind = nvdevice.RemoteGPU
-				case nvml.NVLINK_DEVICE_TYPE_SWITCH:
-					link.RemoteKind = nvdevice.RemoteNVSwitch
-				}
-			}
-		}
-		links = append(links, link)
-	}
-	return links
-}
-
-func readFabric(dev nvml.Device) *nvdevice.FabricInfo {
-	fi, ret := dev.GetGpuFabricInfo()
-	if ret != nvml.SUCCESS {
-		return nil
-	}
-	return &nvdevice.FabricInfo{ClusterUUID: fi.ClusterUuid, CliqueID: fi.CliqueId}
 }

@@ -1,5 +1,7 @@
-// Package nvml is gpudra's real GPU backend over go-nvml. It is the only cgo
-// package of the project: without cgo it builds to a stub whose New says so.
+// Package nvml is gpudra's real GPU backend over go-nvml and go-nvlib. It is
+// the only cgo package of the project: without cgo (or off Linux) it builds
+// to a stub whose New says so, so every binary still builds with
+// CGO_ENABLED=0.
 package nvml
 
 import (
@@ -26,7 +28,8 @@ type Options struct {
 	LibraryPath string
 }
 
-// librarySearchDirs are the places distributions and the GPU operator put NVML.
+// librarySearchDirs are the places distributions, the .run installer and the
+// GPU operator put NVML, relative to the driver root.
 var librarySearchDirs = []string{
 	"/usr/lib64",
 	"/usr/lib/x86_64-linux-gnu",
@@ -34,32 +37,70 @@ var librarySearchDirs = []string{
 	"/lib64",
 	"/lib/x86_64-linux-gnu",
 	"/lib/aarch64-linux-gnu",
+	"/usr/lib/x86_64-linux-gnu/nvidia/current", // Debian's nvidia-driver packages
+	"/usr/lib/aarch64-linux-gnu/nvidia/current",
 	"/usr/lib",
 	"/lib",
 }
 
+// maxSymlinkHops bounds symlink resolution inside the driver root.
+const maxSymlinkHops = 16
+
 // FindLibrary returns the path of libnvidia-ml.so.1 under the driver root.
-// It only looks at files: NVML must never be called before the library is
-// known to load, since a call into a missing symbol kills the process.
+// It only looks at files and never loads anything: NVML must not be dlopened
+// or called unless the library is known to be there.
+//
+// Absolute symlinks are resolved inside the driver root (a driver container
+// mounted at /run/nvidia/driver links /usr/lib64/libnvidia-ml.so.1 to its
+// own /usr/lib64/...), so the returned path can be dlopened from the host.
 func FindLibrary(opts Options) (string, error) {
 	if opts.LibraryPath != "" {
-		if _, err := os.Stat(opts.LibraryPath); err != nil {
+		p, err := resolveInRoot("/", opts.LibraryPath)
+		if err != nil {
 			return "", fmt.Errorf("%w: %s: %v", nvdevice.ErrLibraryNotFound, opts.LibraryPath, err)
 		}
-		return opts.LibraryPath, nil
+		return p, nil
 	}
 	root := opts.DriverRoot
 	if root == "" {
 		root = DefaultDriverRoot
 	}
-	var looked []string
+	looked := make([]string, 0, len(librarySearchDirs))
 	for _, dir := range librarySearchDirs {
-		p := filepath.Join(root, dir, LibraryName)
 		looked = append(looked, filepath.Join(root, dir))
-		if _, err := os.Stat(p); err == nil {
+		if p, err := resolveInRoot(root, filepath.Join(dir, LibraryName)); err == nil {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%w: looked for %s in %s (driver root %q; set --driver-root where the driver is installed)",
+	return "", fmt.Errorf("%w: looked for %s in %s under driver root %q (set --driver-root to where the driver is installed)",
 		nvdevice.ErrLibraryNotFound, LibraryName, strings.Join(looked, ", "), root)
+}
+
+// resolveInRoot follows symlinks of rel (a path inside root) and returns the
+// host path of the regular file it ends at. Absolute link targets are taken
+// relative to root.
+func resolveInRoot(root, rel string) (string, error) {
+	p := filepath.Join(root, rel)
+	for range maxSymlinkHops {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			if !fi.Mode().IsRegular() {
+				return "", fmt.Errorf("%s is not a regular file", p)
+			}
+			return p, nil
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			p = filepath.Join(root, target)
+		} else {
+			p = filepath.Join(filepath.Dir(p), target)
+		}
+	}
+	return "", fmt.Errorf("%s: too many levels of symbolic links", filepath.Join(root, rel))
 }

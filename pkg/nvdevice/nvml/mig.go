@@ -1,19 +1,19 @@
-//go:build cgo
+//go:build cgo && linux
 
 package nvml
 
 import (
-	"context"
 	"fmt"
+	"sort"
 
+	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
-// computeProfileForSlices maps a GPU instance's slice count to the compute
-// instance profile that spans it.
+// computeProfileForSlices maps a GPU instance's compute-slice count to the
+// compute-instance profile that spans it.
 var computeProfileForSlices = map[uint32]int{
 	1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE,
 	2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
@@ -24,22 +24,33 @@ var computeProfileForSlices = map[uint32]int{
 	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
 
-// ProfileName is the name nvidia-smi gives a GPU-instance profile:
-// "<slices>g.<memory GB>gb" plus the suffix of its revision.
-func ProfileName(index int, info nvml.GpuInstanceProfileInfo) string {
-	gb := (info.MemorySizeMB + 1023) / 1024
-	name := fmt.Sprintf("%dg.%dgb", info.SliceCount, gb)
-	switch index {
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1:
-		name += "+me"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_NO_ME, nvml.GPU_INSTANCE_PROFILE_2_SLICE_NO_ME:
-		name += "-me"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME, nvml.GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME:
-		name += "+me.all"
-	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_2_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_4_SLICE_GFX:
-		name += "+gfx"
+// newerGIProfiles are GPU-instance profile enums go-nvlib v0.12.0 cannot
+// name: the base profile of the same slice count and the attribute to add.
+var newerGIProfiles = map[int]struct {
+	base int
+	attr string
+}{
+	nvml.GPU_INSTANCE_PROFILE_3_SLICE_GFX: {nvml.GPU_INSTANCE_PROFILE_3_SLICE, device.AttributeGraphics},
+}
+
+// profileName is the name nvidia-smi gives a GPU-instance profile with its
+// full compute instance ("1g.10gb", "1g.10gb+me", "1g.20gb"), or, for a
+// smaller compute instance of it, "1c.3g.40gb". go-nvlib derives the memory
+// figure from the profile's share of the GPU's memory, as the driver does.
+func (b *Backend) profileName(giProfile, ciProfile int, memoryMiB, totalBytes uint64) (string, error) {
+	attr := ""
+	if n, ok := newerGIProfiles[giProfile]; ok {
+		giProfile, attr = n.base, n.attr
 	}
-	return name
+	p, err := b.devlib.NewMigProfile(giProfile, ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, memoryMiB, totalBytes)
+	if err != nil {
+		return "", err
+	}
+	info := p.GetInfo()
+	if attr != "" {
+		info.Attributes = append(info.Attributes, attr)
+	}
+	return info.String(), nil
 }
 
 // enginesOf reads a profile's units.
@@ -51,19 +62,53 @@ func enginesOf(info nvml.GpuInstanceProfileInfo) nvdevice.Engines {
 	}
 }
 
-// profileInfos returns the GPU's supported GPU-instance profiles by NVML index.
-func profileInfos(dev nvml.Device) map[int]nvml.GpuInstanceProfileInfo {
-	out := map[int]nvml.GpuInstanceProfileInfo{}
-	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
-		info, ret := dev.GetGpuInstanceProfileInfo(i)
-		if ret == nvml.SUCCESS {
-			out[i] = info
-		}
-	}
-	return out
+// giProfile is one GPU-instance profile as NVML reports it.
+type giProfile struct {
+	enum  int
+	info  nvml.GpuInstanceProfileInfo
+	model nvdevice.MigProfile
 }
 
-func (b *Backend) readMIG(dev nvml.Device, g *nvdevice.GPU) (nvdevice.MIG, error) {
+// readProfiles reads the GPU-instance profiles the GPU supports, with their
+// placements (NVML answers both whether or not MIG mode is on).
+func (b *Backend) readProfiles(dev nvml.Device, g *nvdevice.GPU, totalBytes uint64) ([]giProfile, error) {
+	var out []giProfile
+	for i := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(i)
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if err := check(ret, "read MIG profile %d of GPU %d (%s)", i, g.Index, g.UUID); err != nil {
+			return nil, err
+		}
+		ci, ok := computeProfileForSlices[info.SliceCount]
+		if !ok {
+			continue // a slice count no compute instance spans: not a usable profile
+		}
+		name, err := b.profileName(i, ci, info.MemorySizeMB, totalBytes)
+		if err != nil {
+			return nil, fmt.Errorf("name MIG profile %d of GPU %d (%s): %w", i, g.Index, g.UUID, err)
+		}
+		p := nvdevice.MigProfile{
+			Name: name, ID: int(info.Id), NVMLIndex: i,
+			ComputeSlices: int(info.SliceCount), MaxInstances: int(info.InstanceCount),
+			MemoryMiB: info.MemorySizeMB, Engines: enginesOf(info),
+		}
+		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
+		if ret != nvml.ERROR_NOT_SUPPORTED {
+			if err := check(ret, "read placements of MIG profile %s on GPU %d (%s)", name, g.Index, g.UUID); err != nil {
+				return nil, err
+			}
+		}
+		for _, pl := range placements {
+			p.Placements = append(p.Placements, nvdevice.Placement{Start: int(pl.Start), Size: int(pl.Size)})
+		}
+		out = append(out, giProfile{enum: i, info: info, model: p})
+	}
+	return out, nil
+}
+
+func (b *Backend) readMIG(dev nvml.Device, g *nvdevice.GPU, totalBytes uint64) (nvdevice.MIG, error) {
 	current, _, ret := dev.GetMigMode()
 	if ret == nvml.ERROR_NOT_SUPPORTED {
 		return nvdevice.MIG{}, nil
@@ -72,211 +117,144 @@ func (b *Backend) readMIG(dev nvml.Device, g *nvdevice.GPU) (nvdevice.MIG, error
 		return nvdevice.MIG{}, err
 	}
 	mig := nvdevice.MIG{Capable: true, Enabled: current == nvml.DEVICE_MIG_ENABLE}
-	infos := profileInfos(dev)
-	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
-		info, ok := infos[i]
-		if !ok {
-			continue
-		}
-		p := nvdevice.MigProfile{
-			Name: ProfileName(i, info), ID: int(info.Id), NVMLIndex: i,
-			ComputeSlices: int(info.SliceCount), MaxInstances: int(info.InstanceCount), MemoryMiB: info.MemorySizeMB,
-			Engines: enginesOf(info),
-		}
-		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
-		if ret == nvml.SUCCESS {
-			for _, pl := range placements {
-				p.Placements = append(p.Placements, nvdevice.Placement{Start: int(pl.Start), Size: int(pl.Size)})
-			}
-		}
-		mig.Profiles = append(mig.Profiles, p)
+	profiles, err := b.readProfiles(dev, g, totalBytes)
+	if err != nil {
+		return mig, err
+	}
+	for _, p := range profiles {
+		mig.Profiles = append(mig.Profiles, p.model)
 	}
 	if !mig.Enabled {
 		return mig, nil
 	}
-	devs, err := readMigDevices(dev, g, mig.Profiles, infos)
-	if err != nil {
-		return mig, err
-	}
-	mig.Devices = devs
-	return mig, nil
+	mig.Devices, err = b.readMigDevices(dev, g, profiles, totalBytes)
+	return mig, err
 }
 
-// readMigDevices lists the GPU and compute instances that exist, with the
-// UUIDs of their MIG device handles.
-func readMigDevices(dev nvml.Device, g *nvdevice.GPU, profiles []nvdevice.MigProfile, infos map[int]nvml.GpuInstanceProfileInfo) ([]nvdevice.MigDevice, error) {
-	uuids := map[[2]int]string{}
-	maxMig, ret := dev.GetMaxMigDeviceCount()
-	if ret == nvml.SUCCESS {
-		for i := 0; i < maxMig; i++ {
-			h, ret := dev.GetMigDeviceHandleByIndex(i)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			gi, r1 := h.GetGpuInstanceId()
-			ci, r2 := h.GetComputeInstanceId()
-			uuid, r3 := h.GetUUID()
-			if r1 == nvml.SUCCESS && r2 == nvml.SUCCESS && r3 == nvml.SUCCESS {
-				uuids[[2]int{gi, ci}] = uuid
-			}
-		}
+// migUUIDs maps (GPU instance id, compute instance id) to the UUID of the MIG
+// device handle. (A compute instance's info names its parent GPU, not the MIG
+// device, so the UUID has to come from the MIG device handles.)
+func migUUIDs(dev nvml.Device) (map[[2]int]string, error) {
+	out := map[[2]int]string{}
+	count, ret := dev.GetMaxMigDeviceCount()
+	if err := check(ret, "count MIG devices"); err != nil {
+		return nil, err
 	}
-	var out []nvdevice.MigDevice
-	for _, p := range profiles {
-		info := infos[p.NVMLIndex]
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret != nvml.SUCCESS {
-			continue
+	for i := range count {
+		h, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // no MIG device at this index
 		}
-		for _, gi := range gis {
-			giInfo, ret := gi.GetInfo()
-			if err := check(ret, "read GPU instance of GPU %d (%s)", g.Index, g.UUID); err != nil {
-				return nil, err
-			}
-			ciProfile, ok := computeProfileForSlices[info.SliceCount]
-			if !ok {
-				continue
-			}
-			ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			cis, ret := gi.GetComputeInstances(&ciInfo)
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			for _, ci := range cis {
-				cinfo, ret := ci.GetInfo()
-				if ret != nvml.SUCCESS {
-					continue
-				}
-				out = append(out, nvdevice.MigDevice{
-					UUID: uuids[[2]int{int(giInfo.Id), int(cinfo.Id)}], ParentUUID: g.UUID, ParentIndex: g.Index,
-					Profile:       p.Name,
-					Placement:     nvdevice.Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
-					GPUInstanceID: int(giInfo.Id), ComputeInstanceID: int(cinfo.Id),
-					MemoryMiB: p.MemoryMiB, Engines: p.Engines,
-				})
-			}
+		if err := check(ret, "get MIG device %d", i); err != nil {
+			return nil, err
 		}
+		gi, ret := h.GetGpuInstanceId()
+		if err := check(ret, "read GPU instance id of MIG device %d", i); err != nil {
+			return nil, err
+		}
+		ci, ret := h.GetComputeInstanceId()
+		if err := check(ret, "read compute instance id of MIG device %d", i); err != nil {
+			return nil, err
+		}
+		uuid, ret := h.GetUUID()
+		if err := check(ret, "read UUID of MIG device %d", i); err != nil {
+			return nil, err
+		}
+		out[[2]int{gi, ci}] = uuid
 	}
 	return out, nil
 }
 
-// deviceByUUID finds a full GPU.
-func (b *Backend) deviceByUUID(uuid string) (nvml.Device, error) {
-	dev, ret := b.lib.DeviceGetHandleByUUID(uuid)
-	if err := check(ret, "find GPU %s", uuid); err != nil {
-		return nil, err
+// ciOf is one compute instance of a GPU instance.
+type ciOf struct {
+	enum int
+	info nvml.ComputeInstanceProfileInfo
+	id   int
+}
+
+// computeInstances lists a GPU instance's compute instances, lowest id first.
+func computeInstances(gi nvml.GpuInstance) ([]ciOf, error) {
+	var out []ciOf
+	for j := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+		info, ret := gi.GetComputeInstanceProfileInfo(j, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if err := check(ret, "read compute instance profile %d", j); err != nil {
+			return nil, err
+		}
+		cis, ret := gi.GetComputeInstances(&info)
+		if err := check(ret, "list compute instances of profile %d", j); err != nil {
+			return nil, err
+		}
+		for _, ci := range cis {
+			cinfo, ret := ci.GetInfo()
+			if err := check(ret, "read compute instance"); err != nil {
+				return nil, err
+			}
+			out = append(out, ciOf{enum: j, info: info, id: int(cinfo.Id)})
+		}
 	}
-	return dev, nil
+	sort.Slice(out, func(a, b int) bool { return out[a].id < out[b].id })
+	return out, nil
 }
 
-// CreateMigDevice creates a GPU instance at the placement and a compute
-// instance spanning it; the GPU instance is destroyed again if the compute
-// instance cannot be created.
-func (b *Backend) CreateMigDevice(ctx context.Context, req nvdevice.MigCreateRequest) (*nvdevice.MigDevice, error) {
-	var out *nvdevice.MigDevice
-	err := b.locked(func() error {
-		var err error
-		out, err = b.createMigDevice(ctx, req)
-		return err
-	})
-	return out, err
-}
-
-func (b *Backend) createMigDevice(ctx context.Context, req nvdevice.MigCreateRequest) (*nvdevice.MigDevice, error) {
-	where := fmt.Sprintf("create MIG %s at placement start %d on GPU %s", req.Profile, req.Start, req.ParentUUID)
-	dev, err := b.deviceByUUID(req.ParentUUID)
+// readMigDevices lists the GPU instances that exist, one MigDevice each.
+// A GPU instance with a compute instance spanning it is a MIG device of the
+// GPU-instance profile. One without (only smaller compute instances, or none
+// yet) is still listed, since it holds its memory slices and engines: its
+// Profile then names its first compute instance ("1c.3g.40gb"), or says it
+// has none, so that it never passes for a usable device of a GI profile.
+func (b *Backend) readMigDevices(dev nvml.Device, g *nvdevice.GPU, profiles []giProfile, totalBytes uint64) ([]nvdevice.MigDevice, error) {
+	uuids, err := migUUIDs(dev)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
+		return nil, fmt.Errorf("GPU %d (%s): %w", g.Index, g.UUID, err)
 	}
-	mode, _, ret := dev.GetMigMode()
-	if err := check(ret, "read MIG mode"); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if mode != nvml.DEVICE_MIG_ENABLE {
-		return nil, fmt.Errorf("%s: %w", where, nvdevice.ErrMigDisabled)
-	}
-	info, found := nvml.GpuInstanceProfileInfo{}, false
-	for i, in := range profileInfos(dev) {
-		if ProfileName(i, in) == req.Profile {
-			info, found = in, true
-			break
+	var out []nvdevice.MigDevice
+	for _, p := range profiles {
+		gis, ret := dev.GetGpuInstances(&p.info)
+		if err := check(ret, "list %s GPU instances of GPU %d (%s)", p.model.Name, g.Index, g.UUID); err != nil {
+			return nil, err
 		}
-	}
-	if !found {
-		return nil, fmt.Errorf("%s: MIG profile %q: %w", where, req.Profile, nvdevice.ErrNotFound)
-	}
-	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(req.Start), Size: info.SliceCount})
-	if err := check(ret, "create GPU instance"); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	rollback := func(cause error) error {
-		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			klog.FromContext(ctx).Error(check(ret, "destroy GPU instance"), "Rollback failed, a GPU instance is left behind", "gpu", req.ParentUUID, "profile", req.Profile)
-		}
-		return fmt.Errorf("%s: %w", where, cause)
-	}
-	giInfo, ret := gi.GetInfo()
-	if err := check(ret, "read new GPU instance"); err != nil {
-		return nil, rollback(err)
-	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(computeProfileForSlices[info.SliceCount], nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if err := check(ret, "read compute instance profile"); err != nil {
-		return nil, rollback(err)
-	}
-	ci, ret := gi.CreateComputeInstance(&ciInfo)
-	if err := check(ret, "create compute instance"); err != nil {
-		return nil, rollback(err)
-	}
-	cinfo, ret := ci.GetInfo()
-	if err := check(ret, "read new compute instance"); err != nil {
-		ci.Destroy()
-		return nil, rollback(err)
-	}
-	parentIndex, _ := dev.GetIndex()
-	uuid := ""
-	if cinfo.Device != nil {
-		uuid, _ = cinfo.Device.GetUUID()
-	}
-	return &nvdevice.MigDevice{
-		UUID: uuid, ParentUUID: req.ParentUUID, ParentIndex: parentIndex, Profile: req.Profile,
-		Placement:     nvdevice.Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
-		GPUInstanceID: int(giInfo.Id), ComputeInstanceID: int(cinfo.Id), MemoryMiB: info.MemorySizeMB,
-		Engines: enginesOf(info),
-	}, nil
-}
-
-// DeleteMigDevice destroys the compute instance, then the GPU instance.
-func (b *Backend) DeleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef) error {
-	return b.locked(func() error {
-		where := fmt.Sprintf("delete MIG device GI %d CI %d on GPU %s", ref.GPUInstanceID, ref.ComputeInstanceID, ref.ParentUUID)
-		dev, err := b.deviceByUUID(ref.ParentUUID)
-		if err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		}
-		gi, ret := dev.GetGpuInstanceById(ref.GPUInstanceID)
-		if err := check(ret, "find GPU instance"); err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		}
-		ci, ret := gi.GetComputeInstanceById(ref.ComputeInstanceID)
-		if err := check(ret, "find compute instance"); err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		}
-		if ref.UUID != "" {
-			if info, ret := ci.GetInfo(); ret == nvml.SUCCESS && info.Device != nil {
-				if uuid, ret := info.Device.GetUUID(); ret == nvml.SUCCESS && uuid != ref.UUID {
-					return fmt.Errorf("%s: it is %s, not %s: %w", where, uuid, ref.UUID, nvdevice.ErrNotFound)
+		for _, gi := range gis {
+			giInfo, ret := gi.GetInfo()
+			if err := check(ret, "read %s GPU instance of GPU %d (%s)", p.model.Name, g.Index, g.UUID); err != nil {
+				return nil, err
+			}
+			cis, err := computeInstances(gi)
+			if err != nil {
+				return nil, fmt.Errorf("GPU instance %d of GPU %d (%s): %w", giInfo.Id, g.Index, g.UUID, err)
+			}
+			d := nvdevice.MigDevice{
+				ParentUUID: g.UUID, ParentIndex: g.Index, Profile: p.model.Name,
+				Placement:     nvdevice.Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
+				GPUInstanceID: int(giInfo.Id), ComputeInstanceID: -1,
+				MemoryMiB: p.model.MemoryMiB, Engines: p.model.Engines,
+			}
+			spanning := -1
+			for k, ci := range cis {
+				if ci.info.SliceCount == p.info.SliceCount {
+					spanning = k
+					break
 				}
 			}
+			switch {
+			case spanning >= 0:
+				d.ComputeInstanceID = cis[spanning].id
+			case len(cis) > 0:
+				d.ComputeInstanceID = cis[0].id
+				if d.Profile, err = b.profileName(p.enum, cis[0].enum, p.info.MemorySizeMB, totalBytes); err != nil {
+					d.Profile = fmt.Sprintf("%dc.%s", cis[0].info.SliceCount, p.model.Name)
+				}
+			default:
+				d.Profile = p.model.Name + " (no compute instance)"
+			}
+			if d.ComputeInstanceID >= 0 {
+				d.UUID = uuids[[2]int{d.GPUInstanceID, d.ComputeInstanceID}]
+			}
+			out = append(out, d)
 		}
-		if err := check(ci.Destroy(), "destroy compute instance"); err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		}
-		if err := check(gi.Destroy(), "destroy GPU instance"); err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		}
-		return nil
-	})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Placement.Start < out[j].Placement.Start })
+	return out, nil
 }
