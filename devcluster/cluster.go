@@ -1,0 +1,194 @@
+// Package devcluster runs a real Kubernetes control plane inside one Go
+// process (embedded etcd, kube-apiserver, kube-scheduler, the ResourceClaim
+// controller, the garbage collector and the device-taint eviction
+// controller) with simulated H100 nodes, each running the real gpudra
+// kubelet plugin and a kubelet built on the kubelet's own DRA manager. It
+// backs `make demo` and the end-to-end suite; no container ever runs.
+package devcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/klog/v2"
+	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+)
+
+// Options configure a devcluster.
+type Options struct {
+	// Dir is the working directory (etcd data, node directories). Empty:
+	// a new temporary directory, removed at Stop. Keep it short: unix
+	// socket paths live below it.
+	Dir string
+	// APIServerFlags are added to kube-apiserver's flags, for example
+	// --authorization-mode=Node,RBAC.
+	APIServerFlags []string
+}
+
+// Cluster is a running devcluster.
+type Cluster struct {
+	// Dir is the working directory.
+	Dir string
+	// RESTConfig is an admin's client configuration.
+	RESTConfig *restclient.Config
+	Client     kubernetes.Interface
+
+	ctx         context.Context
+	cancel      context.CancelFunc
+	tb          *processTB
+	etcd        *embed.Etcd
+	apiServer   kubeapiservertesting.TestServer
+	controllers <-chan struct{}
+	removeDir   bool
+	bootID      string
+
+	mu    sync.Mutex
+	nodes map[string]*Node
+	order []string
+}
+
+// Start starts etcd, the API server and the controllers. Stop it with Stop.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	c = &Cluster{Dir: opts.Dir, tb: &processTB{name: "devcluster"}, nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID())}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
+			return nil, err
+		}
+		c.removeDir = true
+	}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	defer func() {
+		// The API server's harness reports some failures by Fatal.
+		if r := recover(); r != nil {
+			f, ok := r.(fatalError)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("start the API server: %s", f.msg)
+		}
+		if err != nil {
+			c.Stop()
+			c = nil
+		}
+	}()
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	var etcdURL string
+	if c.etcd, etcdURL, err = startEtcd(c.Dir); err != nil {
+		return c, err
+	}
+	if c.apiServer, err = startAPIServer(c.tb, etcdURL, opts.APIServerFlags); err != nil {
+		return c, fmt.Errorf("start the API server: %w", err)
+	}
+	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)
+	c.RESTConfig.QPS, c.RESTConfig.Burst = 100, 200
+	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
+		return c, err
+	}
+	logger.V(1).Info("API server ready", "host", c.RESTConfig.Host, "elapsed", time.Since(start).Round(time.Millisecond))
+	if c.controllers, err = startControllers(c.ctx, c.RESTConfig); err != nil {
+		return c, err
+	}
+	logger.V(1).Info("Scheduler and controllers running", "elapsed", time.Since(start).Round(time.Millisecond))
+	return c, nil
+}
+
+// Nodes returns the nodes in the order they were added.
+func (c *Cluster) Nodes() []*Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*Node, 0, len(c.order))
+	for _, name := range c.order {
+		out = append(out, c.nodes[name])
+	}
+	return out
+}
+
+// Node returns the named node, or nil.
+func (c *Cluster) Node(name string) *Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[name]
+}
+
+// Stop stops everything in the order that avoids the API server's long
+// shutdown waits: plugins and kubelets, then scheduler and controllers,
+// then the API server, then etcd.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes() {
+		n.StopPlugin()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	for _, n := range c.Nodes() {
+		if n.kubeletEnd != nil {
+			waitOrTimeout(n.kubeletEnd, 10*time.Second)
+		}
+	}
+	if c.controllers != nil {
+		waitOrTimeout(c.controllers, 20*time.Second)
+	}
+	if c.apiServer.TearDownFn != nil {
+		c.apiServer.TearDownFn()
+	}
+	c.tb.runCleanups()
+	if c.etcd != nil {
+		c.etcd.Close()
+	}
+	if c.removeDir {
+		_ = os.RemoveAll(c.Dir)
+	}
+}
+
+func waitOrTimeout(ch <-chan struct{}, d time.Duration) {
+	select {
+	case <-ch:
+	case <-time.After(d):
+	}
+}
+
+// WriteKubeconfig writes a kubeconfig for the admin user, for kubectl.
+func (c *Cluster) WriteKubeconfig(path string) error {
+	cfg := c.RESTConfig
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData,
+		InsecureSkipTLSVerify: cfg.Insecure, TLSServerName: cfg.ServerName}
+	user := &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	if cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "" {
+		kc.Clusters["devcluster"].CertificateAuthority = cfg.CAFile
+		user.ClientCertificate, user.ClientKey = cfg.CertFile, cfg.KeyFile
+	}
+	kc.AuthInfos["admin"] = user
+	kc.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: "admin"}
+	kc.CurrentContext = "devcluster"
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// NodeNames lists the nodes' names, sorted.
+func (c *Cluster) NodeNames() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := make([]string, 0, len(c.nodes))
+	for n := range c.nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+var errStopped = errors.New("devcluster stopped")

@@ -1,0 +1,139 @@
+// Command devcluster runs a real Kubernetes control plane in this process
+// with simulated DGX H100 nodes running the gpudra kubelet plugin, applies
+// the examples and prints where every pod landed and what it would see.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/devcluster"
+)
+
+type options struct {
+	nodes      int
+	machine    string
+	examples   string
+	only       stringList
+	namespace  string
+	kubeconfig string
+	logFile    string
+	keep       bool
+	timeout    time.Duration
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return fmt.Sprint(*s) }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// defaultExamples are the feature folders the demo applies, in this order.
+var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-list", "shared-claim", "cel-selector"}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("devcluster", flag.ExitOnError)
+	fs.IntVar(&o.nodes, "nodes", 2, "simulated GPU nodes")
+	fs.StringVar(&o.machine, "machine", "dgx-h100", "simulated machine of every node (builtin name or spec file)")
+	fs.StringVar(&o.examples, "examples", "examples", "the examples directory")
+	fs.Var(&o.only, "example", "an example folder to apply (repeatable; default: all of them)")
+	fs.StringVar(&o.namespace, "namespace", "default", "namespace for the examples")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "devcluster.kubeconfig", "where to write a kubeconfig for kubectl")
+	fs.StringVar(&o.logFile, "log-file", "devcluster.log", "the control plane's and the plugins' logs")
+	fs.BoolVar(&o.keep, "keep", false, "keep the cluster running until interrupted")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	fs.Func("v", "log verbosity (in the log file)", func(v string) error { return klogFlags.Set("v", v) })
+	_ = fs.Parse(os.Args[1:])
+	// The control plane logs a lot: into the file, not onto the terminal.
+	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false",
+		"stderrthreshold": "FATAL", "log_file": o.logFile, "one_output": "true"} {
+		_ = klogFlags.Set(k, v)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "devcluster:", err)
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func run(ctx context.Context, o options) error {
+	start := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	step("starting etcd, kube-apiserver, kube-scheduler and the DRA controllers (logs: %s)", o.logFile)
+	c, err := devcluster.Start(ctx, devcluster.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("stopping the cluster")
+		c.Stop()
+	}()
+	for i := 0; i < o.nodes; i++ {
+		name := fmt.Sprintf("%s-%d", o.machine, i)
+		if _, err := os.Stat(o.machine); err == nil {
+			name = fmt.Sprintf("gpu-node-%d", i)
+		}
+		n, err := c.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: o.machine})
+		if err != nil {
+			return err
+		}
+		if err := n.WaitForSlices(ctx); err != nil {
+			return fmt.Errorf("node %s: slices not published: %w", name, err)
+		}
+		step("node %s: simulated %s, gpudra kubelet plugin registered and its ResourceSlices published", name, o.machine)
+	}
+	if err := c.WriteKubeconfig(o.kubeconfig); err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(o.kubeconfig)
+	step("kubeconfig written: export KUBECONFIG=%s", abs)
+
+	folders := o.only
+	if len(folders) == 0 {
+		folders = defaultExamples
+	}
+	if _, err := c.ApplyFiles(ctx, o.namespace, filepath.Join(o.examples, "deviceclasses")); err != nil {
+		return err
+	}
+	for _, f := range folders {
+		if _, err := c.ApplyFiles(ctx, o.namespace, filepath.Join(o.examples, f)); err != nil {
+			return fmt.Errorf("example %s: %w", f, err)
+		}
+		step("applied examples/%s", f)
+	}
+	notRunning, waitErr := c.WaitForPods(ctx, o.namespace, o.timeout)
+	step("example pods: %d not running", len(notRunning))
+	reports, err := devcluster.ReportPods(ctx, c.Client, o.namespace)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	if err := devcluster.PrintReport(os.Stdout, reports); err != nil {
+		return err
+	}
+	fmt.Println()
+	if waitErr != nil {
+		return waitErr
+	}
+	if o.keep {
+		step("running until interrupted (Ctrl-C); try: KUBECONFIG=%s kubectl get pods,resourceclaims,resourceslices -A", abs)
+		<-ctx.Done()
+	}
+	return nil
+}

@@ -1,0 +1,324 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	pluginregistrationv1 "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+	"k8s.io/apimachinery/pkg/util/sets"
+)
+
+// ContainersAnnotation is set by the devcluster kubelet on every pod it
+// starts: a JSON map from container name to what the container would get
+// (ContainerView). Pods are never really run.
+const ContainersAnnotation = "devcluster.gpudra.dev/containers"
+
+// Event reasons, as the real kubelet records them.
+const (
+	reasonFailedPrepare   = "FailedPrepareDynamicResources"
+	reasonFailedUnprepare = "FailedUnprepareDynamicResources"
+	reasonStarted         = "Started"
+)
+
+// kubelet plays the kubelet's part for one simulated node with the
+// kubelet's own code where it matters: the plugin manager watches the
+// registry directory and registers DRA plugins over pluginregistration/v1,
+// and the DRA manager (k8s.io/kubernetes/pkg/kubelet/cm/dra) prepares and
+// unprepares claims over dra/v1 and hands out CDI device ids per container.
+// The stand-in part is small: it resolves those ids with the CDI library
+// instead of starting containers, records the result on the pod, and sets
+// the pod Running.
+type kubelet struct {
+	node     string
+	client   kubernetes.Interface
+	cdiDir   string
+	dra      *dra.Manager
+	pods     corelisters.PodLister
+	queue    workqueue.TypedRateLimitingInterface[string]
+	recorder record.EventRecorder
+
+	mu sync.Mutex
+	// gone holds pods deleted without grace (force), so that their claims
+	// are unprepared at once rather than by the DRA manager's 60 s sweep.
+	gone map[string]*v1.Pod
+}
+
+type kubeletDirs struct {
+	Registry string // plugins_registry
+	State    string // the DRA manager's checkpoint
+	CDI      string
+}
+
+// startKubelet runs the node's kubelet until ctx ends; the returned channel
+// closes when it has stopped.
+func startKubelet(ctx context.Context, node string, client kubernetes.Interface, dirs kubeletDirs) (*kubelet, <-chan struct{}, error) {
+	logger := klog.LoggerWithValues(klog.LoggerWithName(klog.FromContext(ctx), "kubelet"), "node", node)
+	ctx = klog.NewContext(ctx, logger)
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "kubelet", Host: node})
+
+	manager, err := dra.NewManager(logger, client, dirs.State)
+	if err != nil {
+		broadcaster.Shutdown()
+		return nil, nil, fmt.Errorf("node %s: DRA manager: %w", node, err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+	podInformer := factory.Core().V1().Pods()
+	k := &kubelet{
+		node: node, client: client, cdiDir: dirs.CDI, dra: manager, pods: podInformer.Lister(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),
+		recorder: recorder,
+		gone:     map[string]*v1.Pod{},
+	}
+	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { k.enqueue(obj) },
+		UpdateFunc: func(_, obj any) { k.enqueue(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if pod, ok := obj.(*v1.Pod); ok {
+				key := cache.MetaObjectToName(pod).String()
+				k.mu.Lock()
+				k.gone[key] = pod
+				k.mu.Unlock()
+				k.queue.Add(key)
+			}
+		},
+	}); err != nil {
+		broadcaster.Shutdown()
+		return nil, nil, err
+	}
+
+	allReady := config.NewSourcesReady(func(sets.Set[string]) bool { return true })
+	activePods := func() []*v1.Pod {
+		pods, _ := k.pods.List(labelsEverything())
+		active := pods[:0:0]
+		for _, p := range pods {
+			if p.DeletionTimestamp == nil && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+				active = append(active, p)
+			}
+		}
+		return active
+	}
+	getNode := func(ctx context.Context) (*v1.Node, error) {
+		return client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	}
+	if err := manager.Start(ctx, activePods, getNode, allReady); err != nil {
+		broadcaster.Shutdown()
+		return nil, nil, fmt.Errorf("node %s: start DRA manager: %w", node, err)
+	}
+	plugins := pluginmanager.NewPluginManager(dirs.Registry, recorder)
+	plugins.AddHandler(pluginregistrationv1.DRAPlugin, manager.GetWatcherHandler())
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); plugins.Run(ctx, allReady, ctx.Done()) }()
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	go func() { defer wg.Done(); <-ctx.Done(); k.queue.ShutDown() }()
+	go func() {
+		defer wg.Done()
+		for k.processNext(ctx) {
+		}
+	}()
+	go func() {
+		wg.Wait()
+		factory.Shutdown()
+		manager.Stop()
+		broadcaster.Shutdown()
+		close(done)
+	}()
+	return k, done, nil
+}
+
+func (k *kubelet) enqueue(obj any) {
+	if pod, ok := obj.(*v1.Pod); ok {
+		k.queue.Add(cache.MetaObjectToName(pod).String())
+	}
+}
+
+func (k *kubelet) processNext(ctx context.Context) bool {
+	key, shutdown := k.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer k.queue.Done(key)
+	if err := k.sync(ctx, key); err != nil {
+		if ctx.Err() == nil {
+			klog.FromContext(ctx).V(2).Info("Pod not ready yet, will retry", "pod", key, "err", err)
+		}
+		k.queue.AddRateLimited(key)
+		return true
+	}
+	k.queue.Forget(key)
+	return true
+}
+
+func (k *kubelet) sync(ctx context.Context, key string) error {
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "pod", key)
+	ctx = klog.NewContext(ctx, logger)
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pod, err := k.pods.Pods(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		k.mu.Lock()
+		gonePod := k.gone[key]
+		delete(k.gone, key)
+		k.mu.Unlock()
+		if gonePod == nil {
+			return nil
+		}
+		// Force-deleted: the DRA manager knows which claims it prepared.
+		if err := k.dra.UnprepareResources(ctx, gonePod); err != nil {
+			k.mu.Lock()
+			k.gone[key] = gonePod
+			k.mu.Unlock()
+			return err
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+
+	if pod.DeletionTimestamp != nil {
+		// The pod is stopping: unprepare, then confirm the deletion as the
+		// kubelet does once the containers are gone.
+		if err := k.dra.UnprepareResources(ctx, pod); err != nil {
+			k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedUnprepare, err.Error())
+			return err
+		}
+		err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptrTo[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("confirm deletion: %w", err)
+		}
+		logger.V(2).Info("Pod stopped and its claims unprepared")
+		return nil
+	}
+	if pod.Status.Phase == v1.PodRunning || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return nil
+	}
+
+	if err := k.dra.PrepareResources(ctx, pod); err != nil {
+		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
+		return err
+	}
+	views, err := k.containerViews(pod)
+	if err != nil {
+		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
+		return err
+	}
+	if err := k.markRunning(ctx, pod, views); err != nil {
+		return err
+	}
+	logger.V(2).Info("Pod running", "containers", len(views))
+	return nil
+}
+
+// containerViews resolves each container's CDI devices as a container
+// runtime would.
+func (k *kubelet) containerViews(pod *v1.Pod) (map[string]ContainerView, error) {
+	views := map[string]ContainerView{}
+	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for i := range containers {
+		c := &containers[i]
+		info, err := k.dra.GetResources(pod, c)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", c.Name, err)
+		}
+		ids := make([]string, 0, len(info.CDIDevices))
+		for _, d := range info.CDIDevices {
+			ids = append(ids, d.Name)
+		}
+		view, err := ResolveCDI(k.cdiDir, ids)
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", c.Name, err)
+		}
+		views[c.Name] = view
+	}
+	return views, nil
+}
+
+// markRunning records what the containers would see and sets the pod
+// Running with every container ready.
+func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string]ContainerView) error {
+	data, err := json.Marshal(views)
+	if err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": pod.UID, "annotations": map[string]string{ContainersAnnotation: string(data)}}})
+	if err != nil {
+		return err
+	}
+	updated, err := k.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("record container view: %w", err)
+	}
+	now := metav1.Now()
+	status := updated.Status.DeepCopy()
+	status.Phase = v1.PodRunning
+	status.StartTime = &now
+	status.HostIP = "127.0.0.1"
+	status.HostIPs = []v1.HostIP{{IP: "127.0.0.1"}}
+	for _, t := range []v1.PodConditionType{v1.PodInitialized, v1.PodReadyToStartContainers, v1.ContainersReady, v1.PodReady} {
+		setCondition(status, v1.PodCondition{Type: t, Status: v1.ConditionTrue, LastTransitionTime: now})
+	}
+	status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptrTo(true),
+			ContainerID: "devcluster://" + string(pod.UID) + "/" + c.Name,
+			State:       v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
+		})
+	}
+	updated.Status = *status
+	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set pod running: %w", err)
+	}
+	k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")
+	return nil
+}
+
+func setCondition(status *v1.PodStatus, cond v1.PodCondition) {
+	for i := range status.Conditions {
+		if status.Conditions[i].Type == cond.Type {
+			status.Conditions[i] = cond
+			return
+		}
+	}
+	status.Conditions = append(status.Conditions, cond)
+}
+
+func ptrTo[T any](v T) *T { return &v }

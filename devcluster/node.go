@@ -1,0 +1,246 @@
+package devcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// NodeOptions describe a simulated GPU node.
+type NodeOptions struct {
+	Name string
+	// Machine is a builtin simulated machine (dgx-h100, h100-pcie, ...) or
+	// the path of a machine spec YAML file. Default dgx-h100.
+	Machine string
+	// Labels are added to the Node.
+	Labels map[string]string
+}
+
+// Node is a simulated GPU node: a Node object, the simulated machine, the
+// real gpudra kubelet plugin over it, and the devcluster kubelet.
+type Node struct {
+	Name    string
+	Machine *sim.Machine
+	// Dir holds the node's registry, plugin, CDI and kubelet directories.
+	Dir string
+
+	ctx        context.Context
+	client     kubernetes.Interface
+	pluginCfg  plugin.Config
+	kubeletEnd <-chan struct{}
+
+	mu           sync.Mutex
+	plugin       *plugin.Plugin
+	pluginCancel context.CancelCauseFunc
+}
+
+// CDIDir is where the node's plugin writes CDI specs.
+func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
+
+// PluginDataDir is the plugin's socket and checkpoint directory.
+func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "gpu.gpudra.dev") }
+
+// Plugin is the node's running plugin, nil while stopped.
+func (n *Node) Plugin() *plugin.Plugin {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.plugin
+}
+
+// AddNode creates the Node object, starts the plugin over the simulated
+// machine and the kubelet that serves it.
+func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) {
+	if opts.Machine == "" {
+		opts.Machine = "dgx-h100"
+	}
+	c.mu.Lock()
+	if _, dup := c.nodes[opts.Name]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("node %q exists already", opts.Name)
+	}
+	c.mu.Unlock()
+	machine, err := sim.NewBuiltin(opts.Machine, opts.Name)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+	}
+	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx}
+	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.createNodeObject(ctx, opts); err != nil {
+		return nil, err
+	}
+
+	// The kubelet first, as on a real node: the plugin registers with it.
+	logger := klog.LoggerWithValues(klog.FromContext(c.ctx), "node", opts.Name)
+	nodeCtx := klog.NewContext(c.ctx, logger)
+	kubeletClient, err := c.clientFor("kubelet/" + opts.Name)
+	if err != nil {
+		return nil, err
+	}
+	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, kubeletDirs{
+		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir()})
+	if err != nil {
+		return nil, err
+	}
+
+	minors := filepath.Join(n.Dir, "mig-minors")
+	f, err := os.Create(minors)
+	if err != nil {
+		return nil, err
+	}
+	err = sim.WriteMigMinors(f, machine.Spec().GPUCount)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node %s: mig-minors: %w", opts.Name, err)
+	}
+	pluginClient, err := c.clientFor("gpudra-kubelet-plugin/" + opts.Name)
+	if err != nil {
+		return nil, err
+	}
+	n.client = pluginClient
+	n.ctx = nodeCtx
+	n.pluginCfg = plugin.Config{
+		NodeName: opts.Name, Backend: machine, Client: pluginClient,
+		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
+		Majors: plugin.SimulatedMajors, CapMinors: plugin.MigMinorsFromFile(minors), BootID: c.bootID,
+	}
+	if err := n.StartPlugin(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.nodes[opts.Name] = n
+	c.order = append(c.order, opts.Name)
+	c.mu.Unlock()
+	return n, nil
+}
+
+// StartPlugin starts the node's kubelet plugin (again, after StopPlugin).
+func (n *Node) StartPlugin() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.plugin != nil {
+		return fmt.Errorf("node %s: plugin is running", n.Name)
+	}
+	ctx, cancel := context.WithCancelCause(n.ctx)
+	p, err := plugin.Start(ctx, n.pluginCfg, cancel)
+	if err != nil {
+		cancel(err)
+		return fmt.Errorf("node %s: start plugin: %w", n.Name, err)
+	}
+	n.plugin, n.pluginCancel = p, cancel
+	return nil
+}
+
+// StopPlugin stops the node's plugin as a crash or an upgrade would: its
+// sockets go away, its checkpoint and CDI specs stay.
+func (n *Node) StopPlugin() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.plugin == nil {
+		return
+	}
+	n.plugin.Stop()
+	n.pluginCancel(errors.New("plugin stopped"))
+	n.plugin, n.pluginCancel = nil, nil
+}
+
+// RestartPlugin stops and starts the plugin over the same directories.
+func (n *Node) RestartPlugin() error {
+	n.StopPlugin()
+	return n.StartPlugin()
+}
+
+func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error {
+	labels := map[string]string{"kubernetes.io/hostname": opts.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+		"gpu.gpudra.dev/present": "true"}
+	for k, v := range opts.Labels {
+		labels[k] = v
+	}
+	capacity := v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
+		v1.ResourcePods: resource.MustParse("110"), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels}}
+	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create Node %s: %w", opts.Name, err)
+	}
+	now := metav1.Now()
+	node.Status = v1.NodeStatus{
+		Capacity: capacity, Allocatable: capacity, Phase: v1.NodeRunning,
+		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
+			Message: "devcluster kubelet is ready", LastHeartbeatTime: now, LastTransitionTime: now}},
+		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: opts.Name}},
+		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64", ContainerRuntimeVersion: "devcluster://0"},
+	}
+	node, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("Node %s status: %w", opts.Name, err)
+	}
+	// Admission taints a new Node not-ready; no node lifecycle controller
+	// runs here to lift it once the node reports Ready.
+	node.Spec.Taints = nil
+	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("Node %s taints: %w", opts.Name, err)
+	}
+	return nil
+}
+
+// clientFor is a client with its own user agent and the limits the real
+// components use (the plugin's are its own flags' defaults).
+func (c *Cluster) clientFor(agent string) (kubernetes.Interface, error) {
+	cfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), agent)
+	cfg.QPS, cfg.Burst = 50, 100
+	return kubernetes.NewForConfig(cfg)
+}
+
+// WaitForSlices waits until the API server holds every ResourceSlice the
+// node's plugin means to publish.
+func (n *Node) WaitForSlices(ctx context.Context) error {
+	p := n.Plugin()
+	if p == nil {
+		return fmt.Errorf("node %s: plugin is not running", n.Name)
+	}
+	res, _, err := p.Driver.Resources(ctx)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	want := 0
+	for _, pool := range res.Pools {
+		want += len(pool.Slices)
+	}
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		slices, err := n.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		got := 0
+		for _, s := range slices.Items {
+			if s.Spec.Pool.Name == n.Name && s.Spec.Driver == slicebuilder.DriverName {
+				got++
+			}
+		}
+		return got == want, nil
+	})
+}

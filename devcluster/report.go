@@ -1,0 +1,131 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+)
+
+// PodReport is what the demo prints for a pod.
+type PodReport struct {
+	Namespace, Name, Node string
+	Phase                 v1.PodPhase
+	// Reason says why a pod is not running (the scheduler's or the
+	// kubelet's words).
+	Reason string
+	Claims []ClaimReport
+	// Containers is what each container would see, from the kubelet.
+	Containers map[string]ContainerView
+}
+
+// ClaimReport is one of a pod's claims and what was allocated.
+type ClaimReport struct {
+	Name    string
+	Devices []string // request: device
+}
+
+// ReportPods describes the pods of a namespace (all namespaces when empty).
+func ReportPods(ctx context.Context, client kubernetes.Interface, namespace string) ([]PodReport, error) {
+	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []PodReport
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		r := PodReport{Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName, Phase: pod.Status.Phase}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse {
+				r.Reason = cond.Message
+			}
+		}
+		if data := pod.Annotations[ContainersAnnotation]; data != "" {
+			if err := json.Unmarshal([]byte(data), &r.Containers); err != nil {
+				return nil, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, ContainersAnnotation, err)
+			}
+		}
+		for j := range pod.Spec.ResourceClaims {
+			name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[j])
+			if err != nil || name == nil {
+				continue
+			}
+			cr := ClaimReport{Name: *name}
+			claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+			if err == nil && claim.Status.Allocation != nil {
+				cr.Devices = allocatedDevices(claim)
+			}
+			r.Claims = append(r.Claims, cr)
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
+	var devs []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		devs = append(devs, r.Request+"="+r.Device)
+	}
+	return devs
+}
+
+// PrintReport writes the demo's table: for each pod its node, claims,
+// allocated devices and the GPU UUIDs its containers would see.
+func PrintReport(w io.Writer, reports []PodReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tCONTAINER: GPUs it sees")
+	for _, r := range reports {
+		claims, devices := []string{}, []string{}
+		for _, c := range r.Claims {
+			claims = append(claims, c.Name)
+			devices = append(devices, strings.Join(c.Devices, ","))
+		}
+		var seen []string
+		names := make([]string, 0, len(r.Containers))
+		for n := range r.Containers {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			seen = append(seen, n+": "+orNone(strings.Join(r.Containers[n].VisibleGPUs(), ",")))
+		}
+		node := r.Node
+		if node == "" {
+			node = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
+			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(seen, "; ")))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range reports {
+		if r.Reason != "" && r.Phase != v1.PodRunning {
+			fmt.Fprintf(w, "%s/%s is %s: %s\n", r.Namespace, r.Name, r.Phase, r.Reason)
+		}
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
