@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// assertSeesExactly checks a container's CDI view: the GPUs' UUIDs in its
+// environment, their device nodes, and no other GPU's node.
+func assertSeesExactly(t *testing.T, pod *v1.Pod, container string, uuids []string, gpuMinors []string) {
+	t.Helper()
+	view, ok := views(t, pod)[container]
+	require.True(t, ok, "no view for container %s", container)
+	assert.ElementsMatch(t, uuids, view.VisibleGPUs(), "NVIDIA_VISIBLE_DEVICES of %s", container)
+	assert.Equal(t, view.Env["NVIDIA_VISIBLE_DEVICES"], view.Env["CUDA_VISIBLE_DEVICES"])
+	assert.Contains(t, view.DeviceNodes, "/dev/nvidiactl")
+	var gpuNodes []string
+	for _, d := range view.DeviceNodes {
+		if strings.TrimLeft(strings.TrimPrefix(d, "/dev/nvidia"), "0123456789") == "" && d != "/dev/nvidia" {
+			gpuNodes = append(gpuNodes, d)
+		}
+	}
+	var want []string
+	for _, m := range gpuMinors {
+		want = append(want, "/dev/nvidia"+m)
+	}
+	assert.ElementsMatch(t, want, gpuNodes, "GPU device nodes of %s", container)
+}
+
+func TestSingleGPU(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "single-gpu"))
+	pod := waitRunning(t, ns, "single-gpu")
+	claim := podClaim(t, pod, "gpu")
+	results := claim.Status.Allocation.Devices.Results
+	require.Len(t, results, 1)
+	r := results[0]
+	assert.Equal(t, slicebuilder.DriverName, r.Driver)
+	assert.Equal(t, pod.Spec.NodeName, r.Pool, "one pool per node, named after it")
+	dev := device(t, r.Pool, r.Device)
+	assert.Equal(t, "gpu", attr(dev, "type"))
+	assert.Equal(t, "gpu-"+attr(dev, "minor"), r.Device)
+	assertSeesExactly(t, pod, "cuda", []string{attr(dev, "uuid")}, []string{attr(dev, "minor")})
+	assert.True(t, hasSpecFor(t, pod.Spec.NodeName, string(claim.UID)), "CDI spec for the claim")
+}
+
+func TestNVLinkPair(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "nvlink-pair"))
+	pod := waitRunning(t, ns, "nvlink-pair")
+	results := podClaim(t, pod, "gpus").Status.Allocation.Devices.Results
+	require.Len(t, results, 2)
+	var uuids, minors []string
+	domains := map[string]bool{}
+	for _, r := range results {
+		dev := device(t, r.Pool, r.Device)
+		uuids, minors = append(uuids, attr(dev, "uuid")), append(minors, attr(dev, "minor"))
+		domains[attr(dev, "nvlinkDomain")] = true
+	}
+	assert.Len(t, domains, 1, "both GPUs on one NVLink domain")
+	assert.NotContains(t, domains, "")
+	assert.NotEqual(t, uuids[0], uuids[1])
+	assertSeesExactly(t, pod, "trainer", uuids, minors)
+}
+
+func TestMIG(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "mig"))
+	pod := waitRunning(t, ns, "mig")
+	node := cluster.Node(pod.Spec.NodeName)
+	inv, err := node.Machine.Inventory(context.Background())
+	require.NoError(t, err)
+	for podClaimName, profile := range map[string]string{"small": "1g.10gb", "medium": "3g.40gb"} {
+		results := podClaim(t, pod, podClaimName).Status.Allocation.Devices.Results
+		require.Len(t, results, 1)
+		dev := device(t, results[0].Pool, results[0].Device)
+		assert.Equal(t, "mig", attr(dev, "type"))
+		assert.Equal(t, profile, attr(dev, "migProfile"))
+		// The instance exists on the (simulated) GPU now, and the container
+		// sees it and nothing else.
+		view := views(t, pod)[podClaimName]
+		require.Len(t, view.VisibleGPUs(), 1)
+		migUUID := view.VisibleGPUs()[0]
+		assert.True(t, strings.HasPrefix(migUUID, "MIG-"), migUUID)
+		found := false
+		for _, g := range inv.GPUs {
+			for _, m := range g.MIG.Devices {
+				if m.UUID == migUUID {
+					found = true
+					assert.Equal(t, profile, m.Profile)
+					assert.Equal(t, attr(dev, "parentUUID"), g.UUID)
+				}
+			}
+		}
+		assert.True(t, found, "MIG device %s exists on node %s", migUUID, node.Name)
+		caps := 0
+		for _, d := range view.DeviceNodes {
+			if strings.HasPrefix(d, "/dev/nvidia-caps/") {
+				caps++
+			}
+		}
+		assert.Equal(t, 2, caps, "GPU-instance and compute-instance capability nodes")
+	}
+	// Deleting the pod destroys the instances it created.
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(context.Background(), "mig", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "mig")
+	inv, err = node.Machine.Inventory(context.Background())
+	require.NoError(t, err)
+	for _, g := range inv.GPUs {
+		for _, m := range g.MIG.Devices {
+			for _, v := range views(t, pod) {
+				assert.NotContains(t, v.VisibleGPUs(), m.UUID, "MIG device left behind after unprepare")
+			}
+		}
+	}
+}
+
+func TestPrioritizedList(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "prioritized-list"))
+	pod := waitRunning(t, ns, "gpu-or-mig")
+	results := podClaim(t, pod, "gpu").Status.Allocation.Devices.Results
+	require.Len(t, results, 1)
+	// Whole GPUs are free, so the first alternative wins.
+	assert.Equal(t, "gpu/full", results[0].Request)
+	dev := device(t, results[0].Pool, results[0].Device)
+	assert.Equal(t, "gpu", attr(dev, "type"))
+	assertSeesExactly(t, pod, "inference", []string{attr(dev, "uuid")}, []string{attr(dev, "minor")})
+}
+
+func TestSharedClaimPrimaryAndShadow(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "shared-claim"))
+	primary := waitRunning(t, ns, "primary")
+	shadow := waitRunning(t, ns, "shadow")
+	assert.Equal(t, primary.Spec.NodeName, shadow.Spec.NodeName)
+	claim := podClaim(t, primary, "gpu")
+	assert.Len(t, claim.Status.ReservedFor, 2, "both pods are consumers of the claim")
+	assert.Equal(t, views(t, primary)["engine"].VisibleGPUs(), views(t, shadow)["engine"].VisibleGPUs())
+	assert.Len(t, views(t, primary)["engine"].VisibleGPUs(), 1)
+
+	// The claim stays prepared while one consumer is left.
+	ctx := context.Background()
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "primary", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "primary")
+	assert.True(t, hasSpecFor(t, shadow.Spec.NodeName, string(claim.UID)), "unprepared while the shadow still runs")
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "shadow", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "shadow")
+	assert.False(t, hasSpecFor(t, shadow.Spec.NodeName, string(claim.UID)), "unprepared after the last consumer")
+}
+
+func TestCELSelector(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "cel-selector"))
+	pod := waitRunning(t, ns, "hopper-80gb")
+	results := podClaim(t, pod, "gpu").Status.Allocation.Devices.Results
+	require.Len(t, results, 1)
+	dev := device(t, results[0].Pool, results[0].Device)
+	mem := dev.Capacity[resourceapi.QualifiedName("memory")].Value
+	assert.GreaterOrEqual(t, mem.Cmp(resource.MustParse("79Gi")), 0, "memory %s", mem.String())
+	assert.Equal(t, "9.0.0", attr(dev, "cudaComputeCapability"))
+}
