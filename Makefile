@@ -14,7 +14,7 @@ NVML_PKG := ./pkg/nvdevice/nvml/...
 PURE_PKGS = $(shell $(GO) list ./... | grep -v /pkg/nvdevice/nvml)
 FUZZTIME ?= 100000x
 
-.PHONY: all build test test-unit test-nvml test-fuzz lint fmt bench demo clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-e2e lint fmt bench bench-e2e demo devcluster clean
 all: build
 
 build:
@@ -23,7 +23,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-kubelet-plugin ./cmd/kubelet-plugin
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint test-unit test-nvml test-fuzz
+test: lint test-unit test-nvml test-fuzz test-e2e
 
 test-unit:
 	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)
@@ -37,6 +37,12 @@ test-fuzz:
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./api/gpu/v1alpha1/
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzParseSpec$$' -fuzztime $(FUZZTIME) ./pkg/nvdevice/sim/
 
+# The end-to-end suite: the examples on a real control plane (devcluster).
+# It builds the control plane first, with progress: the first build is long.
+test-e2e: devcluster
+	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
+	cd devcluster && CGO_ENABLED=0 $(GO) test -count=1 ./...
+
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
@@ -49,12 +55,20 @@ fmt:
 bench:
 	CGO_ENABLED=0 $(GO) test -run '^$$' -bench . -benchmem $(PURE_PKGS)
 
-# Until devcluster exists the demo shows what a simulated DGX H100 node has
-# and what it would publish.
-demo:
-	@echo "devcluster is not built yet: showing a simulated DGX H100 node instead."
-	CGO_ENABLED=0 $(GO) run ./cmd/gpudra inventory --backend sim --machine dgx-h100 --node-name demo-node
-	CGO_ENABLED=0 $(GO) run ./cmd/gpudra slices --backend sim --machine dgx-h100 --node-name demo-node -o table | tail -n 30
+# The demo: a real Kubernetes control plane with two simulated DGX H100
+# nodes running the gpudra kubelet plugin; applies examples/ and prints where
+# every pod landed and which GPUs it would see. DEMO_FLAGS=--keep leaves it
+# running for kubectl.
+demo: devcluster
+	$(BIN)/devcluster --examples examples $(DEMO_FLAGS)
+
+devcluster:
+	@mkdir -p $(BIN)
+	@bash hack/build-progress.sh ../$(BIN)/devcluster
+
+# End-to-end benchmark: 100 pods with one GPU claim each over 16 nodes.
+bench-e2e: devcluster
+	cd devcluster && CGO_ENABLED=0 $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e/
 
 clean:
 	rm -rf $(BIN)

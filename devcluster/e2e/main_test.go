@@ -101,7 +101,7 @@ func namespace(t *testing.T) string {
 	return name
 }
 
-func deleteAllPods(t *testing.T, ns string) {
+func deleteAllPods(t testing.TB, ns string) {
 	ctx := context.Background()
 	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -136,7 +136,7 @@ func waitRunning(t *testing.T, ns, name string) *v1.Pod {
 	return pod
 }
 
-func waitPodGone(t *testing.T, ns, name string) {
+func waitPodGone(t testing.TB, ns, name string) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
