@@ -77,7 +77,7 @@ func run(m *testing.M) int {
 	}
 	fmt.Printf("devcluster with 2 simulated DGX H100 nodes ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
 	code := m.Run()
-	if code == 0 {
+	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
 		_ = os.RemoveAll(logDir)
 	} else {
 		fmt.Println("devcluster log kept at", logFile)
