@@ -62,3 +62,12 @@ var (
 	// (NVML_ERROR_IN_USE).
 	ErrInUse = errors.New("in use")
 )
+
+// ComputePolicy changes how a GPU schedules the processes that share it.
+// NVML has no call for the time slice, so the real implementation runs
+// nvidia-smi (pkg/sharing); the simulator records what was set.
+type ComputePolicy interface {
+	// SetTimeSlice sets the GPU's time slice: 0 (default) to 3 (long), the
+	// values of `nvidia-smi compute-policy --set-timeslice`.
+	SetTimeSlice(ctx context.Context, gpuUUID string, level int) error
+}

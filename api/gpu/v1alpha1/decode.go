@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -39,10 +40,53 @@ func (c *GpuConfig) Default() {
 	if c.Sharing.Strategy == "" {
 		c.Sharing.Strategy = Exclusive
 	}
+	if c.Sharing.Strategy == TimeSlicing {
+		if c.Sharing.TimeSlicing == nil {
+			c.Sharing.TimeSlicing = &TimeSlicingConfig{}
+		}
+		if c.Sharing.TimeSlicing.Interval == "" {
+			c.Sharing.TimeSlicing.Interval = DefaultTimeSlice
+		}
+	}
+	if c.Sharing.Strategy == MPS && c.Sharing.MPS == nil {
+		c.Sharing.MPS = &MPSConfig{}
+	}
 }
 
-// Validate checks the config; all problems are reported at once.
+// Validate checks the config on its own; all problems are reported at once.
+// The plugin and the admission webhook share it.
 func (c *GpuConfig) Validate() error {
+	errs := c.validate()
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid GpuConfig: %w", errors.Join(errs.ToAggregate()))
+}
+
+// DeviceFacts are what validation needs to know of a device the config is
+// applied to.
+type DeviceFacts struct {
+	Name        string
+	MemoryBytes int64
+}
+
+// ValidateForDevice checks the config against a device it is applied to:
+// limits above what the device has are refused.
+func (c *GpuConfig) ValidateForDevice(d DeviceFacts) error {
+	errs := c.validate()
+	if s := c.Sharing; s != nil && s.MPS != nil && s.MPS.PinnedMemoryLimit != nil && d.MemoryBytes > 0 {
+		if s.MPS.PinnedMemoryLimit.Value() > d.MemoryBytes {
+			errs = append(errs, field.Invalid(field.NewPath("sharing", "mps", "pinnedMemoryLimit"), s.MPS.PinnedMemoryLimit.String(),
+				fmt.Sprintf("exceeds the memory of device %s (%dMi)", d.Name, d.MemoryBytes>>20)))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid GpuConfig: %w", errors.Join(errs.ToAggregate()))
+}
+
+func (c *GpuConfig) validate() field.ErrorList {
 	var errs field.ErrorList
 	if c.APIVersion != APIVersion {
 		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), c.APIVersion, "must be "+APIVersion))
@@ -51,14 +95,46 @@ func (c *GpuConfig) Validate() error {
 		errs = append(errs, field.Invalid(field.NewPath("kind"), c.Kind, "must be "+Kind))
 	}
 	if c.Sharing != nil {
-		p := field.NewPath("sharing", "strategy")
-		// TimeSlicing and MPS are refused until the plugin enforces them.
-		if s := c.Sharing.Strategy; s != "" && s != Exclusive {
-			errs = append(errs, field.NotSupported(p, s, []string{string(Exclusive)}))
+		errs = append(errs, validateSharing(c.Sharing, field.NewPath("sharing"))...)
+	}
+	return errs
+}
+
+func validateSharing(s *Sharing, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	strategy := s.Strategy
+	if strategy == "" {
+		strategy = Exclusive
+	}
+	switch strategy {
+	case Exclusive, TimeSlicing, MPS:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("strategy"), s.Strategy, []string{string(Exclusive), string(TimeSlicing), string(MPS)}))
+	}
+	if s.TimeSlicing != nil {
+		tp := p.Child("timeSlicing")
+		if strategy != TimeSlicing {
+			errs = append(errs, field.Forbidden(tp, fmt.Sprintf("only with strategy %s, not %s", TimeSlicing, strategy)))
+		}
+		if i := s.TimeSlicing.Interval; i != "" && !slices.Contains(TimeSliceIntervals, i) {
+			valid := make([]string, 0, len(TimeSliceIntervals))
+			for _, v := range TimeSliceIntervals {
+				valid = append(valid, string(v))
+			}
+			errs = append(errs, field.NotSupported(tp.Child("interval"), i, valid))
 		}
 	}
-	if len(errs) == 0 {
-		return nil
+	if s.MPS != nil {
+		mp := p.Child("mps")
+		if strategy != MPS {
+			errs = append(errs, field.Forbidden(mp, fmt.Sprintf("only with strategy %s, not %s: MPS limits mean nothing without an MPS daemon", MPS, strategy)))
+		}
+		if a := s.MPS.ActiveThreadPercentage; a != nil && (*a < 1 || *a > 100) {
+			errs = append(errs, field.Invalid(mp.Child("activeThreadPercentage"), *a, "must be between 1 and 100"))
+		}
+		if l := s.MPS.PinnedMemoryLimit; l != nil && l.Sign() <= 0 {
+			errs = append(errs, field.Invalid(mp.Child("pinnedMemoryLimit"), l.String(), "must be positive"))
+		}
 	}
-	return fmt.Errorf("invalid GpuConfig: %w", errors.Join(errs.ToAggregate()))
+	return errs
 }

@@ -25,9 +25,22 @@ func TestDecode(t *testing.T) {
 		{name: "wrong version", raw: `{"apiVersion":"gpu.gpudra.dev/v1","kind":"GpuConfig"}`,
 			wantErr: `invalid GpuConfig: apiVersion: Invalid value: "gpu.gpudra.dev/v1": must be gpu.gpudra.dev/v1alpha1`},
 		{name: "unknown strategy", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Fast"}}`,
-			wantErr: `invalid GpuConfig: sharing.strategy: Unsupported value: "Fast": supported values: "Exclusive"`},
-		{name: "not yet supported strategy", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`,
-			wantErr: `invalid GpuConfig: sharing.strategy: Unsupported value: "MPS": supported values: "Exclusive"`},
+			wantErr: `invalid GpuConfig: sharing.strategy: Unsupported value: "Fast": supported values: "Exclusive", "TimeSlicing", "MPS"`},
+		{name: "mps", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"activeThreadPercentage":50,"pinnedMemoryLimit":"40Gi"}}}`, want: MPS},
+		{name: "time slicing", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Long"}}}`, want: TimeSlicing},
+		{name: "ipc with exclusive", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"ipc":true}}`, want: Exclusive},
+		{name: "mps limits on a time-sliced device", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","mps":{"activeThreadPercentage":50}}}`,
+			wantErr: `invalid GpuConfig: sharing.mps: Forbidden: only with strategy MPS, not TimeSlicing: MPS limits mean nothing without an MPS daemon`},
+		{name: "time slice on exclusive", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"timeSlicing":{"interval":"Short"}}}`,
+			wantErr: `invalid GpuConfig: sharing.timeSlicing: Forbidden: only with strategy TimeSlicing, not Exclusive`},
+		{name: "unknown interval", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Forever"}}}`,
+			wantErr: `invalid GpuConfig: sharing.timeSlicing.interval: Unsupported value: "Forever": supported values: "Default", "Short", "Medium", "Long"`},
+		{name: "thread percentage out of range", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"activeThreadPercentage":0}}}`,
+			wantErr: `invalid GpuConfig: sharing.mps.activeThreadPercentage: Invalid value: 0: must be between 1 and 100`},
+		{name: "negative memory limit", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"-1Gi"}}}`,
+			wantErr: `invalid GpuConfig: sharing.mps.pinnedMemoryLimit: Invalid value: "-1Gi": must be positive`},
+		{name: "memory limit not a quantity", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"lots"}}}`,
+			wantErr: `decode GpuConfig: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'`},
 		{name: "wrong type", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":"yes"}`,
 			wantErr: `decode GpuConfig: json: cannot unmarshal string into Go struct field GpuConfig.sharing of type v1alpha1.Sharing`},
 		{name: "not json", raw: `sharing: {}`, wantErr: "decode GpuConfig: invalid character 's' looking for beginning of value"},
@@ -46,6 +59,33 @@ func TestDecode(t *testing.T) {
 	}
 }
 
+func TestValidateForDevice(t *testing.T) {
+	h100 := DeviceFacts{Name: "gpu-0", MemoryBytes: 81559 << 20}
+	tests := []struct {
+		name    string
+		raw     string
+		wantErr string
+	}{
+		{name: "limit within the device", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"40Gi"}}}`},
+		{name: "limit equal to the device", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"81559Mi"}}}`},
+		{name: "limit above the device", raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"80Gi"}}}`,
+			wantErr: `invalid GpuConfig: sharing.mps.pinnedMemoryLimit: Invalid value: "80Gi": exceeds the memory of device gpu-0 (81559Mi)`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Decode([]byte(tc.raw))
+			require.NoError(t, err)
+			err = c.ValidateForDevice(h100)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Equal(t, tc.wantErr, err.Error())
+		})
+	}
+}
+
 func firstLine(s string) string {
 	for i, c := range s {
 		if c == '\n' {
@@ -60,7 +100,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"kind":"GpuConfig","sharing":null}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		c, err := Decode(raw)
-		if err == nil && (c == nil || c.Sharing == nil || c.Sharing.Strategy != Exclusive) {
+		if err == nil && (c == nil || c.Sharing == nil || c.Sharing.Strategy == "" ||
+			(c.Sharing.Strategy == TimeSlicing && c.Sharing.TimeSlicing == nil) || (c.Sharing.Strategy == MPS && c.Sharing.MPS == nil)) {
 			t.Fatalf("accepted config is not defaulted: %+v", c)
 		}
 	})

@@ -26,9 +26,14 @@ type Machine struct {
 	created int             // MIG devices created so far, for UUIDs
 	health  *nvdevice.HealthBroadcaster
 	closed  bool
+	// timeSlices: GPU UUID -> time slice level last set.
+	timeSlices map[string]int
 }
 
-var _ nvdevice.Interface = (*Machine)(nil)
+var (
+	_ nvdevice.Interface     = (*Machine)(nil)
+	_ nvdevice.ComputePolicy = (*Machine)(nil)
+)
 
 // New builds a machine from a spec. nodeName seeds the UUIDs, so two nodes
 // built from the same spec have different GPUs, and the same node gets the

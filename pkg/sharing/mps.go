@@ -1,0 +1,371 @@
+package sharing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+)
+
+// MPSPipeDirectory is where a claim's MPS pipe directory appears in its
+// containers.
+const MPSPipeDirectory = "/var/run/gpudra/mps"
+
+// MPS runs one MPS control daemon per claim (one per sharing group: every
+// pod of the claim is a client of it), with its own pipe and log
+// directories, and keeps it running.
+type MPS struct {
+	root      string
+	control   MPSControl
+	onRestart func(Claim, error)
+
+	mu      sync.Mutex
+	daemons map[string]*mpsDaemon // claim UID
+}
+
+type mpsDaemon struct {
+	claim    Claim
+	pid      int
+	env      []string
+	commands []string
+}
+
+func newMPS(root string, control MPSControl, onRestart func(Claim, error)) *MPS {
+	if onRestart == nil {
+		onRestart = func(Claim, error) {}
+	}
+	return &MPS{root: root, control: control, onRestart: onRestart, daemons: map[string]*mpsDaemon{}}
+}
+
+// mpsLimits are the daemon defaults for a claim: a pinned memory limit per
+// device (in CUDA_VISIBLE_DEVICES order) and an active thread percentage.
+type mpsLimits struct {
+	threadPercentage int64   // 0: not set
+	pinnedMiB        []int64 // 0: not set
+}
+
+// limitsFor derives the limits from the config and, for a share of a GPU,
+// from what the share consumes: a share is capped at its size.
+func limitsFor(c Claim) (mpsLimits, error) {
+	var l mpsLimits
+	var cfg gpuapi.MPSConfig
+	if c.Sharing.MPS != nil {
+		cfg = *c.Sharing.MPS
+	}
+	if cfg.ActiveThreadPercentage != nil {
+		l.threadPercentage = int64(*cfg.ActiveThreadPercentage)
+	}
+	for _, d := range c.Devices {
+		var pinned int64
+		if cfg.PinnedMemoryLimit != nil {
+			pinned = cfg.PinnedMemoryLimit.Value()
+			if pinned > d.MemoryBytes {
+				what := "the memory of device " + d.Name
+				if d.Share != nil {
+					what = "the share of device " + d.Name + " this claim was allocated"
+				}
+				return l, fmt.Errorf("sharing.mps.pinnedMemoryLimit: %s exceeds %s (%s)", cfg.PinnedMemoryLimit.String(), what, resource.NewQuantity(d.MemoryBytes, resource.BinarySI).String())
+			}
+		}
+		if s := d.Share; s != nil {
+			if pinned == 0 {
+				pinned = s.MemoryBytes
+			}
+			if cfg.ActiveThreadPercentage == nil && s.GPUMultiprocessors > 0 && s.Multiprocessors > 0 {
+				pct := (s.Multiprocessors*100 + s.GPUMultiprocessors - 1) / s.GPUMultiprocessors
+				l.threadPercentage = max(l.threadPercentage, min(pct, 100))
+			}
+		}
+		l.pinnedMiB = append(l.pinnedMiB, (pinned+(1<<20)-1)>>20)
+	}
+	return l, nil
+}
+
+// commands are what the control daemon is told after it starts.
+func (l mpsLimits) commands() []string {
+	var out []string
+	if l.threadPercentage > 0 {
+		out = append(out, fmt.Sprintf("set_default_active_thread_percentage %d", l.threadPercentage))
+	}
+	for i, mib := range l.pinnedMiB {
+		if mib > 0 {
+			out = append(out, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
+		}
+	}
+	return out
+}
+
+// env is what every client gets: the pipe directory, and the limits again
+// (a client may lower them, and tools read them there).
+func (l mpsLimits) env() map[string]string {
+	env := map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory}
+	if l.threadPercentage > 0 {
+		env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.FormatInt(l.threadPercentage, 10)
+	}
+	var limits []string
+	for i, mib := range l.pinnedMiB {
+		if mib > 0 {
+			limits = append(limits, fmt.Sprintf("%d=%dM", i, mib))
+		}
+	}
+	if len(limits) > 0 {
+		env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = strings.Join(limits, ",")
+	}
+	return env
+}
+
+func (m *MPS) dirs(uid string) (dir, pipe, log string) {
+	dir = filepath.Join(m.root, uid)
+	return dir, filepath.Join(dir, "pipe"), filepath.Join(dir, "log")
+}
+
+func (m *MPS) daemonEnv(c Claim) []string {
+	_, pipe, log := m.dirs(c.UID)
+	uuids := make([]string, 0, len(c.Devices))
+	for _, d := range c.Devices {
+		uuids = append(uuids, d.UUID)
+	}
+	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log,
+		"CUDA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}
+}
+
+// Prepare starts the claim's daemon (or adopts the one already running for
+// it) and sets its defaults.
+func (m *MPS) Prepare(ctx context.Context, c Claim) (Edits, error) {
+	if m.control == nil {
+		return Edits{}, errors.New("this node has no MPS control binary configured (--mps-control-binary)")
+	}
+	limits, err := limitsFor(c)
+	if err != nil {
+		return Edits{}, err
+	}
+	dir, pipe, log := m.dirs(c.UID)
+	for _, d := range []string{pipe, log} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return Edits{}, err
+		}
+	}
+	d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
+	if pid, ok := m.runningPID(dir); ok {
+		d.pid = pid
+		klog.FromContext(ctx).V(2).Info("MPS daemon already running for the claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", pid)
+	} else if err := m.start(ctx, d); err != nil {
+		return Edits{}, err
+	}
+	if err := m.configure(ctx, d); err != nil {
+		m.stop(ctx, c.UID, d.pid)
+		return Edits{}, err
+	}
+	m.mu.Lock()
+	m.daemons[c.UID] = d
+	m.mu.Unlock()
+	return Edits{Env: limits.env(), Mounts: []Mount{{HostPath: pipe, ContainerPath: MPSPipeDirectory}}}, nil
+}
+
+// Unprepare stops the claim's daemon and removes its directories.
+func (m *MPS) Unprepare(ctx context.Context, c Claim, _ []Claim) error {
+	m.mu.Lock()
+	d := m.daemons[c.UID]
+	delete(m.daemons, c.UID)
+	m.mu.Unlock()
+	dir, _, _ := m.dirs(c.UID)
+	pid := 0
+	if d != nil {
+		pid = d.pid
+	} else if p, ok := m.runningPID(dir); ok {
+		pid = p
+	}
+	m.stop(ctx, c.UID, pid)
+	return os.RemoveAll(dir)
+}
+
+func (m *MPS) start(ctx context.Context, d *mpsDaemon) error {
+	dir, _, _ := m.dirs(d.claim.UID)
+	pid, err := m.control.Start(d.env)
+	if err != nil {
+		return fmt.Errorf("start the MPS control daemon: %w", err)
+	}
+	d.pid = pid
+	if err := os.WriteFile(filepath.Join(dir, "daemon.pid"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		_ = m.control.Kill(pid)
+		return fmt.Errorf("record the MPS daemon's pid: %w", err)
+	}
+	klog.FromContext(ctx).Info("MPS control daemon started", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", pid)
+	return nil
+}
+
+// configure sends the defaults, retrying while the daemon comes up.
+func (m *MPS) configure(ctx context.Context, d *mpsDaemon) error {
+	for _, cmd := range d.commands {
+		var err error
+		for attempt := 0; attempt < 50; attempt++ {
+			if err = m.control.Command(ctx, d.env, cmd); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("MPS control %q: %w", cmd, err)
+		}
+	}
+	return nil
+}
+
+// stop asks the daemon to quit, then kills it if it does not.
+func (m *MPS) stop(ctx context.Context, uid string, pid int) {
+	if pid <= 0 || !m.control.Alive(pid) {
+		return
+	}
+	_, pipe, log := m.dirs(uid)
+	env := []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_ = m.control.Command(qctx, env, "quit")
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && m.control.Alive(pid) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if m.control.Alive(pid) {
+		klog.FromContext(ctx).Info("MPS daemon did not quit; killing it", "pid", pid)
+		_ = m.control.Kill(pid)
+	}
+}
+
+// runningPID reads the daemon's pid file and checks that it still runs.
+func (m *MPS) runningPID(dir string) (int, bool) {
+	data, err := os.ReadFile(filepath.Join(dir, "daemon.pid"))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 || m.control == nil || !m.control.Alive(pid) {
+		return 0, false
+	}
+	return pid, true
+}
+
+// Daemons returns claim UID -> pid of the daemons being supervised.
+func (m *MPS) Daemons() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int{}
+	for uid, d := range m.daemons {
+		out[uid] = d.pid
+	}
+	return out
+}
+
+// resume adopts the daemons of prepared MPS claims, starts the ones that
+// died, and stops those of claims that are not prepared.
+func (m *MPS) resume(ctx context.Context, prepared []Claim, known map[string]bool) error {
+	var errs []error
+	for _, c := range prepared {
+		if c.Sharing.Strategy != gpuapi.MPS {
+			continue
+		}
+		dir, _, _ := m.dirs(c.UID)
+		limits, err := limitsFor(c)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
+		if pid, ok := m.runningPID(dir); ok {
+			d.pid = pid
+			klog.FromContext(ctx).Info("Adopted the running MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", pid)
+		} else {
+			err := m.restart(ctx, d)
+			m.onRestart(c, err)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		m.mu.Lock()
+		m.daemons[c.UID] = d
+		m.mu.Unlock()
+	}
+	entries, err := os.ReadDir(m.root)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		if known[e.Name()] {
+			continue
+		}
+		dir := filepath.Join(m.root, e.Name())
+		pid, _ := m.runningPID(dir)
+		klog.FromContext(ctx).Info("Stopping the MPS daemon of a claim that is not prepared", "uid", e.Name(), "pid", pid)
+		m.stop(ctx, e.Name(), pid)
+		errs = append(errs, os.RemoveAll(dir))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *MPS) restart(ctx context.Context, d *mpsDaemon) error {
+	_, pipe, log := m.dirs(d.claim.UID)
+	for _, dir := range []string{pipe, log} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := m.start(ctx, d); err != nil {
+		return err
+	}
+	return m.configure(ctx, d)
+}
+
+// Run restarts daemons that die, until ctx ends; each restart is reported
+// through OnDaemonRestart.
+func (m *MPS) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		var dead []*mpsDaemon
+		for _, d := range m.daemons {
+			if !m.control.Alive(d.pid) {
+				dead = append(dead, d)
+			}
+		}
+		m.mu.Unlock()
+		for _, d := range dead {
+			klog.FromContext(ctx).Info("MPS daemon died; starting it again", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", d.pid)
+			// A new record, published only once the daemon is configured:
+			// readers never see a half-started daemon.
+			fresh := &mpsDaemon{claim: d.claim, env: d.env, commands: d.commands}
+			err := m.restart(ctx, fresh)
+			if ctx.Err() != nil {
+				return
+			}
+			m.onRestart(d.claim, err)
+			m.mu.Lock()
+			if m.daemons[d.claim.UID] == d { // not unprepared meanwhile
+				m.daemons[d.claim.UID] = fresh
+			} else if fresh.pid > 0 {
+				m.mu.Unlock()
+				m.stop(ctx, d.claim.UID, fresh.pid)
+				continue
+			}
+			m.mu.Unlock()
+		}
+	}
+}
