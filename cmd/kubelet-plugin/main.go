@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"k8s.io/client-go/kubernetes"
@@ -24,10 +25,32 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
+// driverBinary is the flag's value, or the named binary under the driver
+// root when it exists there, or empty.
+func driverBinary(flagValue, driverRoot, name string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	p := filepath.Join(driverRoot, "usr/bin", name)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
+}
+
+func envBool(key string) bool {
+	v, err := strconv.ParseBool(os.Getenv(key))
+	return err == nil && v
+}
+
 type flags struct {
+	fractional                                                            bool
+	mpsControl                                                            string
+	nvidiaSMI                                                             string
 	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
 	backend, machine, procRoot, podUID, metricsAddr                       string
 	qps                                                                   float64
@@ -57,6 +80,9 @@ func main() {
 	flag.StringVar(&f.metricsAddr, "metrics-address", env("METRICS_ADDRESS", ":9477"), "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables (env METRICS_ADDRESS)")
 	flag.Float64Var(&f.qps, "kube-api-qps", 50, "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares")
 	flag.IntVar(&f.burst, "kube-api-burst", 100, "API client burst")
+	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
+	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
+	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -84,6 +110,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	}
 	var backend nvdevice.Interface
 	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
+		FractionalGPUs: f.fractional, MPSControlBinary: driverBinary(f.mpsControl, f.driverRoot, "nvidia-cuda-mps-control"),
 		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":
@@ -93,12 +120,15 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		if pc.Majors, err = plugin.MajorsFromProc(filepath.Join(f.procRoot, "devices")); err != nil {
 			return err
 		}
+		if smi := driverBinary(f.nvidiaSMI, f.driverRoot, "nvidia-smi"); smi != "" {
+			pc.TimeSlicer = sharing.NvidiaSMI{Path: smi}
+		}
 	case "sim":
 		m, err := sim.NewBuiltin(f.machine, f.nodeName)
 		if err != nil {
 			return err
 		}
-		backend, pc.Majors = m, plugin.SimulatedMajors
+		backend, pc.Majors, pc.TimeSlicer = m, plugin.SimulatedMajors, m
 		minors := filepath.Join(f.pluginDataDir, "sim-mig-minors")
 		if err := writeSimMinors(minors, m.Spec().GPUCount); err != nil {
 			return err

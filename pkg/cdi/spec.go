@@ -54,6 +54,15 @@ type Claim struct {
 	Devices []Device
 	// Env is added to every container of the claim (sharing settings).
 	Env map[string]string
+	// Mounts are host directories every container of the claim gets (the
+	// MPS pipe directory, the IPC directory).
+	Mounts []Mount
+}
+
+// Mount is a host directory bind-mounted into the claim's containers.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
 }
 
 // ControlNodes are the nodes every GPU container needs.
@@ -126,6 +135,12 @@ func BuildSpec(c Claim, m Majors) (*cdispec.Spec, error) {
 			Name:           DeviceName(c.UID, d.Name),
 			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes, Env: env},
 		})
+	}
+	// Claim-wide edits apply once, whichever of the claim's devices a
+	// container gets.
+	for _, m := range c.Mounts {
+		spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, &cdispec.Mount{
+			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
 	version, err := cdiapi.MinimumRequiredVersion(spec)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -29,6 +30,10 @@ type Driver struct {
 	cancel context.CancelCauseFunc
 
 	metrics *Metrics
+	// client writes device statuses (shares and their limits).
+	client kubernetes.Interface
+	// fractional publishes whole GPUs as shareable (consumable capacity).
+	fractional bool
 
 	mu     sync.Mutex
 	health map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
@@ -59,6 +64,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			changed = changed || pd.CreatedMig != nil
 		}
 		out[c.UID] = res
+		if rec, ok := d.state.Record(string(c.UID)); ok {
+			if err := writeDeviceStatus(ctx, d.client, slicebuilder.DriverName+"/"+d.pool, c, rec); err != nil {
+				logger.Error(err, "Writing the claim's device status failed", "claim", klog.KObj(c))
+			}
+		}
 	}
 	if changed {
 		d.republish(ctx)
@@ -108,7 +118,7 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
 	}
 	taints := d.taints(inv)
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: taints})
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: taints, FractionalGPUs: d.fractional})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}

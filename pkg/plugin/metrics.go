@@ -19,6 +19,7 @@ type Metrics struct {
 	duration         *prometheus.HistogramVec
 	devicesPublished prometheus.Gauge
 	unhealthyGPUs    prometheus.Gauge
+	mpsRestarts      *prometheus.CounterVec
 }
 
 // NewMetrics registers the plugin's metrics.
@@ -42,9 +43,24 @@ func NewMetrics() *Metrics {
 			Namespace: "gpudra", Subsystem: "plugin", Name: "unhealthy_gpus",
 			Help: "GPUs marked unhealthy (critical XID or lost).",
 		}),
+		mpsRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpudra", Subsystem: "plugin", Name: "mps_daemon_restarts_total",
+			Help: "MPS control daemons found dead and started again, by result (success, error).",
+		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.operations, m.duration, m.devicesPublished, m.unhealthyGPUs)
+	m.Registry.MustRegister(m.operations, m.duration, m.devicesPublished, m.unhealthyGPUs, m.mpsRestarts)
 	return m
+}
+
+func (m *Metrics) mpsRestart(err error) {
+	if m == nil {
+		return
+	}
+	result := "success"
+	if err != nil {
+		result = "error"
+	}
+	m.mpsRestarts.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) observe(op string, start time.Time, err error) {

@@ -23,12 +23,25 @@ type PlannedDevice struct {
 	Mig *PlannedMig
 	// Config is the decoded GpuConfig that applies to the device.
 	Config *gpuapi.GpuConfig
+	// Share is set when the device was allocated as one share of a GPU
+	// that several claims may use (consumable capacity).
+	Share *PlannedShare
+}
+
+// PlannedShare is what the scheduler let a claim consume of a shared GPU.
+type PlannedShare struct {
+	ID              string
+	MemoryBytes     int64
+	Multiprocessors int64
 }
 
 // PlannedMig is a MIG placement to use or create.
 type PlannedMig struct {
 	Profile   string
 	Placement nvdevice.Placement
+	// MemoryMiB and Multiprocessors are the profile's.
+	MemoryMiB       uint64
+	Multiprocessors int
 	// Existing is set when a MIG device already sits at the placement and
 	// the driver did not create it: it is used as it is.
 	Existing *nvdevice.MigDevice
@@ -59,6 +72,15 @@ func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[stri
 			return nil, err
 		}
 		pd.Requests, pd.Config = []string{r.Request}, cfg
+		if r.ShareID != nil {
+			pd.Share = &PlannedShare{ID: string(*r.ShareID), MemoryBytes: int64(pd.GPU.MemoryMiB) << 20}
+			if q, ok := r.ConsumedCapacity[slicebuilder.CapacityMemory]; ok {
+				pd.Share.MemoryBytes = q.Value()
+			}
+			if q, ok := r.ConsumedCapacity[slicebuilder.CapacityMultiprocessors]; ok {
+				pd.Share.Multiprocessors = q.Value()
+			}
+		}
 		if pd.Mig != nil && pd.Mig.Existing != nil && managed[pd.Mig.Existing.UUID] {
 			// Created by us for a claim that was unprepared in between
 			// without cleanup: it is free to take over as if new.
@@ -97,7 +119,7 @@ func deviceIndex(inv *nvdevice.Inventory) map[string]PlannedDevice {
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {
 				name := slicebuilder.MigDeviceName(&g, p.Name, pl.Start)
-				mig := &PlannedMig{Profile: p.Name, Placement: pl}
+				mig := &PlannedMig{Profile: p.Name, Placement: pl, MemoryMiB: p.MemoryMiB, Multiprocessors: p.Engines.Multiprocessors}
 				for i, d := range g.MIG.Devices {
 					if d.Profile == p.Name && d.Placement == pl {
 						mig.Existing = &g.MIG.Devices[i]
@@ -115,6 +137,10 @@ func deviceIndex(inv *nvdevice.Inventory) map[string]PlannedDevice {
 // placements on one GPU.
 func conflicts(a, b PlannedDevice) bool {
 	if a.GPU.UUID != b.GPU.UUID {
+		return false
+	}
+	// Shares of one GPU: the scheduler accounted for their capacity.
+	if a.Share != nil && b.Share != nil && a.Device == b.Device {
 		return false
 	}
 	if a.Mig == nil || b.Mig == nil {

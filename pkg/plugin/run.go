@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -39,6 +41,15 @@ type Config struct {
 	// PodUID enables rolling updates: old and new plugin pods serve side
 	// by side during an upgrade, so a node is never without a plugin.
 	PodUID string
+	// FractionalGPUs publishes whole GPUs with MIG off as shareable
+	// (consumable capacity), each share capped with MPS.
+	FractionalGPUs bool
+	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
+	// refused with a message saying so.
+	MPSControlBinary string
+	// TimeSlicer sets GPU time slices (the simulator, or nvidia-smi);
+	// nil: time-sliced claims are refused.
+	TimeSlicer sharing.TimeSlicer
 }
 
 // Plugin is a running kubelet plugin.
@@ -62,9 +73,13 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err != nil {
 		return nil, err
 	}
+	sharer, err := newSharing(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	state, loaded, err := NewNodeState(ctx, StateOptions{
 		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: cfg.Majors, CapMinors: cfg.CapMinors,
-		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID,
+		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID, Sharing: sharer,
 	})
 	if err != nil {
 		return nil, err
@@ -79,7 +94,8 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if loaded.StaleBoot {
 		logger.Info("Checkpoint was written before a reboot; starting empty")
 	}
-	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics}
+	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
+		client: cfg.Client, fractional: cfg.FractionalGPUs}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -106,12 +122,32 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	go d.watchInventory(ctx)
+	go sharer.MPS().Run(ctx, 2*time.Second)
 	sockets := []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
 	if cfg.PodUID != "" {
 		sockets = []string{filepath.Join(cfg.PluginDataDir, "dra-"+cfg.PodUID+".sock"),
 			filepath.Join(cfg.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(cfg.RegistrarDir, slicebuilder.DriverName, types.UID(cfg.PodUID)))}
 	}
 	return &Plugin{Driver: d, Helper: helper, Sockets: sockets}, nil
+}
+
+// newSharing builds the sharing strategies; an MPS daemon that had to be
+// started again is logged and counted.
+func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
+	logger := klog.FromContext(ctx)
+	opts := sharing.Options{Root: filepath.Join(cfg.PluginDataDir, "sharing"), Policy: cfg.TimeSlicer,
+		OnDaemonRestart: func(c sharing.Claim, err error) {
+			cfg.Metrics.mpsRestart(err)
+			if err != nil {
+				logger.Error(err, "MPS daemon died and could not be started again", "claim", klog.KRef(c.Namespace, c.Name))
+				return
+			}
+			logger.Info("MPS daemon had died and was started again; its clients must reconnect", "claim", klog.KRef(c.Namespace, c.Name))
+		}}
+	if cfg.MPSControlBinary != "" {
+		opts.MPSControl = sharing.ExecMPSControl{Path: cfg.MPSControlBinary}
+	}
+	return sharing.NewManager(opts)
 }
 
 // nodeEvent records an Event on the Node, where an admin looking at the node

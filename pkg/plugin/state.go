@@ -13,6 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // CapMinors resolves the /dev/nvidia-caps minors of a MIG device's GPU
@@ -33,6 +34,9 @@ type StateOptions struct {
 	// CrashAt, when set, is called at every step of prepare and unprepare
 	// that a kill could interrupt; tests panic there to kill the plugin.
 	CrashAt func(step string)
+	// Sharing sets up time-slicing, MPS and IPC directories. Nil: only
+	// exclusive claims can be prepared.
+	Sharing *sharing.Manager
 }
 
 // NodeState prepares and unprepares claims on one node. Every change is
@@ -84,6 +88,17 @@ func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, checkpoin
 			}
 		}
 	}
+	// MPS daemons of prepared claims are adopted (or started again if
+	// they died); those of claims nobody knows are stopped.
+	if opts.Sharing != nil {
+		var prepared []sharing.Claim
+		for uid, c := range s.cp.Claims {
+			prepared = append(prepared, sharingClaim(uid, c))
+		}
+		if err := opts.Sharing.Resume(ctx, prepared); err != nil {
+			klog.FromContext(ctx).Error(err, "Resuming the sharing of prepared claims failed; their prepare will be retried")
+		}
+	}
 	return s, res, nil
 }
 
@@ -96,6 +111,14 @@ func (s *NodeState) Prepared(uid string) ([]checkpoint.PreparedDevice, bool) {
 		return nil, false
 	}
 	return c.Devices, true
+}
+
+// Record returns a prepared claim's checkpoint record.
+func (s *NodeState) Record(uid string) (checkpoint.PreparedClaim, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.cp.Claims[uid]
+	return c, ok && c.State == checkpoint.PrepareCompleted
 }
 
 // ManagedMigDevices are the MIG devices the driver created, for the slice
@@ -132,12 +155,23 @@ func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClai
 	if err := s.checkConflictsLocked(uid, plan, index); err != nil {
 		return nil, err
 	}
+	shareCfg, err := claimSharing(claim.Namespace+"/"+claim.Name, plan)
+	if err != nil {
+		return nil, err
+	}
+	setup := needsSharingSetup(shareCfg, plan)
+	if setup && s.opts.Sharing == nil {
+		return nil, fmt.Errorf("claim %s/%s: this node cannot share GPUs (sharing is not configured)", claim.Namespace, claim.Name)
+	}
 
 	// Phase one: record the intent before a side effect that only the
-	// record can undo (a MIG instance). A CDI spec alone needs no record:
-	// unknown specs are removed at start.
+	// record can undo (a MIG instance, an MPS daemon, a time slice). A CDI
+	// spec alone needs no record: unknown specs are removed at start.
 	record := checkpoint.PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
-	if createsMig(plan) {
+	if setup {
+		record.Sharing = shareCfg
+	}
+	if createsMig(plan) || setup {
 		if err := s.recordLocked(uid, &record, "after-intent"); err != nil {
 			delete(s.cp.Claims, uid)
 			return nil, err
@@ -164,6 +198,7 @@ func (s *NodeState) executeLocked(ctx context.Context, uid string, record *check
 	for _, p := range plan {
 		pd := checkpoint.PreparedDevice{Requests: p.Requests, Pool: s.opts.Pool, Device: p.Device, UUID: p.GPU.UUID,
 			CDIDeviceIDs: []string{cdi.QualifiedName(uid, p.Device)}}
+		describeDevice(&pd, p)
 		nodes := []cdi.DeviceNode{cdi.GPUNode(s.opts.Majors, p.GPU.Minor)}
 		if p.Mig != nil {
 			mig := p.Mig.Existing
@@ -199,6 +234,23 @@ func (s *NodeState) executeLocked(ctx context.Context, uid string, record *check
 		spec.Devices = append(spec.Devices, cdi.Device{Name: p.Device, UUID: pd.UUID, Nodes: nodes})
 		devices = append(devices, pd)
 	}
+	if record.Sharing != nil {
+		// The record names every device before sharing touches them, so
+		// that a kill from here on is undone by the rollback.
+		record.Devices = devices
+		if err := s.recordLocked(uid, record, "before-sharing"); err != nil {
+			return nil, err
+		}
+		edits, err := s.opts.Sharing.Prepare(ctx, sharingClaim(uid, *record))
+		if err != nil {
+			return nil, err
+		}
+		s.crash("after-sharing")
+		spec.Env = edits.Env
+		for _, m := range edits.Mounts {
+			spec.Mounts = append(spec.Mounts, cdi.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath})
+		}
+	}
 	cdiSpec, err := cdi.BuildSpec(spec, s.opts.Majors)
 	if err != nil {
 		return nil, err
@@ -231,6 +283,19 @@ func (s *NodeState) Unprepare(ctx context.Context, uid string) (bool, error) {
 // its CDI spec and forgets it. Every step may be repeated after a kill.
 func (s *NodeState) rollbackLocked(ctx context.Context, uid string) error {
 	c := s.cp.Claims[uid]
+	// Sharing first: an MPS daemon holds the (MIG) devices it serves.
+	if c.Sharing != nil && s.opts.Sharing != nil {
+		var others []sharing.Claim
+		for otherUID, o := range s.cp.Claims {
+			if otherUID != uid {
+				others = append(others, sharingClaim(otherUID, o))
+			}
+		}
+		if err := s.opts.Sharing.Unprepare(ctx, sharingClaim(uid, c), others); err != nil {
+			return err
+		}
+		s.crash("after-sharing-undo")
+	}
 	for _, d := range c.Devices {
 		if m := d.CreatedMig; m != nil {
 			ref, found, err := s.migRefLocked(ctx, m)
@@ -263,6 +328,9 @@ func (s *NodeState) checkConflictsLocked(uid string, plan []PlannedDevice, index
 			prepared, ok := index[od.Device]
 			if !ok {
 				continue
+			}
+			if od.Share != nil {
+				prepared.Share = &PlannedShare{ID: od.Share.ID}
 			}
 			for _, p := range plan {
 				if conflicts(p, prepared) {

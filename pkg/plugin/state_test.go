@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -51,10 +52,16 @@ func (e *env) start() *NodeState {
 	e.t.Helper()
 	w, err := cdi.NewWriter(e.cdiDir)
 	require.NoError(e.t, err)
+	standIn, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	require.NoError(e.t, err)
+	sharer, err := sharing.NewManager(sharing.Options{Root: filepath.Join(e.dir, "sharing"), Policy: e.machine,
+		MPSControl: sharing.ExecMPSControl{Path: standIn}})
+	require.NoError(e.t, err)
 	s, _, err := NewNodeState(context.Background(), StateOptions{
 		Pool: pool, Backend: e.machine, CDI: w, Majors: majors,
 		CapMinors:      MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")),
 		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
+		Sharing: sharer,
 	})
 	require.NoError(e.t, err)
 	return s

@@ -73,12 +73,12 @@ func capacities(memoryMiB uint64, e nvdevice.Engines) map[resourceapi.QualifiedN
 		return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 	}
 	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		"memory":          {Value: mebibytes(memoryMiB)},
-		"multiprocessors": count(e.Multiprocessors),
-		"copyEngines":     count(e.CopyEngines),
-		"decoders":        count(e.Decoders),
-		"encoders":        count(e.Encoders),
-		"jpegEngines":     count(e.JPEGEngines),
-		"ofaEngines":      count(e.OFAEngines),
+		CapacityMemory:          {Value: mebibytes(memoryMiB)},
+		CapacityMultiprocessors: count(e.Multiprocessors),
+		"copyEngines":           count(e.CopyEngines),
+		"decoders":              count(e.Decoders),
+		"encoders":              count(e.Encoders),
+		"jpegEngines":           count(e.JPEGEngines),
+		"ofaEngines":            count(e.OFAEngines),
 	}
 }

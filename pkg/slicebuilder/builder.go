@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
@@ -39,6 +40,11 @@ type Options struct {
 	ManagedMigDevices map[string]bool
 	// Taints are added to the named devices (health).
 	Taints map[string][]resourceapi.DeviceTaint
+	// FractionalGPUs publishes every whole GPU whose MIG mode is off as a
+	// device several claims may share (consumable capacity): each claim
+	// asks for the memory and multiprocessors it wants, the scheduler keeps
+	// the sum within the GPU, and the plugin caps each share with MPS.
+	FractionalGPUs bool
 }
 
 // gpuDevices is what one physical GPU contributes.
@@ -204,6 +210,9 @@ func fullGPUDevice(g *nvdevice.GPU, opts Options) resourceapi.Device {
 	if g.NVLink.FabricClique != "" {
 		attrs["fabricClique"] = str(g.NVLink.FabricClique)
 	}
+	if opts.FractionalGPUs && !g.MIG.Enabled {
+		return fractionalGPUDevice(name, attrs, g, opts)
+	}
 	consumed := gpuCounters(g) // a full GPU takes everything its counter set holds
 	return resourceapi.Device{
 		Name:       name,
@@ -213,6 +222,39 @@ func fullGPUDevice(g *nvdevice.GPU, opts Options) resourceapi.Device {
 			CounterSet: CounterSetName(g), Counters: consumed,
 		}},
 		Taints: opts.Taints[name],
+	}
+}
+
+// fractionalGPUDevice is a whole GPU that several claims may share. Every
+// capacity gets a request policy, because a capacity without one is taken
+// whole by a claim that does not mention it:
+//   - memory: a claim takes what it asks for (at least 1Gi); one that does
+//     not ask takes all of it, so a plain GPU claim still gets a GPU to itself;
+//   - multiprocessors: a claim takes what it asks for, none by default (it
+//     then shares the SMs without a cap);
+//   - engines: not divided (MPS cannot), so nothing is consumed.
+//
+// The device consumes no counters: with MIG off nothing else is carved out
+// of the GPU.
+func fractionalGPUDevice(name string, attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvdevice.GPU, opts Options) resourceapi.Device {
+	caps := capacities(g.MemoryMiB, g.Engines)
+	for key, c := range caps {
+		zero := resource.MustParse("0")
+		policy := &resourceapi.CapacityRequestPolicy{Default: &zero, ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &zero}}
+		if key == CapacityMemory {
+			full, min := c.Value.DeepCopy(), resource.MustParse("1Gi")
+			policy = &resourceapi.CapacityRequestPolicy{Default: &full, ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &min}}
+		}
+		c.RequestPolicy = policy
+		caps[key] = c
+	}
+	attrs["sharing"] = str("fractional")
+	return resourceapi.Device{
+		Name:                     name,
+		Attributes:               attrs,
+		Capacity:                 caps,
+		AllowMultipleAllocations: ptr.To(true),
+		Taints:                   opts.Taints[name],
 	}
 }
 

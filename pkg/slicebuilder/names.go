@@ -4,11 +4,19 @@ import (
 	"fmt"
 	"strings"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
 // DriverName is gpudra's DRA driver name.
 const DriverName = "gpu.gpudra.dev"
+
+// Capacity names that claims request on fractional GPUs.
+const (
+	CapacityMemory          resourceapi.QualifiedName = "memory"
+	CapacityMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+)
 
 // Device types, the value of the "type" attribute.
 const (

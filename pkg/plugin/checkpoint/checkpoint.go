@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 )
 
 // Version is the format this code writes. Older versions are migrated on
@@ -47,6 +49,10 @@ type PreparedClaim struct {
 	Name      string           `json:"name"`
 	State     ClaimState       `json:"state"`
 	Devices   []PreparedDevice `json:"devices"`
+	// Sharing is the claim's sharing configuration, kept so that what it
+	// set up (an MPS daemon, a time slice, an IPC directory) can be found
+	// and undone after a restart. Absent: exclusive.
+	Sharing *gpuapi.Sharing `json:"sharing,omitempty"`
 }
 
 // PreparedDevice is one device prepared for a claim.
@@ -60,6 +66,23 @@ type PreparedDevice struct {
 	// its ids and UUID are not deterministic, so they are kept here to
 	// destroy exactly that instance later.
 	CreatedMig *CreatedMig `json:"createdMig,omitempty"`
+	// GPUUUID is the physical GPU (the parent of a MIG device).
+	GPUUUID string `json:"gpuUUID,omitempty"`
+	// Mig says the device is a MIG device.
+	Mig bool `json:"mig,omitempty"`
+	// MemoryBytes and Multiprocessors are the device's, or its share's.
+	MemoryBytes     int64 `json:"memoryBytes,omitempty"`
+	Multiprocessors int64 `json:"multiprocessors,omitempty"`
+	// Share is set for a consumable-capacity share of a GPU.
+	Share *Share `json:"share,omitempty"`
+}
+
+// Share is what a claim consumes of a GPU that several claims share.
+type Share struct {
+	ID                 string `json:"id"`
+	MemoryBytes        int64  `json:"memoryBytes"`
+	Multiprocessors    int64  `json:"multiprocessors"`
+	GPUMultiprocessors int64  `json:"gpuMultiprocessors"`
 }
 
 // CreatedMig identifies a MIG device the plugin created.

@@ -1,0 +1,118 @@
+package plugin
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/sharing"
+)
+
+// claimSharing is the one sharing configuration of a claim's devices on
+// this node, validated against each device. One MPS daemon or one time slice
+// serves the whole claim, so differing configs are refused by name.
+func claimSharing(claimName string, plan []PlannedDevice) (*gpuapi.Sharing, error) {
+	var out *gpuapi.Sharing
+	var first PlannedDevice
+	for i, p := range plan {
+		cfg := p.Config
+		if cfg == nil {
+			cfg = gpuapi.DefaultConfig()
+		}
+		if err := cfg.ValidateForDevice(gpuapi.DeviceFacts{Name: p.Device, MemoryBytes: plannedMemory(p)}); err != nil {
+			return nil, fmt.Errorf("claim %s: request %s: %w", claimName, strings.Join(p.Requests, ","), err)
+		}
+		s := cfg.Sharing
+		if s == nil {
+			s = &gpuapi.Sharing{Strategy: gpuapi.Exclusive}
+		}
+		if i == 0 {
+			out, first = s, p
+			continue
+		}
+		if !reflect.DeepEqual(out, s) {
+			return nil, fmt.Errorf("claim %s: requests %s and %s have different sharing configs: one claim is shared one way (split it into two claims)",
+				claimName, strings.Join(first.Requests, ","), strings.Join(p.Requests, ","))
+		}
+	}
+	// A share of a GPU is capped with MPS unless the claim chose another
+	// way to share (then the status says the cap is not enforced).
+	for _, p := range plan {
+		if p.Share != nil && out.Strategy == gpuapi.Exclusive {
+			mps := *out
+			mps.Strategy = gpuapi.MPS
+			out = &mps
+			break
+		}
+	}
+	return out, nil
+}
+
+// plannedMemory is what the device offers the claim: the share's memory,
+// the MIG profile's, or the whole GPU's.
+func plannedMemory(p PlannedDevice) int64 {
+	switch {
+	case p.Share != nil:
+		return p.Share.MemoryBytes
+	case p.Mig != nil:
+		return int64(p.Mig.MemoryMiB) << 20
+	default:
+		return int64(p.GPU.MemoryMiB) << 20
+	}
+}
+
+// describeDevice fills the fields of a prepared device that sharing needs
+// to find it again after a restart.
+func describeDevice(pd *checkpoint.PreparedDevice, p PlannedDevice) {
+	pd.GPUUUID, pd.Mig, pd.MemoryBytes = p.GPU.UUID, p.Mig != nil, plannedMemory(p)
+	pd.Multiprocessors = int64(p.GPU.Engines.Multiprocessors)
+	if p.Mig != nil {
+		pd.Multiprocessors = int64(p.Mig.Multiprocessors)
+	}
+	if s := p.Share; s != nil {
+		pd.Share = &checkpoint.Share{ID: s.ID, MemoryBytes: s.MemoryBytes, Multiprocessors: s.Multiprocessors,
+			GPUMultiprocessors: int64(p.GPU.Engines.Multiprocessors)}
+		if s.Multiprocessors > 0 {
+			pd.Multiprocessors = s.Multiprocessors
+		}
+	}
+}
+
+// sharingClaim is a checkpointed claim as the sharing strategies see it.
+func sharingClaim(uid string, c checkpoint.PreparedClaim) sharing.Claim {
+	sc := sharing.Claim{UID: uid, Namespace: c.Namespace, Name: c.Name, Sharing: gpuapi.Sharing{Strategy: gpuapi.Exclusive}}
+	if c.Sharing != nil {
+		sc.Sharing = *c.Sharing
+	}
+	for _, d := range c.Devices {
+		sd := sharing.Device{Name: d.Device, UUID: d.UUID, GPUUUID: d.GPUUUID, Mig: d.Mig,
+			MemoryBytes: d.MemoryBytes, Multiprocessors: d.Multiprocessors}
+		if sd.GPUUUID == "" {
+			sd.GPUUUID = d.UUID
+		}
+		if s := d.Share; s != nil {
+			sd.Share = &sharing.Share{ID: s.ID, MemoryBytes: s.MemoryBytes, Multiprocessors: s.Multiprocessors, GPUMultiprocessors: s.GPUMultiprocessors}
+		}
+		sc.Devices = append(sc.Devices, sd)
+	}
+	return sc
+}
+
+// needsSharingSetup says whether preparing the claim has sharing side
+// effects that the checkpoint must know of first.
+func needsSharingSetup(s *gpuapi.Sharing, plan []PlannedDevice) bool {
+	if s == nil {
+		return false
+	}
+	if s.Strategy != gpuapi.Exclusive && s.Strategy != "" || s.IPC {
+		return true
+	}
+	for _, p := range plan {
+		if p.Share != nil { // a share is capped with MPS
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,123 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
+	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/kubernetes"
+
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// SharingStatus is what the plugin reports in a claim's device status for
+// a shared device: how it is shared, the limits, and, honestly, what is
+// enforced and what is not.
+type SharingStatus struct {
+	Strategy               gpuapi.SharingStrategy `json:"strategy"`
+	ShareID                string                 `json:"shareID,omitempty"`
+	Memory                 string                 `json:"memory,omitempty"`
+	Multiprocessors        int64                  `json:"multiprocessors,omitempty"`
+	PinnedMemoryLimit      string                 `json:"pinnedMemoryLimit,omitempty"`
+	ActiveThreadPercentage int32                  `json:"activeThreadPercentage,omitempty"`
+	// Enforced maps each limit to how it is enforced, or why it is not.
+	Enforced map[string]string `json:"enforced"`
+}
+
+const conditionSharingEnforced = "SharingLimitsEnforced"
+
+// sharingStatuses computes the device statuses of a prepared claim; nil
+// when there is nothing to report (exclusive, not a share).
+func sharingStatuses(c checkpoint.PreparedClaim) []SharingStatus {
+	if c.Sharing == nil {
+		return nil
+	}
+	out := make([]SharingStatus, 0, len(c.Devices))
+	for _, d := range c.Devices {
+		st := SharingStatus{Strategy: c.Sharing.Strategy, Enforced: map[string]string{}}
+		if d.Share != nil {
+			st.ShareID = d.Share.ID
+			st.Memory = resource.NewQuantity(d.Share.MemoryBytes, resource.BinarySI).String()
+			st.Multiprocessors = d.Share.Multiprocessors
+		}
+		switch c.Sharing.Strategy {
+		case gpuapi.MPS:
+			limit := d.MemoryBytes
+			if m := c.Sharing.MPS; m != nil && m.PinnedMemoryLimit != nil {
+				limit = m.PinnedMemoryLimit.Value()
+			}
+			if d.Share != nil || (c.Sharing.MPS != nil && c.Sharing.MPS.PinnedMemoryLimit != nil) {
+				st.PinnedMemoryLimit = resource.NewQuantity(limit, resource.BinarySI).String()
+				st.Enforced["memory"] = "MPS pinned device memory limit: binds clients that connect through this claim's MPS daemon"
+			} else {
+				st.Enforced["memory"] = "not limited: no pinned memory limit was asked for"
+			}
+			if m := c.Sharing.MPS; m != nil && m.ActiveThreadPercentage != nil {
+				st.ActiveThreadPercentage = *m.ActiveThreadPercentage
+			} else if s := d.Share; s != nil && s.GPUMultiprocessors > 0 && s.Multiprocessors > 0 {
+				st.ActiveThreadPercentage = int32(min((s.Multiprocessors*100+s.GPUMultiprocessors-1)/s.GPUMultiprocessors, 100))
+			}
+			if st.ActiveThreadPercentage > 0 {
+				st.Enforced["compute"] = "MPS active thread percentage caps the SMs each client may use"
+			} else {
+				st.Enforced["compute"] = "not limited: clients share all SMs"
+			}
+			st.Enforced["faults"] = "not isolated: a fatal error in one MPS client affects all clients of the daemon"
+		case gpuapi.TimeSlicing:
+			st.Enforced["memory"] = "not enforced: time-slicing has no memory limit"
+			st.Enforced["compute"] = "not enforced: processes take turns; only the time slice length is set"
+			st.Enforced["faults"] = "not isolated"
+		default:
+			st.Enforced["memory"] = "not enforced between the pods that share this claim"
+			st.Enforced["compute"] = "not enforced between the pods that share this claim"
+		}
+		if c.Sharing.IPC {
+			st.Enforced["ipc"] = "every consumer of the claim gets the same directory at " + gpuapi.IPCDirectory
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// writeDeviceStatus applies the claim's device statuses with server-side
+// apply, so that it owns only its own entries.
+func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldManager string, claim *resourceapi.ResourceClaim, c checkpoint.PreparedClaim) error {
+	statuses := sharingStatuses(c)
+	if len(statuses) == 0 || client == nil {
+		return nil
+	}
+	status := resourceapply.ResourceClaimStatus()
+	for i, st := range statuses {
+		d := c.Devices[i]
+		data, err := json.Marshal(st)
+		if err != nil {
+			return err
+		}
+		condStatus, reason := metav1.ConditionTrue, "Enforced"
+		for _, how := range st.Enforced {
+			if len(how) >= 3 && how[:3] == "not" {
+				condStatus, reason = metav1.ConditionFalse, "NotAllEnforced"
+			}
+		}
+		dev := resourceapply.AllocatedDeviceStatus().WithDriver(slicebuilder.DriverName).WithPool(d.Pool).WithDevice(d.Device).
+			WithData(runtime.RawExtension{Raw: data}).
+			WithConditions(metav1apply.Condition().WithType(conditionSharingEnforced).WithStatus(condStatus).WithReason(reason).
+				WithMessage(fmt.Sprintf("%s sharing; see data.enforced", st.Strategy)).WithLastTransitionTime(metav1.Now()).
+				WithObservedGeneration(claim.Generation))
+		if st.ShareID != "" {
+			dev = dev.WithShareID(st.ShareID)
+		}
+		status = status.WithDevices(dev)
+	}
+	apply := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
+	_, err := client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
+	return err
+}

@@ -1,0 +1,27 @@
+package sharing
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNvidiaSMISetTimeSlice(t *testing.T) {
+	dir := t.TempDir()
+	args := filepath.Join(dir, "args")
+	bin := filepath.Join(dir, "nvidia-smi")
+	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\necho \"$@\" > "+args+"\n[ \"$3\" = GPU-bad ] && { echo 'No devices were found' >&2; exit 6; }\nexit 0\n"), 0o755))
+
+	require.NoError(t, NvidiaSMI{Path: bin}.SetTimeSlice(context.Background(), "GPU-1", 3))
+	got, err := os.ReadFile(args)
+	require.NoError(t, err)
+	assert.Equal(t, "compute-policy -i GPU-1 --set-timeslice 3\n", string(got))
+
+	err = NvidiaSMI{Path: bin}.SetTimeSlice(context.Background(), "GPU-bad", 1)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--set-timeslice 1: exit status 6: No devices were found")
+}
