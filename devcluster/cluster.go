@@ -34,6 +34,10 @@ type Options struct {
 	// APIServerFlags are added to kube-apiserver's flags, for example
 	// --authorization-mode=Node,RBAC.
 	APIServerFlags []string
+	// MPSControlBinary is what the nodes' plugins run as
+	// nvidia-cuda-mps-control: hack/fake-nvidia-cuda-mps-control, a
+	// stand-in that records what it is asked. Empty: MPS claims are refused.
+	MPSControlBinary string
 }
 
 // Cluster is a running devcluster.
@@ -52,6 +56,7 @@ type Cluster struct {
 	controllers <-chan struct{}
 	removeDir   bool
 	bootID      string
+	mpsControl  string
 
 	mu    sync.Mutex
 	nodes map[string]*Node
@@ -60,7 +65,8 @@ type Cluster struct {
 
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
-	c = &Cluster{Dir: opts.Dir, tb: &processTB{name: "devcluster"}, nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID())}
+	c = &Cluster{Dir: opts.Dir, tb: &processTB{name: "devcluster"}, nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
+		mpsControl: opts.MPSControlBinary}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
 			return nil, err

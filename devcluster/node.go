@@ -30,6 +30,11 @@ type NodeOptions struct {
 	Machine string
 	// Labels are added to the Node.
 	Labels map[string]string
+	// Taints are set on the Node.
+	Taints []v1.Taint
+	// FractionalGPUs runs the plugin with --fractional-gpus: whole GPUs
+	// with MIG off are shared by several claims (consumable capacity).
+	FractionalGPUs bool
 }
 
 // Node is a simulated GPU node: a Node object, the simulated machine, the
@@ -124,6 +129,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		NodeName: opts.Name, Backend: machine, Client: pluginClient,
 		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		Majors: plugin.SimulatedMajors, CapMinors: plugin.MigMinorsFromFile(minors), BootID: c.bootID,
+		FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl, TimeSlicer: machine,
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
@@ -200,7 +206,7 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error 
 	}
 	// Admission taints a new Node not-ready; no node lifecycle controller
 	// runs here to lift it once the node reports Ready.
-	node.Spec.Taints = nil
+	node.Spec.Taints = opts.Taints
 	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("Node %s taints: %w", opts.Name, err)
 	}
@@ -243,4 +249,13 @@ func (n *Node) WaitForSlices(ctx context.Context) error {
 		}
 		return got == want, nil
 	})
+}
+
+// FractionalNode describes a node whose plugin runs with --fractional-gpus,
+// labelled gpu.gpudra.dev/fractional=true and tainted so that only pods
+// that ask for a share (and tolerate the taint) land there.
+func FractionalNode(name, machine string) NodeOptions {
+	return NodeOptions{Name: name, Machine: machine, FractionalGPUs: true,
+		Labels: map[string]string{"gpu.gpudra.dev/fractional": "true"},
+		Taints: []v1.Taint{{Key: "gpu.gpudra.dev/fractional", Value: "true", Effect: v1.TaintEffectNoSchedule}}}
 }

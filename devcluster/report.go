@@ -32,6 +32,9 @@ type PodReport struct {
 type ClaimReport struct {
 	Name    string
 	Devices []string // request: device
+	// Sharing is what the plugin reported in the claim's device status
+	// (strategy and limits); empty for exclusive claims.
+	Sharing string
 }
 
 // ReportPods describes the pods of a namespace (all namespaces when empty).
@@ -63,6 +66,7 @@ func ReportPods(ctx context.Context, client kubernetes.Interface, namespace stri
 			claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
 			if err == nil && claim.Status.Allocation != nil {
 				cr.Devices = allocatedDevices(claim)
+				cr.Sharing = sharingSummary(claim)
 			}
 			r.Claims = append(r.Claims, cr)
 		}
@@ -77,6 +81,36 @@ func ReportPods(ctx context.Context, client kubernetes.Interface, namespace stri
 	return out, nil
 }
 
+// sharingSummary condenses the plugin's device status: "MPS mem=40Gi sm=50%".
+func sharingSummary(claim *resourceapi.ResourceClaim) string {
+	for _, d := range claim.Status.Devices {
+		if d.Data == nil {
+			continue
+		}
+		var st struct {
+			Strategy               string            `json:"strategy"`
+			PinnedMemoryLimit      string            `json:"pinnedMemoryLimit"`
+			ActiveThreadPercentage int               `json:"activeThreadPercentage"`
+			Enforced               map[string]string `json:"enforced"`
+		}
+		if json.Unmarshal(d.Data.Raw, &st) != nil || st.Strategy == "" {
+			continue
+		}
+		out := st.Strategy
+		if st.PinnedMemoryLimit != "" {
+			out += " mem<=" + st.PinnedMemoryLimit
+		}
+		if st.ActiveThreadPercentage > 0 {
+			out += fmt.Sprintf(" sm<=%d%%", st.ActiveThreadPercentage)
+		}
+		if _, ok := st.Enforced["ipc"]; ok {
+			out += " +ipc"
+		}
+		return out
+	}
+	return ""
+}
+
 func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
 	var devs []string
 	for _, r := range claim.Status.Allocation.Devices.Results {
@@ -89,12 +123,15 @@ func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
 // allocated devices and the GPU UUIDs its containers would see.
 func PrintReport(w io.Writer, reports []PodReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tCONTAINER: GPUs it sees")
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees")
 	for _, r := range reports {
-		claims, devices := []string{}, []string{}
+		claims, devices, sharing := []string{}, []string{}, []string{}
 		for _, c := range r.Claims {
 			claims = append(claims, c.Name)
 			devices = append(devices, strings.Join(c.Devices, ","))
+			if c.Sharing != "" {
+				sharing = append(sharing, c.Sharing)
+			}
 		}
 		var seen []string
 		names := make([]string, 0, len(r.Containers))
@@ -109,8 +146,8 @@ func PrintReport(w io.Writer, reports []PodReport) error {
 		if node == "" {
 			node = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
-			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(seen, "; ")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
+			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(sharing, " ")), orNone(strings.Join(seen, "; ")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

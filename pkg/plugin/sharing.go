@@ -38,9 +38,10 @@ func claimSharing(claimName string, plan []PlannedDevice) (*gpuapi.Sharing, erro
 		}
 	}
 	// A share of a GPU is capped with MPS unless the claim chose another
-	// way to share (then the status says the cap is not enforced).
+	// way to share (then the status says the cap is not enforced). A share
+	// of all the memory leaves nothing to others: exclusive.
 	for _, p := range plan {
-		if p.Share != nil && out.Strategy == gpuapi.Exclusive {
+		if p.Share != nil && p.Share.MemoryBytes < int64(p.GPU.MemoryMiB)<<20 && out.Strategy == gpuapi.Exclusive {
 			mps := *out
 			mps.Strategy = gpuapi.MPS
 			out = &mps
@@ -108,11 +109,6 @@ func needsSharingSetup(s *gpuapi.Sharing, plan []PlannedDevice) bool {
 	}
 	if s.Strategy != gpuapi.Exclusive && s.Strategy != "" || s.IPC {
 		return true
-	}
-	for _, p := range plan {
-		if p.Share != nil { // a share is capped with MPS
-			return true
-		}
 	}
 	return false
 }

@@ -27,6 +27,8 @@ type options struct {
 	kubeconfig string
 	logFile    string
 	keep       bool
+	fractional bool
+	mpsControl string
 	timeout    time.Duration
 }
 
@@ -36,12 +38,15 @@ func (s *stringList) String() string     { return fmt.Sprint(*s) }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // defaultExamples are the feature folders the demo applies, in this order.
-var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-list", "shared-claim", "cel-selector"}
+var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-list", "shared-claim", "cel-selector",
+	"time-slicing", "mps", "fractional"}
 
 func main() {
 	var o options
 	fs := flag.NewFlagSet("devcluster", flag.ExitOnError)
 	fs.IntVar(&o.nodes, "nodes", 2, "simulated GPU nodes")
+	fs.BoolVar(&o.fractional, "fractional-node", true, "add h100-fractional-0: one H100 shared through consumable capacity, tainted gpu.gpudra.dev/fractional")
+	fs.StringVar(&o.mpsControl, "mps-control-binary", "hack/fake-nvidia-cuda-mps-control", "what the plugins run as nvidia-cuda-mps-control (a stand-in that records commands)")
 	fs.StringVar(&o.machine, "machine", "dgx-h100", "simulated machine of every node (builtin name or spec file)")
 	fs.StringVar(&o.examples, "examples", "examples", "the examples directory")
 	fs.Var(&o.only, "example", "an example folder to apply (repeatable; default: all of them)")
@@ -76,7 +81,11 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 	step("starting etcd, kube-apiserver, kube-scheduler and the DRA controllers (logs: %s)", o.logFile)
-	c, err := devcluster.Start(ctx, devcluster.Options{})
+	mpsControl, err := filepath.Abs(o.mpsControl)
+	if err != nil {
+		return err
+	}
+	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl})
 	if err != nil {
 		return err
 	}
@@ -97,6 +106,16 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("node %s: slices not published: %w", name, err)
 		}
 		step("node %s: simulated %s, gpudra kubelet plugin registered and its ResourceSlices published", name, o.machine)
+	}
+	if o.fractional {
+		n, err := c.AddNode(ctx, devcluster.FractionalNode("h100-fractional-0", filepath.Join(o.examples, "machines", "one-h100.yaml")))
+		if err != nil {
+			return err
+		}
+		if err := n.WaitForSlices(ctx); err != nil {
+			return fmt.Errorf("node %s: slices not published: %w", n.Name, err)
+		}
+		step("node %s: one H100 shared through consumable capacity (--fractional-gpus)", n.Name)
 	}
 	if err := c.WriteKubeconfig(o.kubeconfig); err != nil {
 		return err
