@@ -149,15 +149,26 @@ func TestSharedClaimPrimaryAndShadow(t *testing.T) {
 	assert.Len(t, claim.Status.ReservedFor, 2, "both pods are consumers of the claim")
 	assert.Equal(t, views(t, primary)["engine"].VisibleGPUs(), views(t, shadow)["engine"].VisibleGPUs())
 	assert.Len(t, views(t, primary)["engine"].VisibleGPUs(), 1)
+	// The same IPC directory in both, from the claim's sharing.ipc.
+	pv, sv := views(t, primary)["engine"], views(t, shadow)["engine"]
+	require.Len(t, pv.Mounts, 1)
+	assert.True(t, strings.HasSuffix(pv.Mounts[0], ":/var/run/gpudra/ipc"), pv.Mounts[0])
+	assert.Equal(t, pv.Mounts, sv.Mounts)
+	assert.Equal(t, "/var/run/gpudra/ipc", sv.Env["GPUDRA_IPC_DIR"])
+	ipcDir := strings.TrimSuffix(pv.Mounts[0], ":/var/run/gpudra/ipc")
+	assert.DirExists(t, ipcDir)
 
-	// The claim stays prepared while one consumer is left.
+	// The claim stays prepared while one consumer is left, IPC directory
+	// included.
 	ctx := context.Background()
 	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "primary", metav1.DeleteOptions{}))
 	waitPodGone(t, ns, "primary")
 	assert.True(t, hasSpecFor(t, shadow.Spec.NodeName, string(claim.UID)), "unprepared while the shadow still runs")
+	assert.DirExists(t, ipcDir)
 	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "shadow", metav1.DeleteOptions{}))
 	waitPodGone(t, ns, "shadow")
 	assert.False(t, hasSpecFor(t, shadow.Spec.NodeName, string(claim.UID)), "unprepared after the last consumer")
+	assert.NoDirExists(t, ipcDir, "IPC directory removed with the claim")
 }
 
 func TestCELSelector(t *testing.T) {

@@ -186,6 +186,10 @@ func TestAPIServerAcceptsEverySlice(t *testing.T) {
 			res, err := slicebuilder.Build(inv, "dry-run-node", slicebuilder.Options{})
 			require.NoError(t, err)
 			slices := slicebuilder.ResourceSlices(res, "dry-run-node")
+			// And with fractional GPUs (consumable capacity, request policies).
+			fractional, err := slicebuilder.Build(inv, "dry-run-node", slicebuilder.Options{FractionalGPUs: true})
+			require.NoError(t, err)
+			slices = append(slices, slicebuilder.ResourceSlices(fractional, "dry-run-node")...)
 			require.NotEmpty(t, slices)
 			for i := range slices {
 				s := slices[i]

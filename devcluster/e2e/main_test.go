@@ -29,6 +29,9 @@ import (
 
 const examples = "../../examples"
 
+// fractionalNode has one H100 shared through consumable capacity.
+const fractionalNode = "h100-fractional-0"
+
 // cluster is shared by every test: two simulated DGX H100 nodes, as in
 // `make demo`. Each test works in its own namespace.
 var cluster *devcluster.Cluster
@@ -55,14 +58,21 @@ func run(m *testing.M) int {
 
 	ctx := context.Background()
 	start := time.Now()
-	cluster, err = devcluster.Start(ctx, devcluster.Options{})
+	mpsControl, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cluster, err = devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start devcluster:", err, "(log:", logFile+")")
 		return 1
 	}
 	defer cluster.Stop()
-	for i := 0; i < 2; i++ {
-		n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: fmt.Sprintf("dgx-h100-%d", i), Machine: "dgx-h100"})
+	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100"},
+		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml"))}
+	for _, opts := range nodes {
+		n, err := cluster.AddNode(ctx, opts)
 		if err == nil {
 			err = n.WaitForSlices(ctx)
 		}
@@ -75,7 +85,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "device classes:", err)
 		return 1
 	}
-	fmt.Printf("devcluster with 2 simulated DGX H100 nodes ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
+	fmt.Printf("devcluster with 2 simulated DGX H100 nodes and a fractional H100 ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
 	code := m.Run()
 	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
 		_ = os.RemoveAll(logDir)
