@@ -18,6 +18,7 @@ import (
 func newSlicesCommand() *cobra.Command {
 	var b backendFlags
 	var output string
+	var fractional bool
 	cmd := &cobra.Command{
 		Use:   "slices",
 		Short: "Print the ResourceSlices the kubelet plugin would publish for this node",
@@ -33,7 +34,7 @@ The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -
 			if err != nil {
 				return err
 			}
-			res, err := slicebuilder.Build(inv, b.nodeName, slicebuilder.Options{})
+			res, err := slicebuilder.Build(inv, b.nodeName, slicebuilder.Options{FractionalGPUs: fractional})
 			if err != nil {
 				return err
 			}
@@ -46,6 +47,7 @@ The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -
 	}
 	b.register(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (one document per slice), json (a List) or table")
+	cmd.Flags().BoolVar(&fractional, "fractional-gpus", false, "as the plugin does with --fractional-gpus: whole GPUs with MIG off shared through consumable capacity")
 	return cmd
 }
 

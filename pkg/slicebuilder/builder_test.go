@@ -586,3 +586,40 @@ func TestEmptyNode(t *testing.T) {
 	assert.Empty(t, slices[0].Spec.Devices)
 	assert.Equal(t, int64(1), slices[0].Spec.Pool.ResourceSliceCount)
 }
+
+func TestFractionalGPUs(t *testing.T) {
+	_, inv := machine(t, "name: two\ngpuCount: 2\nnvlink: nvswitch\nmigEnabled: [0]\n", "node-a")
+	slices := build(t, inv, "node-a", Options{FractionalGPUs: true})
+	var full0, full1 *resourceapi.Device
+	for _, s := range slices {
+		for i := range s.Spec.Devices {
+			switch s.Spec.Devices[i].Name {
+			case "gpu-0":
+				full0 = &s.Spec.Devices[i]
+			case "gpu-1":
+				full1 = &s.Spec.Devices[i]
+			}
+		}
+	}
+	require.NotNil(t, full0)
+	require.NotNil(t, full1)
+	// GPU 0 has MIG on: published as before, not shareable.
+	assert.Nil(t, full0.AllowMultipleAllocations)
+	assert.NotEmpty(t, full0.ConsumesCounters)
+	// GPU 1 has MIG off: shareable, every capacity with a request policy,
+	// no counters.
+	require.NotNil(t, full1.AllowMultipleAllocations)
+	assert.True(t, *full1.AllowMultipleAllocations)
+	assert.Empty(t, full1.ConsumesCounters)
+	assert.Equal(t, "fractional", *full1.Attributes["sharing"].StringValue)
+	for name, c := range full1.Capacity {
+		require.NotNil(t, c.RequestPolicy, "capacity %s has no request policy: a claim not asking for it would take it all", name)
+		require.NotNil(t, c.RequestPolicy.Default)
+		if name == CapacityMemory {
+			assert.True(t, c.RequestPolicy.Default.Equal(c.Value), "a claim that asks for no memory takes all of it")
+			assert.Equal(t, "1Gi", c.RequestPolicy.ValidRange.Min.String())
+		} else {
+			assert.True(t, c.RequestPolicy.Default.IsZero(), "%s: nothing consumed by default", name)
+		}
+	}
+}
