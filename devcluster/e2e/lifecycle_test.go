@@ -63,9 +63,24 @@ func TestImpossibleRequestStaysPending(t *testing.T) {
 		DeviceClassName: "gpu.gpudra.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 9}},
 		[]resourceapi.DeviceConstraint{{Requests: []string{"gpu"}, MatchAttribute: ptr(resourceapi.FullyQualifiedName("gpu.gpudra.dev/nvlinkDomain"))}}, nil),
 		gpuPod("too-big", "nine"))
+	cond := waitUnschedulable(t, ns, "too-big")
+	assert.Equal(t, v1.PodReasonUnschedulable, cond.Reason)
+	assert.Contains(t, cond.Message, "cannot allocate all claims")
+	// And it stays so.
+	time.Sleep(2 * time.Second)
+	p, err := cluster.Client.CoreV1().Pods(ns).Get(context.Background(), "too-big", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, v1.PodPending, p.Status.Phase)
+	assert.Empty(t, p.Spec.NodeName)
+}
+
+// waitUnschedulable waits for the scheduler to give up on the pod and
+// returns its PodScheduled condition.
+func waitUnschedulable(t *testing.T, ns, name string) v1.PodCondition {
+	t.Helper()
 	var cond v1.PodCondition
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "too-big", metav1.GetOptions{})
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -77,15 +92,8 @@ func TestImpossibleRequestStaysPending(t *testing.T) {
 		}
 		return false, nil
 	})
-	require.NoError(t, err, "the scheduler did not report the pod unschedulable")
-	assert.Equal(t, v1.PodReasonUnschedulable, cond.Reason)
-	assert.Contains(t, cond.Message, "cannot allocate all claims")
-	// And it stays so.
-	time.Sleep(2 * time.Second)
-	p, err := cluster.Client.CoreV1().Pods(ns).Get(context.Background(), "too-big", metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, v1.PodPending, p.Status.Phase)
-	assert.Empty(t, p.Spec.NodeName)
+	require.NoError(t, err, "the scheduler did not report pod %s/%s unschedulable", ns, name)
+	return cond
 }
 
 func TestDeletingAPodUnpreparesItsClaim(t *testing.T) {

@@ -142,21 +142,7 @@ func TestFractionalShares(t *testing.T) {
 	fourth.Spec.NodeSelector = map[string]string{"gpu.gpudra.dev/fractional": "true"}
 	fourth.Spec.Tolerations = []v1.Toleration{{Key: "gpu.gpudra.dev/fractional", Operator: v1.TolerationOpExists, Effect: v1.TaintEffectNoSchedule}}
 	create(t, ns, nil, fourth)
-	var cond v1.PodCondition
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "share-d", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
-				cond = c
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	require.NoError(t, err)
+	cond := waitUnschedulable(t, ns, "share-d")
 	assert.Equal(t, v1.PodReasonUnschedulable, cond.Reason)
 	assert.Contains(t, cond.Message, "cannot allocate all claims")
 

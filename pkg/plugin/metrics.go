@@ -56,22 +56,21 @@ func (m *Metrics) mpsRestart(err error) {
 	if m == nil {
 		return
 	}
-	result := "success"
+	m.mpsRestarts.WithLabelValues(resultLabel(err)).Inc()
+}
+
+func resultLabel(err error) string {
 	if err != nil {
-		result = "error"
+		return "error"
 	}
-	m.mpsRestarts.WithLabelValues(result).Inc()
+	return "success"
 }
 
 func (m *Metrics) observe(op string, start time.Time, err error) {
 	if m == nil {
 		return
 	}
-	result := "success"
-	if err != nil {
-		result = "error"
-	}
-	m.operations.WithLabelValues(op, result).Inc()
+	m.operations.WithLabelValues(op, resultLabel(err)).Inc()
 	m.duration.WithLabelValues(op).Observe(time.Since(start).Seconds())
 }
 
