@@ -13,8 +13,11 @@ BIN := bin
 NVML_PKG := ./pkg/nvdevice/nvml/...
 PURE_PKGS = $(shell $(GO) list ./... | grep -v /pkg/nvdevice/nvml)
 FUZZTIME ?= 100000x
+CHART := deployments/helm/gpudra
+HELM_VERSION := v3.22.0
+HELM := $(abspath $(BIN))/helm
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-e2e lint fmt bench bench-e2e demo devcluster clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e demo devcluster helm clean
 all: build
 
 build:
@@ -23,7 +26,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-kubelet-plugin ./cmd/kubelet-plugin
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint test-unit test-nvml test-fuzz test-e2e
+test: lint test-unit test-nvml test-fuzz test-chart test-e2e
 
 test-unit:
 	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)
@@ -39,9 +42,24 @@ test-fuzz:
 
 # The end-to-end suite: the examples on a real control plane (devcluster).
 # It builds the control plane first, with progress: the first build is long.
-test-e2e: devcluster
+test-e2e: devcluster helm
 	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
-	cd devcluster && CGO_ENABLED=0 $(GO) test -count=1 ./...
+	cd devcluster && HELM=$(HELM) CGO_ENABLED=0 $(GO) test -count=1 ./...
+
+# The Helm chart: lint and render with default and non-default values. The
+# e2e suite installs it into devcluster and checks that wrong values fail.
+test-chart: helm
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/non-default-values.yaml
+	$(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 > /dev/null
+	$(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 -f $(CHART)/ci/non-default-values.yaml > /dev/null
+
+# helm, built from the module proxy (no other download is reachable here).
+helm: $(HELM)
+$(HELM):
+	@mkdir -p $(BIN)
+	@echo "Building helm $(HELM_VERSION) from the Go module proxy (about a minute, once)."
+	GOBIN=$(abspath $(BIN)) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \

@@ -83,6 +83,9 @@ func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapi
 		"--endpoint-reconciler-type=none",
 		// No service-account controller runs, so pods could not be admitted.
 		"--disable-admission-plugins=ServiceAccount",
+		// As kubeadm and every managed cluster set it: GPU node agents
+		// such as the kubelet plugin run privileged.
+		"--allow-privileged=true",
 	}, extraFlags...)
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
 }

@@ -42,6 +42,16 @@ func driverBinary(flagValue, driverRoot, name string) string {
 	return ""
 }
 
+// envNumber is the environment variable's number, or def when it is unset
+// or not a number.
+func envNumber(key string, def float64) float64 {
+	v, err := strconv.ParseFloat(os.Getenv(key), 64)
+	if err != nil {
+		return def
+	}
+	return v
+}
+
 func envBool(key string) bool {
 	v, err := strconv.ParseBool(os.Getenv(key))
 	return err == nil && v
@@ -78,8 +88,8 @@ func main() {
 	flag.StringVar(&f.procRoot, "proc-root", env("PROC_ROOT", "/proc"), "host /proc, for boot id, device majors and MIG minors (env PROC_ROOT)")
 	flag.StringVar(&f.podUID, "pod-uid", env("POD_UID", ""), "this pod's UID, from the downward API: enables rolling updates (env POD_UID)")
 	flag.StringVar(&f.metricsAddr, "metrics-address", env("METRICS_ADDRESS", ":9477"), "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables (env METRICS_ADDRESS)")
-	flag.Float64Var(&f.qps, "kube-api-qps", 50, "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares")
-	flag.IntVar(&f.burst, "kube-api-burst", 100, "API client burst")
+	flag.Float64Var(&f.qps, "kube-api-qps", envNumber("KUBE_API_QPS", 50.0), "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares (env KUBE_API_QPS)")
+	flag.IntVar(&f.burst, "kube-api-burst", int(envNumber("KUBE_API_BURST", 100.0)), "API client burst (env KUBE_API_BURST)")
 	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
 	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
 	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")

@@ -63,7 +63,9 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cluster, err = devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl})
+	// Node,RBAC: the chart's RBAC and admission policy are tested for real.
+	cluster, err = devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl,
+		APIServerFlags: []string{"--authorization-mode=Node,RBAC"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start devcluster:", err, "(log:", logFile+")")
 		return 1
