@@ -28,7 +28,9 @@ func TestExtendedResourceServedByDRA(t *testing.T) {
 	}
 	_, err := cluster.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{})
 	require.NoError(t, err)
-	defer func() { _ = cluster.Client.ResourceV1().DeviceClasses().Delete(ctx, class.Name, metav1.DeleteOptions{}) }()
+	defer func() {
+		_ = cluster.Client.ResourceV1().DeviceClasses().Delete(ctx, class.Name, metav1.DeleteOptions{})
+	}()
 
 	ns := namespace(t)
 	pod := &v1.Pod{
