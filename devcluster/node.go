@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -32,6 +33,9 @@ type NodeOptions struct {
 	Labels map[string]string
 	// Taints are set on the Node.
 	Taints []v1.Taint
+	// UnhealthyTaintEffect is the plugin's --unhealthy-taint-effect
+	// (default NoSchedule).
+	UnhealthyTaintEffect resourceapi.DeviceTaintEffect
 	// FractionalGPUs runs the plugin with --fractional-gpus: whole GPUs
 	// with MIG off are shared by several claims (consumable capacity).
 	FractionalGPUs bool
@@ -130,6 +134,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		Majors: plugin.SimulatedMajors, CapMinors: plugin.MigMinorsFromFile(minors), BootID: c.bootID,
 		FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl, TimeSlicer: machine,
+		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"syscall"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -58,6 +59,7 @@ func envBool(key string) bool {
 }
 
 type flags struct {
+	taintEffect                                                           string
 	fractional                                                            bool
 	mpsControl                                                            string
 	nvidiaSMI                                                             string
@@ -93,6 +95,7 @@ func main() {
 	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
 	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
 	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")
+	flag.StringVar(&f.taintEffect, "unhealthy-taint-effect", env("UNHEALTHY_TAINT_EFFECT", "NoSchedule"), "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them (env UNHEALTHY_TAINT_EFFECT)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -109,6 +112,10 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (env NODE_NAME) is required")
 	}
+	effect := resourceapi.DeviceTaintEffect(f.taintEffect)
+	if effect != resourceapi.DeviceTaintEffectNoSchedule && effect != resourceapi.DeviceTaintEffectNoExecute {
+		return fmt.Errorf("--unhealthy-taint-effect: %q is not NoSchedule or NoExecute", f.taintEffect)
+	}
 	cfg, err := clientConfig(f.kubeconfig)
 	if err != nil {
 		return err
@@ -120,7 +127,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	}
 	var backend nvdevice.Interface
 	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
-		FractionalGPUs: f.fractional, MPSControlBinary: driverBinary(f.mpsControl, f.driverRoot, "nvidia-cuda-mps-control"),
+		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: driverBinary(f.mpsControl, f.driverRoot, "nvidia-cuda-mps-control"),
 		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":

@@ -35,8 +35,14 @@ type Driver struct {
 	// fractional publishes whole GPUs as shareable (consumable capacity).
 	fractional bool
 
-	mu     sync.Mutex
-	health map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
+	// taintEffect is the effect of the taint on an unhealthy GPU's devices:
+	// NoSchedule (default) keeps new claims off; NoExecute also evicts the
+	// pods using them (the device-taint eviction controller does).
+	taintEffect resourceapi.DeviceTaintEffect
+
+	mu      sync.Mutex
+	health  map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
+	changed chan struct{}                   // closed on a health change
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)

@@ -39,6 +39,48 @@ func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 	return false // application XIDs do not make a device unhealthy
 }
 
+// healthChanged is closed (and replaced) whenever the health of a GPU
+// changes, to wake the kubelet's health streams.
+func (d *Driver) healthChanged() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.changed == nil {
+		d.changed = make(chan struct{})
+	}
+	return d.changed
+}
+
+func (d *Driver) notifyHealthChanged() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.changed != nil {
+		close(d.changed)
+	}
+	d.changed = make(chan struct{})
+}
+
+// watchHealth follows the GPUs' health for the plugin's lifetime: a GPU
+// that turns unhealthy gets its devices tainted in the published slices
+// (whether or not the kubelet asks for health reports), and untainted when
+// it recovers.
+func (d *Driver) watchHealth(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	events, err := d.backend.WatchHealth(ctx)
+	if err != nil {
+		return fmt.Errorf("watch GPU health: %w", err)
+	}
+	go func() {
+		for ev := range events {
+			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical())
+			if d.observe(ev) {
+				d.republish(ctx)
+				d.notifyHealthChanged()
+			}
+		}
+	}()
+	return nil
+}
+
 // taints are the device taints of unhealthy GPUs: the full GPU and every MIG
 // device on it.
 func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.DeviceTaint {
@@ -50,7 +92,11 @@ func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.Device
 		if !bad {
 			continue
 		}
-		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		effect := d.taintEffect
+		if effect == "" {
+			effect = resourceapi.DeviceTaintEffectNoSchedule
+		}
+		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: effect}}
 		out[slicebuilder.GPUDeviceName(&g)] = taint
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {
@@ -90,14 +136,10 @@ func (d *Driver) report(ctx context.Context) (kubeletplugin.DeviceHealthReport, 
 	return rep, nil
 }
 
-// WatchHealthStatus sends a full report at once, again on every health
-// change (and republishes the slices with taints), and every 10 s.
+// WatchHealthStatus sends the kubelet a full report at once, again on every
+// health change, and every 10 s.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	logger := klog.FromContext(ctx)
-	events, err := d.backend.WatchHealth(ctx)
-	if err != nil {
-		return fmt.Errorf("watch GPU health: %w", err)
-	}
 	send := func() error {
 		rep, err := d.report(ctx)
 		if err != nil {
@@ -113,28 +155,16 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 	ticker := time.NewTicker(healthResend)
 	defer ticker.Stop()
-	if send() != nil {
-		return nil
-	}
 	for {
+		changed := d.healthChanged()
+		if send() != nil {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-events:
-			if !ok {
-				return nil
-			}
-			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical())
-			if d.observe(ev) {
-				d.republish(ctx)
-				if send() != nil {
-					return nil
-				}
-			}
+		case <-changed:
 		case <-ticker.C:
-			if send() != nil {
-				return nil
-			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
 
@@ -17,6 +18,7 @@ func TestHealthReportsAndTaints(t *testing.T) {
 	d.publish = func(context.Context) error { published <- struct{}{}; return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	require.NoError(t, d.watchHealth(ctx))
 	reports := make(chan kubeletplugin.DeviceHealthReport)
 	done := make(chan error)
 	go func() { done <- d.WatchHealthStatus(ctx, reports) }()
@@ -57,6 +59,7 @@ func TestHealthReportsAndTaints(t *testing.T) {
 			if len(dev.Taints) > 0 {
 				tainted++
 				assert.Equal(t, UnhealthyTaintKey, dev.Taints[0].Key)
+				assert.Equal(t, resourceapi.DeviceTaintEffectNoSchedule, dev.Taints[0].Effect, "NoSchedule unless configured")
 			}
 		}
 	}
@@ -73,4 +76,35 @@ func TestHealthReportsAndTaints(t *testing.T) {
 	}
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// Without any kubelet health stream, an unhealthy GPU is still tainted in
+// the published slices, with the configured effect.
+func TestHealthTaintsWithoutAHealthStream(t *testing.T) {
+	e := newEnv(t)
+	d := &Driver{state: e.start(), backend: e.machine, pool: pool, taintEffect: resourceapi.DeviceTaintEffectNoExecute}
+	published := make(chan struct{}, 10)
+	d.publish = func(context.Context) error { published <- struct{}{}; return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, d.watchHealth(ctx))
+	inv, err := e.machine.Inventory(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.machine.InjectXID(inv.GPUs[2].UUID, "", 48)) // double-bit ECC error
+	select {
+	case <-published:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not republished after a critical XID")
+	}
+	res, _, err := d.Resources(ctx)
+	require.NoError(t, err)
+	for _, s := range res.Pools[pool].Slices {
+		for _, dev := range s.Devices {
+			if dev.Name == "gpu-2" {
+				require.Len(t, dev.Taints, 1)
+				assert.Equal(t, resourceapi.DeviceTaintEffectNoExecute, dev.Taints[0].Effect)
+				assert.Equal(t, "xid-48", dev.Taints[0].Value)
+			}
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -50,6 +51,9 @@ type Config struct {
 	// TimeSlicer sets GPU time slices (the simulator, or nvidia-smi);
 	// nil: time-sliced claims are refused.
 	TimeSlicer sharing.TimeSlicer
+	// UnhealthyTaintEffect is NoSchedule (default) or NoExecute (pods on an
+	// unhealthy GPU are evicted).
+	UnhealthyTaintEffect resourceapi.DeviceTaintEffect
 }
 
 // Plugin is a running kubelet plugin.
@@ -95,7 +99,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		logger.Info("Checkpoint was written before a reboot; starting empty")
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs}
+		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -120,6 +124,10 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err := d.publish(ctx); err != nil {
 		helper.Stop()
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	if err := d.watchHealth(ctx); err != nil {
+		helper.Stop()
+		return nil, err
 	}
 	go d.watchInventory(ctx)
 	go sharer.MPS().Run(ctx, 2*time.Second)
