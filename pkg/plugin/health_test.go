@@ -38,7 +38,7 @@ func TestHealthReportsAndTaints(t *testing.T) {
 		}
 	}
 	first := next()
-	require.Len(t, first, 208, "the first report covers every device")
+	require.Len(t, first, 2*26+6, "the first report covers every device: 2 GPUs in MIG mode with 25 placements each, 6 without")
 	assert.Equal(t, kubeletplugin.HealthStatusHealthy, first["gpu-1"].Health)
 
 	inv, _ := e.machine.Inventory(ctx)

@@ -37,7 +37,7 @@ func TestMetricsAndLiveness(t *testing.T) {
 	assert.Contains(t, body, `gpudra_plugin_claim_operations_total{operation="prepare",result="success"} 1`)
 	assert.Contains(t, body, `gpudra_plugin_claim_operations_total{operation="prepare",result="error"} 1`)
 	assert.Contains(t, body, `gpudra_plugin_claim_operation_duration_seconds_count{operation="prepare"} 2`)
-	assert.Contains(t, body, "gpudra_plugin_devices_published 208")
+	assert.Contains(t, body, "gpudra_plugin_devices_published 58")
 
 	p.Stop()
 	code, body = get(t, h, "/healthz")

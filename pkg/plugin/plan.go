@@ -42,6 +42,7 @@ type PlannedMig struct {
 	// MemoryMiB and Multiprocessors are the profile's.
 	MemoryMiB       uint64
 	Multiprocessors int
+	computeSlices   int
 	// Existing is set when a MIG device already sits at the placement and
 	// the driver did not create it: it is used as it is.
 	Existing *nvdevice.MigDevice
@@ -115,7 +116,13 @@ func configFor(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllo
 func deviceIndex(inv *nvdevice.Inventory) map[string]PlannedDevice {
 	out := map[string]PlannedDevice{}
 	for _, g := range inv.GPUs {
-		out[slicebuilder.GPUDeviceName(&g)] = PlannedDevice{Device: slicebuilder.GPUDeviceName(&g), GPU: g}
+		full := PlannedDevice{Device: slicebuilder.GPUDeviceName(&g), GPU: g}
+		if g.MIG.Enabled {
+			// In MIG mode CUDA sees no GPU without an instance: the whole
+			// GPU is served as the instance that spans it (7g.80gb).
+			full.Mig = wholeGPUInstance(&g)
+		}
+		out[full.Device] = full
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {
 				name := slicebuilder.MigDeviceName(&g, p.Name, pl.Start)
@@ -130,6 +137,31 @@ func deviceIndex(inv *nvdevice.Inventory) map[string]PlannedDevice {
 		}
 	}
 	return out
+}
+
+// wholeGPUInstance is the MIG placement that spans a GPU (placement 0 over
+// all memory slices, the largest profile), with an existing device there.
+func wholeGPUInstance(g *nvdevice.GPU) *PlannedMig {
+	var best *PlannedMig
+	for _, p := range g.MIG.Profiles {
+		for _, pl := range p.Placements {
+			if pl.Start != 0 || pl.Size != nvdevice.MemorySlices {
+				continue
+			}
+			if best == nil || p.ComputeSlices > best.computeSlices {
+				best = &PlannedMig{Profile: p.Name, Placement: pl, MemoryMiB: p.MemoryMiB, Multiprocessors: p.Engines.Multiprocessors, computeSlices: p.ComputeSlices}
+			}
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	for i, d := range g.MIG.Devices {
+		if d.Profile == best.Profile && d.Placement == best.Placement {
+			best.Existing = &g.MIG.Devices[i]
+		}
+	}
+	return best
 }
 
 // conflicts says whether two devices cannot be prepared for two claims at

@@ -76,10 +76,10 @@ func TestPrepareMPSAndTimeSlicing(t *testing.T) {
 func TestSharingConfigRefused(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	c := claim("u1", []string{"gpu-0"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"96Gi"}}}`)
+	c := claim("u1", []string{"gpu-6"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"96Gi"}}}`)
 	_, err := s.Prepare(context.Background(), c)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `claim ns/claim-u1: request gpu: invalid GpuConfig: sharing.mps.pinnedMemoryLimit: Invalid value: "96Gi": exceeds the memory of device gpu-0 (81559Mi)`)
+	assert.Contains(t, err.Error(), `claim ns/claim-u1: request gpu: invalid GpuConfig: sharing.mps.pinnedMemoryLimit: Invalid value: "96Gi": exceeds the memory of device gpu-6 (81559Mi)`)
 	assert.Empty(t, e.cdiSpecs())
 	assert.Empty(t, e.daemonPIDs())
 }

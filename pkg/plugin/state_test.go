@@ -36,8 +36,14 @@ type env struct {
 	crashAt func(string)
 }
 
+// testMachine is a DGX H100 with MIG mode on GPUs 0 and 1 only: MIG
+// placements there, plain whole GPUs on 2 to 7.
+const testMachine = "name: dgx-h100-mig01\ngpuModel: h100-sxm5\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: [0, 1]\n"
+
 func newEnv(t testing.TB) *env {
-	m, err := sim.NewBuiltin("dgx-h100", pool)
+	spec, err := sim.ParseSpec([]byte(testMachine))
+	require.NoError(t, err)
+	m, err := sim.New(spec, pool)
 	require.NoError(t, err)
 	dir := t.TempDir()
 	f, err := os.Create(filepath.Join(dir, "mig-minors"))
@@ -186,7 +192,7 @@ func TestDoubleUseRefused(t *testing.T) {
 	require.ErrorContains(t, err, "device gpu-1-mig-1g-10gb-2 is unavailable: gpu-1-mig-3g-40gb-0 is prepared for claim ns/claim-u3")
 	_, err = s.Prepare(context.Background(), claim("u5", []string{"gpu-1-mig-3g-40gb-4"}))
 	require.NoError(t, err, "a placement that does not overlap is fine")
-	assert.Len(t, e.migDevices(), 2)
+	assert.Len(t, e.migDevices(), 3, "the whole GPU 0 (in MIG mode, served as 7g.80gb) and the two 3g.40gb")
 }
 
 func TestBadInput(t *testing.T) {
@@ -289,4 +295,29 @@ func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
 	assert.False(t, ok)
 	_, err := restarted.Prepare(context.Background(), claim("u1", []string{"gpu-2"}))
 	require.NoError(t, err)
+}
+
+// A whole GPU in MIG mode is useless to CUDA as /dev/nvidia<N> alone: it is
+// served as the instance that spans it, created at prepare and destroyed at
+// unprepare.
+func TestPrepareWholeGPUInMIGMode(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}))
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	migs := e.migDevices()
+	require.Len(t, migs, 1)
+	assert.Equal(t, "7g.80gb", migs[0].Profile)
+	assert.Equal(t, nvdevice.Placement{Start: 0, Size: 8}, migs[0].Placement)
+	assert.Equal(t, migs[0].UUID, devs[0].UUID, "the container sees the instance")
+	assert.Equal(t, "gpu-0", devs[0].Device, "still the device the scheduler allocated")
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
+	assert.Contains(t, spec.Process.Env, "NVIDIA_VISIBLE_DEVICES="+migs[0].UUID)
+	assert.Len(t, spec.Linux.Devices, 6, "control nodes, the GPU and two capability nodes")
+
+	destroyed, err := s.Unprepare(context.Background(), "u1")
+	require.NoError(t, err)
+	assert.True(t, destroyed)
+	assert.Empty(t, e.migDevices())
 }

@@ -22,7 +22,7 @@ func TestRepublishOnOutsideChanges(t *testing.T) {
 	assert.Equal(t, 0, published, "nothing changed")
 
 	inv, _ := e.machine.Inventory(ctx)
-	_, err := e.machine.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[5].UUID, Profile: "4g.40gb", Start: 0})
+	_, err := e.machine.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "4g.40gb", Start: 0})
 	require.NoError(t, err)
 	d.checkInventory(ctx, &last)
 	assert.Equal(t, 1, published, "a MIG device made with nvidia-smi is noticed")
@@ -34,8 +34,8 @@ func TestRepublishOnOutsideChanges(t *testing.T) {
 			names[dev.Name] = true
 		}
 	}
-	assert.False(t, names["gpu-5"], "the full GPU under a foreign MIG device is withdrawn")
-	assert.True(t, names["gpu-5-mig-4g-40gb-0"])
+	assert.False(t, names["gpu-0"], "the full GPU under a foreign MIG device is withdrawn")
+	assert.True(t, names["gpu-0-mig-4g-40gb-0"])
 
 	require.NoError(t, e.machine.LoseGPU(inv.GPUs[6].UUID))
 	d.checkInventory(ctx, &last)

@@ -39,7 +39,7 @@ func (t *timeSlicing) Prepare(ctx context.Context, c Claim) (Edits, error) {
 	}
 	for _, d := range c.Devices {
 		if d.Mig {
-			return Edits{}, fmt.Errorf("device %s is a MIG device: time-slicing applies to whole GPUs (processes on one MIG device already take turns)", d.Name)
+			return Edits{}, fmt.Errorf("device %s is a MIG device (or a whole GPU in MIG mode, served as its largest instance): time-slicing applies to GPUs in MIG mode off (processes on one MIG device already take turns)", d.Name)
 		}
 	}
 	interval := gpuapi.DefaultTimeSlice

@@ -264,9 +264,12 @@ func TestAllocatorNVLink(t *testing.T) {
 		ask      ask
 		wantFits bool
 	}{
-		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, true},
-		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 8, sameNVLink: true}, true},
-		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 9, sameNVLink: true}, false},
+		{"dgx-h100-nomig", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, true},
+		{"dgx-h100-nomig", ask{class: "gpu.gpudra.dev", count: 8, sameNVLink: true}, true},
+		{"dgx-h100-nomig", ask{class: "gpu.gpudra.dev", count: 9, sameNVLink: true}, false},
+		// GPUs in MIG mode have no NVLink peer-to-peer: no domain to match.
+		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, false},
+		{"dgx-h100", ask{class: "gpu.gpudra.dev", count: 2}, true},
 		{"h100-nvlink-fabric", ask{class: "gpu.gpudra.dev", count: 4, sameNVLink: true}, true},
 		// PCIe GPUs have no NVLink domain to match.
 		{"h100-pcie", ask{class: "gpu.gpudra.dev", count: 2, sameNVLink: true}, false},

@@ -204,10 +204,12 @@ func fullGPUDevice(g *nvdevice.GPU, opts Options) resourceapi.Device {
 	attrs := commonAttributes(g)
 	attrs["type"] = str(TypeGPU)
 	attrs["uuid"] = str(g.UUID)
-	if g.NVLink.Domain != "" {
+	// A GPU in MIG mode has no NVLink peer-to-peer (h100.md), so it is in
+	// no NVLink domain: a claim for GPUs on one domain must not get it.
+	if g.NVLink.Domain != "" && !g.MIG.Enabled {
 		attrs["nvlinkDomain"] = str(g.NVLink.Domain)
 	}
-	if g.NVLink.FabricClique != "" {
+	if g.NVLink.FabricClique != "" && !g.MIG.Enabled {
 		attrs["fabricClique"] = str(g.NVLink.FabricClique)
 	}
 	if opts.FractionalGPUs && !g.MIG.Enabled {

@@ -87,7 +87,7 @@ func TestDevicesPerGPU(t *testing.T) {
 		{"dgx-h100", 8, true, 208},
 		{"dgx-h100-nomig", 8, false, 8},
 		{"h100-pcie", 2, true, 52},
-		{"h100-nvlink-fabric", 8, true, 208},
+		{"h100-nvlink-fabric", 8, false, 8},
 		{oneGPUMig, 1, true, 26},
 		{"name: partly\ngpuCount: 2\nmigEnabled: [1]\n", 2, false, 1 + 26}, // GPU 0 without MIG, GPU 1 with it
 	}
@@ -318,10 +318,13 @@ func TestSliceLimits(t *testing.T) {
 }
 
 func TestFullGPUAttributes(t *testing.T) {
-	_, inv := machine(t, "dgx-h100", "node-a")
+	_, inv := machine(t, "dgx-h100-nomig", "node-a")
 	byName := devicesByName(build(t, inv, "node-a", Options{}))
 	domain := strAttr(byName["gpu-0"], "nvlinkDomain")
 	require.NotEmpty(t, domain, "a DGX H100 GPU is in an NVLink domain")
+	_, migInv := machine(t, "dgx-h100", "node-a")
+	assert.Empty(t, strAttr(devicesByName(build(t, migInv, "node-a", Options{}))["gpu-0"], "nvlinkDomain"),
+		"... unless it is in MIG mode: no NVLink peer-to-peer then")
 
 	for i := 0; i < 8; i++ {
 		g := inv.GPUs[i]
@@ -411,9 +414,9 @@ func TestMachineVariants(t *testing.T) {
 		wantClique  bool // ... which is the fabric clique "<uuid>.1"
 		wantMig     bool
 	}{
-		{"dgx-h100", "NVIDIA H100 80GB HBM3", 208, true, false, true},
+		{"dgx-h100", "NVIDIA H100 80GB HBM3", 208, false, false, true}, // MIG mode: no NVLink P2P
 		{"h100-pcie", "NVIDIA H100 PCIe", 52, false, false, true},
-		{"h100-nvlink-fabric", "NVIDIA H100 80GB HBM3", 208, true, true, true},
+		{"h100-nvlink-fabric", "NVIDIA H100 80GB HBM3", 8, true, true, false},
 		{"dgx-h100-nomig", "NVIDIA H100 80GB HBM3", 8, true, false, false},
 	}
 	for _, tc := range tests {

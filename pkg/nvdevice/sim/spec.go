@@ -120,9 +120,10 @@ var builtins = map[string]MachineSpec{
 	"h100-pcie": {Name: "h100-pcie", GPUModel: ModelH100PCIe, GPUCount: 2, NVLink: NVLinkNone,
 		MigEnabled: MigEnabledSpec{All: true}},
 	// An H100 node in a multi-node NVLink fabric (NVLink Switch System):
-	// a non-zero fabric cluster UUID and clique id.
+	// a non-zero fabric cluster UUID and clique id. MIG is off: GPUs in MIG
+	// mode have no NVLink peer-to-peer, which is what such a node is for.
 	"h100-nvlink-fabric": {Name: "h100-nvlink-fabric", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch,
-		MigEnabled: MigEnabledSpec{All: true}, Fabric: &FabricSpec{ClusterUUID: defaultClusterUUID, CliqueID: 1}},
+		Fabric: &FabricSpec{ClusterUUID: defaultClusterUUID, CliqueID: 1}},
 }
 
 // BuiltinMachines lists the names of the built-in machines.
