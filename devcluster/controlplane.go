@@ -127,6 +127,11 @@ func startControllers(ctx context.Context, cfg *restclient.Config) (<-chan struc
 		// create claims and slices in any order.
 		scheduler.WithPodInitialBackoffSeconds(1),
 		scheduler.WithPodMaxBackoffSeconds(2),
+		// A pod found unschedulable waits for a cluster event, or at most
+		// this long (5 minutes by default). Seen here: a consumable-capacity
+		// share judged not to fit while other shares of the GPU were in
+		// flight, then never requeued within the demo's timeout.
+		scheduler.WithPodMaxInUnschedulablePodsDuration(5*time.Second),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("create scheduler: %w", err)

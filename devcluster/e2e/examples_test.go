@@ -38,6 +38,29 @@ func assertSeesExactly(t *testing.T, pod *v1.Pod, container string, uuids []stri
 	assert.ElementsMatch(t, want, gpuNodes, "GPU device nodes of %s", container)
 }
 
+// seenUUID is what a container is given for a whole GPU: the GPU's UUID,
+// or, for a GPU in MIG mode, the UUID of the instance that spans it.
+func seenUUID(t *testing.T, node string, dev resourceapi.Device) string {
+	t.Helper()
+	if attr(dev, "migEnabled") != "true" {
+		return attr(dev, "uuid")
+	}
+	inv, err := cluster.Node(node).Machine.Inventory(context.Background())
+	require.NoError(t, err)
+	for _, g := range inv.GPUs {
+		if g.UUID != attr(dev, "uuid") {
+			continue
+		}
+		for _, m := range g.MIG.Devices {
+			if m.Placement.Start == 0 && m.Placement.Size == 8 {
+				return m.UUID
+			}
+		}
+	}
+	t.Fatalf("GPU %s is in MIG mode but has no instance spanning it", attr(dev, "uuid"))
+	return ""
+}
+
 func TestSingleGPU(t *testing.T) {
 	ns := namespace(t)
 	apply(t, ns, filepath.Join(examples, "single-gpu"))
@@ -51,7 +74,7 @@ func TestSingleGPU(t *testing.T) {
 	dev := device(t, r.Pool, r.Device)
 	assert.Equal(t, "gpu", attr(dev, "type"))
 	assert.Equal(t, "gpu-"+attr(dev, "minor"), r.Device)
-	assertSeesExactly(t, pod, "cuda", []string{attr(dev, "uuid")}, []string{attr(dev, "minor")})
+	assertSeesExactly(t, pod, "cuda", []string{seenUUID(t, pod.Spec.NodeName, dev)}, []string{attr(dev, "minor")})
 	assert.True(t, hasSpecFor(t, pod.Spec.NodeName, string(claim.UID)), "CDI spec for the claim")
 }
 
@@ -136,7 +159,7 @@ func TestPrioritizedList(t *testing.T) {
 	assert.Equal(t, "gpu/full", results[0].Request)
 	dev := device(t, results[0].Pool, results[0].Device)
 	assert.Equal(t, "gpu", attr(dev, "type"))
-	assertSeesExactly(t, pod, "inference", []string{attr(dev, "uuid")}, []string{attr(dev, "minor")})
+	assertSeesExactly(t, pod, "inference", []string{seenUUID(t, pod.Spec.NodeName, dev)}, []string{attr(dev, "minor")})
 }
 
 func TestSharedClaimPrimaryAndShadow(t *testing.T) {

@@ -71,7 +71,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer cluster.Stop()
-	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100"},
+	// As in the demo: one DGX H100 in MIG mode, one with MIG off.
+	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig"},
 		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml"))}
 	for _, opts := range nodes {
 		n, err := cluster.AddNode(ctx, opts)

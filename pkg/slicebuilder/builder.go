@@ -204,6 +204,9 @@ func fullGPUDevice(g *nvdevice.GPU, opts Options) resourceapi.Device {
 	attrs := commonAttributes(g)
 	attrs["type"] = str(TypeGPU)
 	attrs["uuid"] = str(g.UUID)
+	// In MIG mode the whole GPU is served as its largest MIG instance:
+	// claims that need the GPU itself (time-slicing, NVLink) select on it.
+	attrs["migEnabled"] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIG.Enabled)}
 	// A GPU in MIG mode has no NVLink peer-to-peer (h100.md), so it is in
 	// no NVLink domain: a claim for GPUs on one domain must not get it.
 	if g.NVLink.Domain != "" && !g.MIG.Enabled {

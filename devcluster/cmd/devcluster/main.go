@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,8 +20,7 @@ import (
 )
 
 type options struct {
-	nodes      int
-	machine    string
+	machines   string
 	examples   string
 	only       stringList
 	namespace  string
@@ -44,10 +44,9 @@ var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-
 func main() {
 	var o options
 	fs := flag.NewFlagSet("devcluster", flag.ExitOnError)
-	fs.IntVar(&o.nodes, "nodes", 2, "simulated GPU nodes")
+	fs.StringVar(&o.machines, "machines", "dgx-h100,dgx-h100-nomig", "one simulated GPU node per entry: a builtin machine (dgx-h100 has MIG mode on, dgx-h100-nomig off, h100-pcie, h100-nvlink-fabric) or a spec file; nodes are named dgx-h100-0, dgx-h100-1, ... after the first")
 	fs.BoolVar(&o.fractional, "fractional-node", true, "add h100-fractional-0: one H100 shared through consumable capacity, tainted gpu.gpudra.dev/fractional")
 	fs.StringVar(&o.mpsControl, "mps-control-binary", "hack/fake-nvidia-cuda-mps-control", "what the plugins run as nvidia-cuda-mps-control (a stand-in that records commands)")
-	fs.StringVar(&o.machine, "machine", "dgx-h100", "simulated machine of every node (builtin name or spec file)")
 	fs.StringVar(&o.examples, "examples", "examples", "the examples directory")
 	fs.Var(&o.only, "example", "an example folder to apply (repeatable; default: all of them)")
 	fs.StringVar(&o.namespace, "namespace", "default", "namespace for the examples")
@@ -75,6 +74,14 @@ func main() {
 	klog.Flush()
 }
 
+// nodeBase names nodes after a builtin machine, or "gpu-node" for a spec file.
+func nodeBase(machine string) string {
+	if _, err := os.Stat(machine); err == nil {
+		return "gpu-node"
+	}
+	return machine
+}
+
 func run(ctx context.Context, o options) error {
 	start := time.Now()
 	step := func(format string, args ...any) {
@@ -93,19 +100,16 @@ func run(ctx context.Context, o options) error {
 		step("stopping the cluster")
 		c.Stop()
 	}()
-	for i := 0; i < o.nodes; i++ {
-		name := fmt.Sprintf("%s-%d", o.machine, i)
-		if _, err := os.Stat(o.machine); err == nil {
-			name = fmt.Sprintf("gpu-node-%d", i)
-		}
-		n, err := c.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: o.machine})
+	for i, machine := range strings.Split(o.machines, ",") {
+		name := fmt.Sprintf("%s-%d", strings.TrimSuffix(nodeBase(strings.Split(o.machines, ",")[0]), "-nomig"), i)
+		n, err := c.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: machine})
 		if err != nil {
 			return err
 		}
 		if err := n.WaitForSlices(ctx); err != nil {
 			return fmt.Errorf("node %s: slices not published: %w", name, err)
 		}
-		step("node %s: simulated %s, gpudra kubelet plugin registered and its ResourceSlices published", name, o.machine)
+		step("node %s: simulated %s, gpudra kubelet plugin registered and its ResourceSlices published", name, machine)
 	}
 	if o.fractional {
 		n, err := c.AddNode(ctx, devcluster.FractionalNode("h100-fractional-0", filepath.Join(o.examples, "machines", "one-h100.yaml")))
