@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
-	"k8s.io/apimachinery/pkg/labels"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
@@ -58,5 +57,3 @@ func ResolveCDI(cdiDir string, ids []string) (ContainerView, error) {
 	sort.Strings(view.Mounts)
 	return view, nil
 }
-
-func labelsEverything() labels.Selector { return labels.Everything() }

@@ -8,7 +8,6 @@ package devcluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -196,5 +195,3 @@ func (c *Cluster) NodeNames() []string {
 	sort.Strings(names)
 	return names
 }
-
-var errStopped = errors.New("devcluster stopped")

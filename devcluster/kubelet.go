@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
@@ -118,7 +119,7 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 
 	allReady := config.NewSourcesReady(func(sets.Set[string]) bool { return true })
 	activePods := func() []*v1.Pod {
-		pods, _ := k.pods.List(labelsEverything())
+		pods, _ := k.pods.List(labels.Everything())
 		active := pods[:0:0]
 		for _, p := range pods {
 			if p.DeletionTimestamp == nil && p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {

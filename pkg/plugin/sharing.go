@@ -103,12 +103,6 @@ func sharingClaim(uid string, c checkpoint.PreparedClaim) sharing.Claim {
 
 // needsSharingSetup says whether preparing the claim has sharing side
 // effects that the checkpoint must know of first.
-func needsSharingSetup(s *gpuapi.Sharing, plan []PlannedDevice) bool {
-	if s == nil {
-		return false
-	}
-	if s.Strategy != gpuapi.Exclusive && s.Strategy != "" || s.IPC {
-		return true
-	}
-	return false
+func needsSharingSetup(s *gpuapi.Sharing) bool {
+	return s != nil && (s.Strategy != gpuapi.Exclusive && s.Strategy != "" || s.IPC)
 }

@@ -159,7 +159,7 @@ func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClai
 	if err != nil {
 		return nil, err
 	}
-	setup := needsSharingSetup(shareCfg, plan)
+	setup := needsSharingSetup(shareCfg)
 	if setup && s.opts.Sharing == nil {
 		return nil, fmt.Errorf("claim %s/%s: this node cannot share GPUs (sharing is not configured)", claim.Namespace, claim.Name)
 	}
