@@ -1,20 +1,33 @@
 # The gpudra image: gpudra-kubelet-plugin and the gpudra CLI.
-# Not built by CI: this project's machines have no Docker engine. The chart's
-# default image is ghcr.io/gpudra/gpudra:<appVersion>; test/kind builds this
-# file as ghcr.io/gpudra/gpudra:dev.
-FROM golang:1.26 AS build
+# Not built by CI: this project's machines have no Docker engine, so this file
+# has never been built by the project. The chart's default image is
+# ghcr.io/gpudra/gpudra:<appVersion>; test/kind builds this file as
+# ghcr.io/gpudra/gpudra:dev.
+#
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) -t ghcr.io/gpudra/gpudra:dev .
+
+# The build stage is bookworm, like the runtime stage, so the binaries need no
+# newer glibc than the runtime image has.
+FROM golang:1.26-bookworm AS build
 ARG VERSION=dev
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
-COPY . .
-# NVML is reached through cgo (dlopen of the host's libnvidia-ml.so.1 at run time).
+# Only what the two commands import (BuildKit then sends only these from the
+# context, not bin/ or devcluster/).
+COPY api ./api
+COPY cmd ./cmd
+COPY internal ./internal
+COPY pkg ./pkg
+# NVML is reached through cgo (dlopen of the host's libnvidia-ml.so.1 at run
+# time); go-nvml's header marks many functions deprecated, hence the flag.
 ENV CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations"
 RUN go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra-kubelet-plugin ./cmd/kubelet-plugin && \
     go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra ./cmd/gpudra
 
-# glibc is needed to dlopen the driver's library; no NVIDIA library is in the
-# image: it comes from the host's driver root (--driver-root).
+# glibc is needed to dlopen the driver's library. No NVIDIA library is in the
+# image: NVML, nvidia-smi and nvidia-cuda-mps-control come from the host's
+# driver root, mounted at /driver-root by the chart (--driver-root).
 FROM debian:bookworm-slim
 COPY --from=build /out/gpudra-kubelet-plugin /out/gpudra /usr/bin/
 ENTRYPOINT ["/usr/bin/gpudra-kubelet-plugin"]
