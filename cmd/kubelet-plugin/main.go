@@ -53,6 +53,19 @@ func envNumber(key string, def float64) float64 {
 	return v
 }
 
+// driverToolEnv lets nvidia-smi and nvidia-cuda-mps-control, run from a
+// driver root other than /, find the driver's libraries there.
+func driverToolEnv(driverRoot string) []string {
+	if filepath.Clean(driverRoot) == "/" {
+		return nil
+	}
+	lib, err := nvml.FindLibrary(nvml.Options{DriverRoot: driverRoot})
+	if err != nil {
+		return nil
+	}
+	return []string{"LD_LIBRARY_PATH=" + filepath.Dir(lib)}
+}
+
 func envBool(key string) bool {
 	v, err := strconv.ParseBool(os.Getenv(key))
 	return err == nil && v
@@ -137,8 +150,9 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		if pc.Majors, err = plugin.MajorsFromProc(filepath.Join(f.procRoot, "devices")); err != nil {
 			return err
 		}
+		pc.DriverToolEnv = driverToolEnv(f.driverRoot)
 		if smi := driverBinary(f.nvidiaSMI, f.driverRoot, "nvidia-smi"); smi != "" {
-			pc.TimeSlicer = sharing.NvidiaSMI{Path: smi}
+			pc.TimeSlicer = sharing.NvidiaSMI{Path: smi, Env: pc.DriverToolEnv}
 		}
 	case "sim":
 		m, err := sim.NewBuiltin(f.machine, f.nodeName)

@@ -48,6 +48,9 @@ type Config struct {
 	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
 	// refused with a message saying so.
 	MPSControlBinary string
+	// DriverToolEnv is added to the environment of the driver's tools the
+	// plugin runs (LD_LIBRARY_PATH into the driver root).
+	DriverToolEnv []string
 	// TimeSlicer sets GPU time slices (the simulator, or nvidia-smi);
 	// nil: time-sliced claims are refused.
 	TimeSlicer sharing.TimeSlicer
@@ -153,7 +156,7 @@ func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
 			logger.Info("MPS daemon had died and was started again; its clients must reconnect", "claim", klog.KRef(c.Namespace, c.Name))
 		}}
 	if cfg.MPSControlBinary != "" {
-		opts.MPSControl = sharing.ExecMPSControl{Path: cfg.MPSControlBinary}
+		opts.MPSControl = sharing.ExecMPSControl{Path: cfg.MPSControlBinary, Env: cfg.DriverToolEnv}
 	}
 	return sharing.NewManager(opts)
 }

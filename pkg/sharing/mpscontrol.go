@@ -27,11 +27,16 @@ type MPSControl interface {
 
 // ExecMPSControl runs the binary at Path (nvidia-cuda-mps-control, or a
 // stand-in in tests).
-type ExecMPSControl struct{ Path string }
+type ExecMPSControl struct {
+	Path string
+	// Env is added to the binary's environment: LD_LIBRARY_PATH pointing at
+	// the driver root's libraries when the driver is not installed at /.
+	Env []string
+}
 
 func (e ExecMPSControl) Start(env []string) (int, error) {
 	cmd := exec.Command(e.Path, "-f")
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), e.Env...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return 0, err
@@ -44,7 +49,7 @@ func (e ExecMPSControl) Start(env []string) (int, error) {
 
 func (e ExecMPSControl) Command(ctx context.Context, env []string, command string) error {
 	cmd := exec.CommandContext(ctx, e.Path)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), e.Env...), env...)
 	cmd.Stdin = strings.NewReader(command + "\n")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
