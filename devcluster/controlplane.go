@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	cacheddiscovery "k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/informers"
@@ -204,18 +205,7 @@ func newGarbageCollector(ctx context.Context, cfg *restclient.Config, factory in
 		return nil, nil, fmt.Errorf("create garbage collector: %w", err)
 	}
 	sync := func(ctx context.Context) {
-		go func() {
-			t := time.NewTicker(5 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					mapper.Reset()
-				}
-			}
-		}()
+		go wait.UntilWithContext(ctx, func(context.Context) { mapper.Reset() }, 5*time.Second)
 		gc.Sync(ctx, client.Discovery(), 5*time.Second)
 	}
 	return gc, sync, nil

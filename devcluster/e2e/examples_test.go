@@ -66,12 +66,9 @@ func TestSingleGPU(t *testing.T) {
 	apply(t, ns, filepath.Join(examples, "single-gpu"))
 	pod := waitRunning(t, ns, "single-gpu")
 	claim := podClaim(t, pod, "gpu")
-	results := claim.Status.Allocation.Devices.Results
-	require.Len(t, results, 1)
-	r := results[0]
+	r, dev := onlyDevice(t, claim)
 	assert.Equal(t, slicebuilder.DriverName, r.Driver)
 	assert.Equal(t, pod.Spec.NodeName, r.Pool, "one pool per node, named after it")
-	dev := device(t, r.Pool, r.Device)
 	assert.Equal(t, "gpu", attr(dev, "type"))
 	assert.Equal(t, "gpu-"+attr(dev, "minor"), r.Device)
 	assertSeesExactly(t, pod, "cuda", []string{seenUUID(t, pod.Spec.NodeName, dev)}, []string{attr(dev, "minor")})
@@ -105,9 +102,7 @@ func TestMIG(t *testing.T) {
 	inv, err := node.Machine.Inventory(context.Background())
 	require.NoError(t, err)
 	for podClaimName, profile := range map[string]string{"small": "1g.10gb", "medium": "3g.40gb"} {
-		results := podClaim(t, pod, podClaimName).Status.Allocation.Devices.Results
-		require.Len(t, results, 1)
-		dev := device(t, results[0].Pool, results[0].Device)
+		_, dev := onlyDevice(t, podClaim(t, pod, podClaimName))
 		assert.Equal(t, "mig", attr(dev, "type"))
 		assert.Equal(t, profile, attr(dev, "migProfile"))
 		// The instance exists on the (simulated) GPU now, and the container
@@ -153,11 +148,9 @@ func TestPrioritizedList(t *testing.T) {
 	ns := namespace(t)
 	apply(t, ns, filepath.Join(examples, "prioritized-list"))
 	pod := waitRunning(t, ns, "gpu-or-mig")
-	results := podClaim(t, pod, "gpu").Status.Allocation.Devices.Results
-	require.Len(t, results, 1)
+	r, dev := onlyDevice(t, podClaim(t, pod, "gpu"))
 	// Whole GPUs are free, so the first alternative wins.
-	assert.Equal(t, "gpu/full", results[0].Request)
-	dev := device(t, results[0].Pool, results[0].Device)
+	assert.Equal(t, "gpu/full", r.Request)
 	assert.Equal(t, "gpu", attr(dev, "type"))
 	assertSeesExactly(t, pod, "inference", []string{seenUUID(t, pod.Spec.NodeName, dev)}, []string{attr(dev, "minor")})
 }
@@ -198,9 +191,7 @@ func TestCELSelector(t *testing.T) {
 	ns := namespace(t)
 	apply(t, ns, filepath.Join(examples, "cel-selector"))
 	pod := waitRunning(t, ns, "hopper-80gb")
-	results := podClaim(t, pod, "gpu").Status.Allocation.Devices.Results
-	require.Len(t, results, 1)
-	dev := device(t, results[0].Pool, results[0].Device)
+	_, dev := onlyDevice(t, podClaim(t, pod, "gpu"))
 	mem := dev.Capacity[resourceapi.QualifiedName("memory")].Value
 	assert.GreaterOrEqual(t, mem.Cmp(resource.MustParse("79Gi")), 0, "memory %s", mem.String())
 	assert.Equal(t, "9.0.0", attr(dev, "cudaComputeCapability"))

@@ -207,6 +207,15 @@ func podClaim(t *testing.T, pod *v1.Pod, podClaimName string) *resourceapi.Resou
 	return claim
 }
 
+// onlyDevice is the one allocation result of a claim and the published
+// device it names.
+func onlyDevice(t *testing.T, claim *resourceapi.ResourceClaim) (resourceapi.DeviceRequestAllocationResult, resourceapi.Device) {
+	t.Helper()
+	results := claim.Status.Allocation.Devices.Results
+	require.Len(t, results, 1, "claim %s", claim.Name)
+	return results[0], device(t, results[0].Pool, results[0].Device)
+}
+
 // device finds a published device by pool and name.
 func device(t *testing.T, pool, name string) resourceapi.Device {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -15,6 +16,7 @@ import (
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -35,13 +37,21 @@ type SharingStatus struct {
 const conditionSharingEnforced = "SharingLimitsEnforced"
 
 // sharingStatuses computes the device statuses of a prepared claim; nil
-// when there is nothing to report (exclusive, not a share).
-func sharingStatuses(c checkpoint.PreparedClaim) []SharingStatus {
+// when there is nothing to report (exclusive, not a share). MPS limits are
+// the ones the claim's daemon was given.
+func sharingStatuses(uid string, c checkpoint.PreparedClaim) []SharingStatus {
 	if c.Sharing == nil {
 		return nil
 	}
+	var limits sharing.MPSLimits
+	if c.Sharing.Strategy == gpuapi.MPS {
+		var err error
+		if limits, err = sharing.MPSLimitsFor(sharingClaim(uid, c)); err != nil {
+			return nil // refused at prepare already: the claim is not prepared
+		}
+	}
 	out := make([]SharingStatus, 0, len(c.Devices))
-	for _, d := range c.Devices {
+	for i, d := range c.Devices {
 		st := SharingStatus{Strategy: c.Sharing.Strategy, Enforced: map[string]string{}}
 		if d.Share != nil {
 			st.ShareID = d.Share.ID
@@ -50,21 +60,13 @@ func sharingStatuses(c checkpoint.PreparedClaim) []SharingStatus {
 		}
 		switch c.Sharing.Strategy {
 		case gpuapi.MPS:
-			limit := d.MemoryBytes
-			if m := c.Sharing.MPS; m != nil && m.PinnedMemoryLimit != nil {
-				limit = m.PinnedMemoryLimit.Value()
-			}
-			if d.Share != nil || (c.Sharing.MPS != nil && c.Sharing.MPS.PinnedMemoryLimit != nil) {
-				st.PinnedMemoryLimit = resource.NewQuantity(limit, resource.BinarySI).String()
+			if mib := limits.PinnedMiB[i]; mib > 0 {
+				st.PinnedMemoryLimit = resource.NewQuantity(mib<<20, resource.BinarySI).String()
 				st.Enforced["memory"] = "MPS pinned device memory limit: binds clients that connect through this claim's MPS daemon"
 			} else {
 				st.Enforced["memory"] = "not limited: no pinned memory limit was asked for"
 			}
-			if m := c.Sharing.MPS; m != nil && m.ActiveThreadPercentage != nil {
-				st.ActiveThreadPercentage = *m.ActiveThreadPercentage
-			} else if s := d.Share; s != nil && s.GPUMultiprocessors > 0 && s.Multiprocessors > 0 {
-				st.ActiveThreadPercentage = int32(min((s.Multiprocessors*100+s.GPUMultiprocessors-1)/s.GPUMultiprocessors, 100))
-			}
+			st.ActiveThreadPercentage = int32(limits.ThreadPercentage)
 			if st.ActiveThreadPercentage > 0 {
 				st.Enforced["compute"] = "MPS active thread percentage caps the SMs each client may use"
 			} else {
@@ -90,7 +92,7 @@ func sharingStatuses(c checkpoint.PreparedClaim) []SharingStatus {
 // writeDeviceStatus applies the claim's device statuses with server-side
 // apply, so that it owns only its own entries.
 func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldManager string, claim *resourceapi.ResourceClaim, c checkpoint.PreparedClaim) error {
-	statuses := sharingStatuses(c)
+	statuses := sharingStatuses(string(claim.UID), c)
 	if len(statuses) == 0 || client == nil {
 		return nil
 	}
@@ -103,7 +105,7 @@ func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldMa
 		}
 		condStatus, reason := metav1.ConditionTrue, "Enforced"
 		for _, how := range st.Enforced {
-			if len(how) >= 3 && how[:3] == "not" {
+			if strings.HasPrefix(how, "not ") {
 				condStatus, reason = metav1.ConditionFalse, "NotAllEnforced"
 			}
 		}

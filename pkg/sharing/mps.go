@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
@@ -47,23 +48,24 @@ func newMPS(root string, control MPSControl, onRestart func(Claim, error)) *MPS 
 	return &MPS{root: root, control: control, onRestart: onRestart, daemons: map[string]*mpsDaemon{}}
 }
 
-// mpsLimits are the daemon defaults for a claim: a pinned memory limit per
+// MPSLimits are the daemon defaults for a claim: a pinned memory limit per
 // device (in CUDA_VISIBLE_DEVICES order) and an active thread percentage.
-type mpsLimits struct {
-	threadPercentage int64   // 0: not set
-	pinnedMiB        []int64 // 0: not set
+// The plugin reports the same numbers in the claim's device status.
+type MPSLimits struct {
+	ThreadPercentage int64   // 0: not set
+	PinnedMiB        []int64 // per device; 0: not set
 }
 
-// limitsFor derives the limits from the config and, for a share of a GPU,
-// from what the share consumes: a share is capped at its size.
-func limitsFor(c Claim) (mpsLimits, error) {
-	var l mpsLimits
+// MPSLimitsFor derives the limits from the config and, for a share of a
+// GPU, from what the share consumes: a share is capped at its size.
+func MPSLimitsFor(c Claim) (MPSLimits, error) {
+	var l MPSLimits
 	var cfg gpuapi.MPSConfig
 	if c.Sharing.MPS != nil {
 		cfg = *c.Sharing.MPS
 	}
 	if cfg.ActiveThreadPercentage != nil {
-		l.threadPercentage = int64(*cfg.ActiveThreadPercentage)
+		l.ThreadPercentage = int64(*cfg.ActiveThreadPercentage)
 	}
 	for _, d := range c.Devices {
 		var pinned int64
@@ -83,21 +85,21 @@ func limitsFor(c Claim) (mpsLimits, error) {
 			}
 			if cfg.ActiveThreadPercentage == nil && s.GPUMultiprocessors > 0 && s.Multiprocessors > 0 {
 				pct := (s.Multiprocessors*100 + s.GPUMultiprocessors - 1) / s.GPUMultiprocessors
-				l.threadPercentage = max(l.threadPercentage, min(pct, 100))
+				l.ThreadPercentage = max(l.ThreadPercentage, min(pct, 100))
 			}
 		}
-		l.pinnedMiB = append(l.pinnedMiB, (pinned+(1<<20)-1)>>20)
+		l.PinnedMiB = append(l.PinnedMiB, (pinned+(1<<20)-1)>>20)
 	}
 	return l, nil
 }
 
 // commands are what the control daemon is told after it starts.
-func (l mpsLimits) commands() []string {
+func (l MPSLimits) commands() []string {
 	var out []string
-	if l.threadPercentage > 0 {
-		out = append(out, fmt.Sprintf("set_default_active_thread_percentage %d", l.threadPercentage))
+	if l.ThreadPercentage > 0 {
+		out = append(out, fmt.Sprintf("set_default_active_thread_percentage %d", l.ThreadPercentage))
 	}
-	for i, mib := range l.pinnedMiB {
+	for i, mib := range l.PinnedMiB {
 		if mib > 0 {
 			out = append(out, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
 		}
@@ -107,13 +109,13 @@ func (l mpsLimits) commands() []string {
 
 // env is what every client gets: the pipe directory, and the limits again
 // (a client may lower them, and tools read them there).
-func (l mpsLimits) env() map[string]string {
+func (l MPSLimits) env() map[string]string {
 	env := map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory}
-	if l.threadPercentage > 0 {
-		env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.FormatInt(l.threadPercentage, 10)
+	if l.ThreadPercentage > 0 {
+		env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.FormatInt(l.ThreadPercentage, 10)
 	}
 	var limits []string
-	for i, mib := range l.pinnedMiB {
+	for i, mib := range l.PinnedMiB {
 		if mib > 0 {
 			limits = append(limits, fmt.Sprintf("%d=%dM", i, mib))
 		}
@@ -145,7 +147,7 @@ func (m *MPS) Prepare(ctx context.Context, c Claim) (Edits, error) {
 	if m.control == nil {
 		return Edits{}, errors.New("this node has no MPS control binary configured (--mps-control-binary)")
 	}
-	limits, err := limitsFor(c)
+	limits, err := MPSLimitsFor(c)
 	if err != nil {
 		return Edits{}, err
 	}
@@ -278,7 +280,7 @@ func (m *MPS) resume(ctx context.Context, prepared []Claim, known map[string]boo
 			continue
 		}
 		dir, _, _ := m.dirs(c.UID)
-		limits, err := limitsFor(c)
+		limits, err := MPSLimitsFor(c)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -331,41 +333,37 @@ func (m *MPS) restart(ctx context.Context, d *mpsDaemon) error {
 // Run restarts daemons that die, until ctx ends; each restart is reported
 // through OnDaemonRestart.
 func (m *MPS) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	wait.UntilWithContext(ctx, m.restartDead, every)
+}
+
+// restartDead starts again every supervised daemon that is not running.
+func (m *MPS) restartDead(ctx context.Context) {
+	m.mu.Lock()
+	var dead []*mpsDaemon
+	for _, d := range m.daemons {
+		if !m.control.Alive(d.pid) {
+			dead = append(dead, d)
 		}
+	}
+	m.mu.Unlock()
+	for _, d := range dead {
+		klog.FromContext(ctx).Info("MPS daemon died; starting it again", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", d.pid)
+		// A new record, published only once the daemon is configured:
+		// readers never see a half-started daemon.
+		fresh := &mpsDaemon{claim: d.claim, env: d.env, commands: d.commands}
+		err := m.restart(ctx, fresh)
+		if ctx.Err() != nil {
+			return
+		}
+		m.onRestart(d.claim, err)
 		m.mu.Lock()
-		var dead []*mpsDaemon
-		for _, d := range m.daemons {
-			if !m.control.Alive(d.pid) {
-				dead = append(dead, d)
-			}
+		if m.daemons[d.claim.UID] == d { // not unprepared meanwhile
+			m.daemons[d.claim.UID] = fresh
+		} else if fresh.pid > 0 {
+			m.mu.Unlock()
+			m.stop(ctx, d.claim.UID, fresh.pid)
+			continue
 		}
 		m.mu.Unlock()
-		for _, d := range dead {
-			klog.FromContext(ctx).Info("MPS daemon died; starting it again", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", d.pid)
-			// A new record, published only once the daemon is configured:
-			// readers never see a half-started daemon.
-			fresh := &mpsDaemon{claim: d.claim, env: d.env, commands: d.commands}
-			err := m.restart(ctx, fresh)
-			if ctx.Err() != nil {
-				return
-			}
-			m.onRestart(d.claim, err)
-			m.mu.Lock()
-			if m.daemons[d.claim.UID] == d { // not unprepared meanwhile
-				m.daemons[d.claim.UID] = fresh
-			} else if fresh.pid > 0 {
-				m.mu.Unlock()
-				m.stop(ctx, d.claim.UID, fresh.pid)
-				continue
-			}
-			m.mu.Unlock()
-		}
 	}
 }

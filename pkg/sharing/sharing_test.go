@@ -147,7 +147,7 @@ func TestLimitsFor(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := limitsFor(tc.claim)
+			l, err := MPSLimitsFor(tc.claim)
 			if tc.wantErr != "" {
 				require.EqualError(t, err, tc.wantErr)
 				return
