@@ -57,6 +57,25 @@ type Node struct {
 	mu           sync.Mutex
 	plugin       *plugin.Plugin
 	pluginCancel context.CancelCauseFunc
+	// starts counts plugin starts: each start is a new plugin pod, with its
+	// own pod UID (and sockets), as in the chart's DaemonSet.
+	starts int
+}
+
+// PluginInstance is one running plugin pod of a node.
+type PluginInstance struct {
+	Plugin *plugin.Plugin
+	PodUID string
+	cancel context.CancelCauseFunc
+}
+
+// DRASocket is the instance's DRA gRPC socket, where the kubelet calls it.
+func (i *PluginInstance) DRASocket() string { return i.Plugin.Sockets[0] }
+
+// Stop stops the instance as its pod's termination would.
+func (i *PluginInstance) Stop() {
+	i.Plugin.Stop()
+	i.cancel(errors.New("plugin pod terminated"))
 }
 
 // CDIDir is where the node's plugin writes CDI specs.
@@ -153,14 +172,44 @@ func (n *Node) StartPlugin() error {
 	if n.plugin != nil {
 		return fmt.Errorf("node %s: plugin is running", n.Name)
 	}
-	ctx, cancel := context.WithCancelCause(n.ctx)
-	p, err := plugin.Start(ctx, n.pluginCfg, cancel)
+	inst, err := n.startInstanceLocked()
+	if err != nil {
+		return err
+	}
+	n.plugin, n.pluginCancel = inst.Plugin, inst.cancel
+	return nil
+}
+
+func (n *Node) startInstanceLocked() (*PluginInstance, error) {
+	n.starts++
+	cfg := n.pluginCfg
+	cfg.PodUID = fmt.Sprintf("%s-plugin-%d", n.Name, n.starts)
+	ctx, cancel := context.WithCancelCause(klog.NewContext(n.ctx, klog.LoggerWithValues(klog.FromContext(n.ctx), "pluginPod", cfg.PodUID)))
+	p, err := plugin.Start(ctx, cfg, cancel)
 	if err != nil {
 		cancel(err)
-		return fmt.Errorf("node %s: start plugin: %w", n.Name, err)
+		return nil, fmt.Errorf("node %s: start plugin: %w", n.Name, err)
 	}
-	n.plugin, n.pluginCancel = p, cancel
-	return nil
+	return &PluginInstance{Plugin: p, PodUID: cfg.PodUID, cancel: cancel}, nil
+}
+
+// StartRollingUpdate starts a new plugin instance beside the running one, as
+// the DaemonSet's surge does during an upgrade: both serve the node, over
+// the same directories, until the caller stops the old one, which is
+// returned. The new one becomes the node's Plugin.
+func (n *Node) StartRollingUpdate() (*PluginInstance, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.plugin == nil {
+		return nil, fmt.Errorf("node %s: no plugin is running", n.Name)
+	}
+	old := &PluginInstance{Plugin: n.plugin, cancel: n.pluginCancel}
+	inst, err := n.startInstanceLocked()
+	if err != nil {
+		return nil, err
+	}
+	n.plugin, n.pluginCancel = inst.Plugin, inst.cancel
+	return old, nil
 }
 
 // StopPlugin stops the node's plugin as a crash or an upgrade would: its

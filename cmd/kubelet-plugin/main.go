@@ -21,6 +21,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -30,17 +31,22 @@ import (
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
-// driverBinary is the flag's value, or the named binary under the driver
-// root when it exists there, or empty.
-func driverBinary(flagValue, driverRoot, name string) string {
+// driverTool is where the driver tool is: the flag's value (a path under
+// the driver root, or an absolute path outside it), which must exist, or
+// else usr/bin/<name> under the driver root when it exists there, or else
+// empty.
+func driverTool(tools drivertools.Runner, flag, flagValue, name string) (string, error) {
 	if flagValue != "" {
-		return flagValue
+		p, ok := tools.Path(flagValue)
+		if !ok {
+			return "", fmt.Errorf("--%s=%s: not found (a path under driver root %s, or an absolute path outside it)", flag, flagValue, tools.Root)
+		}
+		return p, nil
 	}
-	p := filepath.Join(driverRoot, "usr/bin", name)
-	if _, err := os.Stat(p); err == nil {
-		return p
+	if p, ok := tools.Path(name); ok {
+		return p, nil
 	}
-	return ""
+	return "", nil
 }
 
 // envNumber is the environment variable's number, or def when it is unset
@@ -51,19 +57,6 @@ func envNumber(key string, def float64) float64 {
 		return def
 	}
 	return v
-}
-
-// driverToolEnv lets nvidia-smi and nvidia-cuda-mps-control, run from a
-// driver root other than /, find the driver's libraries there.
-func driverToolEnv(driverRoot string) []string {
-	if filepath.Clean(driverRoot) == "/" {
-		return nil
-	}
-	lib, err := nvml.FindLibrary(nvml.Options{DriverRoot: driverRoot})
-	if err != nil {
-		return nil
-	}
-	return []string{"LD_LIBRARY_PATH=" + filepath.Dir(lib)}
 }
 
 func envBool(key string) bool {
@@ -106,8 +99,8 @@ func main() {
 	flag.Float64Var(&f.qps, "kube-api-qps", envNumber("KUBE_API_QPS", 50.0), "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares (env KUBE_API_QPS)")
 	flag.IntVar(&f.burst, "kube-api-burst", int(envNumber("KUBE_API_BURST", 100.0)), "API client burst (env KUBE_API_BURST)")
 	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
-	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
-	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")
+	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
+	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")
 	flag.StringVar(&f.taintEffect, "unhealthy-taint-effect", env("UNHEALTHY_TAINT_EFFECT", "NoSchedule"), "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them (env UNHEALTHY_TAINT_EFFECT)")
 	flag.Parse()
 
@@ -138,9 +131,16 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	if err != nil {
 		return fmt.Errorf("API client: %w", err)
 	}
+	// nvidia-smi and nvidia-cuda-mps-control run through the driver root's
+	// own loader, so that a host libc never meets this image's.
+	tools := drivertools.Runner{Root: f.driverRoot}
+	mpsControl, err := driverTool(tools, "mps-control-binary", f.mpsControl, "nvidia-cuda-mps-control")
+	if err != nil {
+		return err
+	}
 	var backend nvdevice.Interface
 	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
-		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: driverBinary(f.mpsControl, f.driverRoot, "nvidia-cuda-mps-control"),
+		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
 		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":
@@ -150,9 +150,12 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		if pc.Majors, err = plugin.MajorsFromProc(filepath.Join(f.procRoot, "devices")); err != nil {
 			return err
 		}
-		pc.DriverToolEnv = driverToolEnv(f.driverRoot)
-		if smi := driverBinary(f.nvidiaSMI, f.driverRoot, "nvidia-smi"); smi != "" {
-			pc.TimeSlicer = sharing.NvidiaSMI{Path: smi, Env: pc.DriverToolEnv}
+		smi, err := driverTool(tools, "nvidia-smi", f.nvidiaSMI, "nvidia-smi")
+		if err != nil {
+			return err
+		}
+		if smi != "" {
+			pc.TimeSlicer = sharing.NvidiaSMI{Runner: tools, Path: smi}
 		}
 	case "sim":
 		m, err := sim.NewBuiltin(f.machine, f.nodeName)

@@ -25,11 +25,10 @@ import (
 // mpsDaemon is the pid of the claim's MPS daemon on the node, 0 if none runs.
 func mpsDaemon(t *testing.T, node, claimUID string) int {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(cluster.Node(node).PluginDataDir(), "sharing", "mps", claimUID, "daemon.pid"))
+	pid, err := sharing.RecordedDaemonPID(filepath.Join(cluster.Node(node).PluginDataDir(), "sharing", "mps", claimUID))
 	if err != nil {
 		return 0
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
 	if !(sharing.ExecMPSControl{}).Alive(pid) {
 		return 0
 	}

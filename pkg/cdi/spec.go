@@ -13,6 +13,8 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // Vendor and Class make the CDI kind "gpu.gpudra.dev/claim".
@@ -30,28 +32,12 @@ type Majors struct {
 	Caps   int64
 }
 
-// DeviceNode is one character device a container needs.
-type DeviceNode struct {
-	Path  string
-	Major int64
-	Minor int64
-}
-
-// Device is one prepared DRA device of a claim.
-type Device struct {
-	// Name is the DRA device name ("gpu-3", "gpu-0-mig-3g-40gb-4").
-	Name string
-	// UUID is the GPU or MIG device UUID the container will see.
-	UUID string
-	// Nodes are the device's own nodes: /dev/nvidia<minor> and, for MIG,
-	// the two capability nodes.
-	Nodes []DeviceNode
-}
-
 // Claim is what one claim's spec is built from.
 type Claim struct {
-	UID     string
-	Devices []Device
+	UID string
+	// Devices are the claim's prepared devices: their names, the UUIDs the
+	// container sees and their own device nodes.
+	Devices []prepared.Device
 	// Env is added to every container of the claim (sharing settings).
 	Env map[string]string
 	// Mounts are host directories every container of the claim gets (the
@@ -66,8 +52,8 @@ type Mount struct {
 }
 
 // ControlNodes are the nodes every GPU container needs.
-func ControlNodes(m Majors) []DeviceNode {
-	return []DeviceNode{
+func ControlNodes(m Majors) []prepared.DeviceNode {
+	return []prepared.DeviceNode{
 		{Path: "/dev/nvidiactl", Major: m.NVIDIA, Minor: 255},
 		{Path: "/dev/nvidia-uvm", Major: m.UVM, Minor: 0},
 		{Path: "/dev/nvidia-uvm-tools", Major: m.UVM, Minor: 1},
@@ -75,13 +61,13 @@ func ControlNodes(m Majors) []DeviceNode {
 }
 
 // GPUNode is /dev/nvidia<minor>.
-func GPUNode(m Majors, minor int) DeviceNode {
-	return DeviceNode{Path: fmt.Sprintf("/dev/nvidia%d", minor), Major: m.NVIDIA, Minor: int64(minor)}
+func GPUNode(m Majors, minor int) prepared.DeviceNode {
+	return prepared.DeviceNode{Path: fmt.Sprintf("/dev/nvidia%d", minor), Major: m.NVIDIA, Minor: int64(minor)}
 }
 
 // CapNode is /dev/nvidia-caps/nvidia-cap<minor>.
-func CapNode(m Majors, minor int) DeviceNode {
-	return DeviceNode{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor), Major: m.Caps, Minor: int64(minor)}
+func CapNode(m Majors, minor int) prepared.DeviceNode {
+	return prepared.DeviceNode{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor), Major: m.Caps, Minor: int64(minor)}
 }
 
 // SpecName is the transient spec's name for a claim; unique per claim UID so
@@ -109,7 +95,7 @@ func BuildSpec(c Claim, m Majors) (*cdispec.Spec, error) {
 	uuids := make([]string, 0, len(c.Devices))
 	for _, d := range c.Devices {
 		if d.UUID == "" {
-			return nil, fmt.Errorf("claim %s: device %s has no UUID", c.UID, d.Name)
+			return nil, fmt.Errorf("claim %s: device %s has no UUID", c.UID, d.Device)
 		}
 		uuids = append(uuids, d.UUID)
 	}
@@ -132,7 +118,7 @@ func BuildSpec(c Claim, m Majors) (*cdispec.Spec, error) {
 			nodes = append(nodes, &cdispec.DeviceNode{Path: n.Path, Type: "c", Major: n.Major, Minor: n.Minor})
 		}
 		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name:           DeviceName(c.UID, d.Name),
+			Name:           DeviceName(c.UID, d.Device),
 			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes, Env: env},
 		})
 	}

@@ -9,14 +9,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 var majors = Majors{NVIDIA: 195, UVM: 508, Caps: 511}
 
 func claimA() Claim {
-	return Claim{UID: "uid-a", Devices: []Device{
-		{Name: "gpu-3", UUID: "GPU-aaa", Nodes: []DeviceNode{GPUNode(majors, 3)}},
-		{Name: "gpu-0-mig-3g-40gb-4", UUID: "MIG-bbb", Nodes: []DeviceNode{GPUNode(majors, 0), CapNode(majors, 30), CapNode(majors, 31)}},
+	return Claim{UID: "uid-a", Devices: []prepared.Device{
+		{Device: "gpu-3", UUID: "GPU-aaa", Nodes: []prepared.DeviceNode{GPUNode(majors, 3)}},
+		{Device: "gpu-0-mig-3g-40gb-4", UUID: "MIG-bbb", Nodes: []prepared.DeviceNode{GPUNode(majors, 0), CapNode(majors, 30), CapNode(majors, 31)}},
 	}, Env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": "/mps"}}
 }
 
@@ -44,7 +46,7 @@ func TestSpecResolvesIntoOCI(t *testing.T) {
 	dir := t.TempDir()
 	w, err := NewWriter(dir)
 	require.NoError(t, err)
-	for _, c := range []Claim{claimA(), {UID: "uid-other", Devices: []Device{{Name: "gpu-5", UUID: "GPU-other", Nodes: []DeviceNode{GPUNode(majors, 5)}}}}} {
+	for _, c := range []Claim{claimA(), {UID: "uid-other", Devices: []prepared.Device{{Device: "gpu-5", UUID: "GPU-other", Nodes: []prepared.DeviceNode{GPUNode(majors, 5)}}}}} {
 		spec, err := BuildSpec(c, majors)
 		require.NoError(t, err)
 		require.NoError(t, w.Write(c.UID, spec))
@@ -89,7 +91,7 @@ func TestRemove(t *testing.T) {
 func TestBuildSpecErrors(t *testing.T) {
 	_, err := BuildSpec(Claim{}, majors)
 	require.EqualError(t, err, "claim UID is empty")
-	_, err = BuildSpec(Claim{UID: "u", Devices: []Device{{Name: "gpu-1"}}}, majors)
+	_, err = BuildSpec(Claim{UID: "u", Devices: []prepared.Device{{Device: "gpu-1"}}}, majors)
 	require.EqualError(t, err, "claim u: device gpu-1 has no UUID")
 }
 
@@ -97,7 +99,7 @@ func TestClaimUIDs(t *testing.T) {
 	dir := t.TempDir()
 	w, err := NewWriter(dir)
 	require.NoError(t, err)
-	for _, c := range []Claim{claimA(), {UID: "uid-b", Devices: []Device{{Name: "gpu-1", UUID: "GPU-b"}}}} {
+	for _, c := range []Claim{claimA(), {UID: "uid-b", Devices: []prepared.Device{{Device: "gpu-1", UUID: "GPU-b"}}}} {
 		spec, err := BuildSpec(c, majors)
 		require.NoError(t, err)
 		require.NoError(t, w.Write(c.UID, spec))

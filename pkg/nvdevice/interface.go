@@ -20,8 +20,29 @@ type MigManager interface {
 	CreateMigDevice(ctx context.Context, req MigCreateRequest) (*MigDevice, error)
 	// DeleteMigDevice destroys the compute instance and then the GPU instance
 	// of a MIG device. Deleting a MIG device that no longer exists returns an
-	// error wrapping ErrNotFound.
+	// error wrapping ErrNotFound. A GPU instance of ref.GPUInstanceID left
+	// without compute instances (by a failed GPU-instance destroy, or a kill)
+	// is destroyed, so that a retry after a failure finishes the job.
 	DeleteMigDevice(ctx context.Context, ref MigDeviceRef) error
+	// DeleteMigPlacement destroys every compute instance of the GPU instance
+	// of ref.Profile at ref.Start, then the GPU instance. No GPU instance
+	// there: an error wrapping ErrNotFound. A GPU instance left without
+	// compute instances (by a kill, or by a failed GI destroy) is destroyed
+	// too. Every step may be repeated after a failure.
+	DeleteMigPlacement(ctx context.Context, ref MigPlacementRef) error
+}
+
+// MigPlacementRef names the GPU instance of a profile at a placement: what
+// the plugin records before it creates anything, so that a kill between the
+// GPU instance and the compute instance is still found.
+type MigPlacementRef struct {
+	ParentUUID string
+	Profile    string // GPU-instance profile name, "3g.40gb"
+	Start      int    // placement start, memory slices
+	// UUID, when set, is the MIG device the caller created there: a GI whose
+	// compute instance has another UUID is not the caller's and is left
+	// alone (ErrNotFound).
+	UUID string
 }
 
 // HealthWatcher streams health events.

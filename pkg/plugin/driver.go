@@ -55,7 +55,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	changed := false
 	for _, c := range claims {
 		start := time.Now()
-		devs, err := d.state.Prepare(ctx, c)
+		rec, err := d.state.Prepare(ctx, c)
 		d.metrics.observe("prepare", start, err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(c))
@@ -63,17 +63,15 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		res := kubeletplugin.PrepareResult{}
-		for _, pd := range devs {
+		for _, pd := range rec.Devices {
 			res.Devices = append(res.Devices, kubeletplugin.Device{
 				Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs,
 			})
 			changed = changed || pd.CreatedMig != nil
 		}
 		out[c.UID] = res
-		if rec, ok := d.state.Record(string(c.UID)); ok {
-			if err := writeDeviceStatus(ctx, d.client, slicebuilder.DriverName+"/"+d.pool, c, rec); err != nil {
-				logger.Error(err, "Writing the claim's device status failed", "claim", klog.KObj(c))
-			}
+		if err := writeDeviceStatus(ctx, d.client, slicebuilder.DriverName+"/"+d.pool, c, rec); err != nil {
+			logger.Error(err, "Writing the claim's device status failed", "claim", klog.KObj(c))
 		}
 	}
 	if changed {
@@ -124,7 +122,11 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
 	}
 	taints := d.taints(inv)
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: d.state.ManagedMigDevices(), Taints: taints, FractionalGPUs: d.fractional})
+	managed, err := d.state.ManagedMigDevices(ctx)
+	if err != nil {
+		return resourceslice.DriverResources{}, nil, err
+	}
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}

@@ -11,12 +11,15 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -48,9 +51,9 @@ type Config struct {
 	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
 	// refused with a message saying so.
 	MPSControlBinary string
-	// DriverToolEnv is added to the environment of the driver's tools the
-	// plugin runs (LD_LIBRARY_PATH into the driver root).
-	DriverToolEnv []string
+	// DriverTools runs the driver's tools (nvidia-cuda-mps-control) from
+	// the driver root, with the host's own loader and libraries.
+	DriverTools drivertools.Runner
 	// TimeSlicer sets GPU time slices (the simulator, or nvidia-smi);
 	// nil: time-sliced claims are refused.
 	TimeSlicer sharing.TimeSlicer
@@ -84,22 +87,29 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err != nil {
 		return nil, err
 	}
-	state, loaded, err := NewNodeState(ctx, StateOptions{
+	state, err := NewNodeState(ctx, StateOptions{
 		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: cfg.Majors, CapMinors: cfg.CapMinors,
 		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID, Sharing: sharer,
+		Claims: ClaimsOfPool(func(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
+			list, err := cfg.Client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return list.Items, nil
+		}, cfg.NodeName),
+		OnRebuild: func(ctx context.Context, r RebuildReport) {
+			logger.Error(r.Cause, "Node state rebuilt from the node and the API", "movedTo", r.MovedAside, "adopted", r.Adopted, "unknown", r.Unknown)
+			reason := "CheckpointLost"
+			if r.MovedAside != "" {
+				reason = "CheckpointCorrupt"
+			}
+			if err := nodeEvent(ctx, cfg.Client, cfg.NodeName, corev1.EventTypeWarning, reason, r.Message()); err != nil {
+				logger.Error(err, "Could not record an Event for the rebuilt checkpoint")
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
-	}
-	if loaded.MovedAside != "" {
-		logger.Error(loaded.Cause, "Checkpoint was corrupt; moved aside and starting from the devices", "movedTo", loaded.MovedAside)
-		if err := nodeEvent(ctx, cfg.Client, cfg.NodeName, corev1.EventTypeWarning, "CheckpointCorrupt",
-			fmt.Sprintf("gpudra kubelet plugin: checkpoint was corrupt (%v); moved to %s, claims will be prepared again", loaded.Cause, loaded.MovedAside)); err != nil {
-			logger.Error(err, "Could not record an Event for the corrupt checkpoint")
-		}
-	}
-	if loaded.StaleBoot {
-		logger.Info("Checkpoint was written before a reboot; starting empty")
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
 		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect}
@@ -133,6 +143,9 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, err
 	}
 	go d.watchInventory(ctx)
+	// Rollbacks that failed at start (a lost GPU, say) are retried; the
+	// rest of the node works meanwhile.
+	go wait.UntilWithContext(ctx, state.RetryInterrupted, retryInterruptedEvery)
 	go sharer.MPS().Run(ctx, 2*time.Second)
 	sockets := []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
 	if cfg.PodUID != "" {
@@ -147,7 +160,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
 	logger := klog.FromContext(ctx)
 	opts := sharing.Options{Root: filepath.Join(cfg.PluginDataDir, "sharing"), Policy: cfg.TimeSlicer,
-		OnDaemonRestart: func(c sharing.Claim, err error) {
+		OnDaemonRestart: func(c prepared.Claim, err error) {
 			cfg.Metrics.mpsRestart(err)
 			if err != nil {
 				logger.Error(err, "MPS daemon died and could not be started again", "claim", klog.KRef(c.Namespace, c.Name))
@@ -156,7 +169,7 @@ func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
 			logger.Info("MPS daemon had died and was started again; its clients must reconnect", "claim", klog.KRef(c.Namespace, c.Name))
 		}}
 	if cfg.MPSControlBinary != "" {
-		opts.MPSControl = sharing.ExecMPSControl{Path: cfg.MPSControlBinary, Env: cfg.DriverToolEnv}
+		opts.MPSControl = sharing.ExecMPSControl{Runner: cfg.DriverTools, Path: cfg.MPSControlBinary}
 	}
 	return sharing.NewManager(opts)
 }
@@ -175,6 +188,12 @@ func nodeEvent(ctx context.Context, client kubernetes.Interface, node, eventType
 	return err
 }
 
+// retryInterruptedEvery spaces retries of failed rollbacks.
+const retryInterruptedEvery = 30 * time.Second
+
 // Stop stops the gRPC services; the published slices stay (the kubelet
 // removes them if the plugin does not come back).
-func (p *Plugin) Stop() { p.Helper.Stop() }
+func (p *Plugin) Stop() {
+	p.Helper.Stop()
+	_ = p.Driver.state.Close()
+}

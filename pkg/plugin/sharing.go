@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
-	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
-	"github.com/gpudra/gpudra/pkg/sharing"
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // claimSharing is the one sharing configuration of a claim's devices on
@@ -64,41 +64,26 @@ func plannedMemory(p PlannedDevice) int64 {
 	}
 }
 
-// describeDevice fills the fields of a prepared device that sharing needs
-// to find it again after a restart.
-func describeDevice(pd *checkpoint.PreparedDevice, p PlannedDevice) {
-	pd.GPUUUID, pd.Mig, pd.MemoryBytes = p.GPU.UUID, p.Mig != nil, plannedMemory(p)
-	pd.Multiprocessors = int64(p.GPU.Engines.Multiprocessors)
+// preparedDevice is the planned device as it is prepared and recorded: its
+// CDI id, and what sharing needs to find it again after a restart. MIG
+// instance ids, UUIDs of created devices and device nodes are filled in as
+// they become known.
+func preparedDevice(uid, pool string, p PlannedDevice) prepared.Device {
+	d := prepared.Device{Requests: p.Requests, Pool: pool, Device: p.Device, UUID: p.GPU.UUID,
+		CDIDeviceIDs: []string{cdi.QualifiedName(uid, p.Device)},
+		GPUUUID:      p.GPU.UUID, Mig: p.Mig != nil, MemoryBytes: plannedMemory(p),
+		Multiprocessors: int64(p.GPU.Engines.Multiprocessors)}
 	if p.Mig != nil {
-		pd.Multiprocessors = int64(p.Mig.Multiprocessors)
+		d.Multiprocessors = int64(p.Mig.Multiprocessors)
 	}
 	if s := p.Share; s != nil {
-		pd.Share = &checkpoint.Share{ID: s.ID, MemoryBytes: s.MemoryBytes, Multiprocessors: s.Multiprocessors,
+		d.Share = &prepared.Share{ID: s.ID, MemoryBytes: s.MemoryBytes, Multiprocessors: s.Multiprocessors,
 			GPUMultiprocessors: int64(p.GPU.Engines.Multiprocessors)}
 		if s.Multiprocessors > 0 {
-			pd.Multiprocessors = s.Multiprocessors
+			d.Multiprocessors = s.Multiprocessors
 		}
 	}
-}
-
-// sharingClaim is a checkpointed claim as the sharing strategies see it.
-func sharingClaim(uid string, c checkpoint.PreparedClaim) sharing.Claim {
-	sc := sharing.Claim{UID: uid, Namespace: c.Namespace, Name: c.Name, Sharing: gpuapi.Sharing{Strategy: gpuapi.Exclusive}}
-	if c.Sharing != nil {
-		sc.Sharing = *c.Sharing
-	}
-	for _, d := range c.Devices {
-		sd := sharing.Device{Name: d.Device, UUID: d.UUID, GPUUUID: d.GPUUUID, Mig: d.Mig,
-			MemoryBytes: d.MemoryBytes, Multiprocessors: d.Multiprocessors}
-		if sd.GPUUUID == "" {
-			sd.GPUUUID = d.UUID
-		}
-		if s := d.Share; s != nil {
-			sd.Share = &sharing.Share{ID: s.ID, MemoryBytes: s.MemoryBytes, Multiprocessors: s.Multiprocessors, GPUMultiprocessors: s.GPUMultiprocessors}
-		}
-		sc.Devices = append(sc.Devices, sd)
-	}
-	return sc
+	return d
 }
 
 // needsSharingSetup says whether preparing the claim has sharing side

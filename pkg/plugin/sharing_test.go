@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -28,11 +27,10 @@ func (e *env) daemonPIDs() map[string]int {
 	out := map[string]int{}
 	entries, _ := os.ReadDir(filepath.Join(e.dir, "sharing", "mps"))
 	for _, d := range entries {
-		data, err := os.ReadFile(filepath.Join(e.dir, "sharing", "mps", d.Name(), "daemon.pid"))
+		pid, err := sharing.RecordedDaemonPID(filepath.Join(e.dir, "sharing", "mps", d.Name()))
 		if err != nil {
 			continue
 		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
 		if (sharing.ExecMPSControl{}).Alive(pid) {
 			out[d.Name()] = pid
 		}
@@ -47,7 +45,7 @@ func TestPrepareMPSAndTimeSlicing(t *testing.T) {
 	inv, err := e.machine.Inventory(ctx)
 	require.NoError(t, err)
 
-	devs, err := s.Prepare(ctx, claim("mps", []string{"gpu-2", "gpu-3"}, mpsConfig))
+	devs, err := prep(s, claim("mps", []string{"gpu-2", "gpu-3"}, mpsConfig))
 	require.NoError(t, err)
 	spec := inject(t, e.cdiDir, append(devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs...))
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M,1=40960M")
@@ -56,7 +54,7 @@ func TestPrepareMPSAndTimeSlicing(t *testing.T) {
 	assert.Equal(t, sharing.MPSPipeDirectory, spec.Mounts[0].Destination)
 	assert.Contains(t, e.daemonPIDs(), "mps")
 
-	_, err = s.Prepare(ctx, claim("ts", []string{"gpu-4"}, timeSliced))
+	_, err = prep(s, claim("ts", []string{"gpu-4"}, timeSliced))
 	require.NoError(t, err)
 	assert.Equal(t, 3, e.machine.TimeSlice(inv.GPUs[4].UUID))
 
@@ -77,7 +75,7 @@ func TestSharingConfigRefused(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
 	c := claim("u1", []string{"gpu-6"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mps":{"pinnedMemoryLimit":"96Gi"}}}`)
-	_, err := s.Prepare(context.Background(), c)
+	_, err := prep(s, c)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `claim ns/claim-u1: request gpu: invalid GpuConfig: sharing.mps.pinnedMemoryLimit: Invalid value: "96Gi": exceeds the memory of device gpu-6 (81559Mi)`)
 	assert.Empty(t, e.cdiSpecs())
@@ -89,7 +87,6 @@ func TestSharingConfigRefused(t *testing.T) {
 func TestSharesOfOneGPU(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	ctx := context.Background()
 	share := func(uid, mem string) *resourceapi.ResourceClaim {
 		c := claim(uid, []string{"gpu-5"})
 		id := types.UID("share-" + uid)
@@ -98,16 +95,16 @@ func TestSharesOfOneGPU(t *testing.T) {
 			slicebuilder.CapacityMemory: resource.MustParse(mem), slicebuilder.CapacityMultiprocessors: resource.MustParse("33")}
 		return c
 	}
-	a, err := s.Prepare(ctx, share("a", "20Gi"))
+	a, err := prep(s, share("a", "20Gi"))
 	require.NoError(t, err)
-	_, err = s.Prepare(ctx, share("b", "40Gi"))
+	_, err = prep(s, share("b", "40Gi"))
 	require.NoError(t, err)
 	spec := inject(t, e.cdiDir, a[0].CDIDeviceIDs)
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "a share is capped with MPS at its size")
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")
 	assert.Len(t, e.daemonPIDs(), 2)
 
-	_, err = s.Prepare(ctx, claim("whole", []string{"gpu-5"}))
+	_, err = prep(s, claim("whole", []string{"gpu-5"}))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "device gpu-5 is unavailable")
 }
@@ -121,7 +118,7 @@ func TestCrashWithSharing(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			e := newEnv(t)
 			ctx := context.Background()
-			_, err := e.start().Prepare(ctx, claim("keep", []string{"gpu-1"}, mpsConfig))
+			_, err := prep(e.start(), claim("keep", []string{"gpu-1"}, mpsConfig))
 			require.NoError(t, err)
 			keepPID := e.daemonPIDs()["keep"]
 			require.NotZero(t, keepPID)
@@ -137,10 +134,10 @@ func TestCrashWithSharing(t *testing.T) {
 				defer func() { require.Equal(t, "killed at "+step, recover()) }()
 				if isPrepare {
 					e.crashAt = kill
-					_, _ = e.start().Prepare(ctx, claim("u1", []string{"gpu-0"}, mpsConfig))
+					_, _ = prep(e.start(), claim("u1", []string{"gpu-0"}, mpsConfig))
 					return
 				}
-				_, err := e.start().Prepare(ctx, claim("u1", []string{"gpu-0"}, mpsConfig))
+				_, err := prep(e.start(), claim("u1", []string{"gpu-0"}, mpsConfig))
 				require.NoError(t, err)
 				e.crashAt = kill
 				_, _ = e.start().Unprepare(ctx, "u1")
@@ -149,14 +146,14 @@ func TestCrashWithSharing(t *testing.T) {
 			e.crashAt = nil
 			restarted := e.start()
 			if step == "after-complete" {
-				_, ok := restarted.Prepared("u1")
+				_, ok := preparedOf(t, restarted, "u1")
 				assert.True(t, ok)
 			}
 			_, err = restarted.Unprepare(ctx, "u1")
 			require.NoError(t, err)
 			assert.Equal(t, map[string]int{"keep": keepPID}, e.daemonPIDs(), "the other claim's daemon is untouched, u1's is gone")
 			assert.Len(t, e.cdiSpecs(), 1)
-			_, err = restarted.Prepare(ctx, claim("u1", []string{"gpu-0"}, mpsConfig))
+			_, err = prep(restarted, claim("u1", []string{"gpu-0"}, mpsConfig))
 			require.NoError(t, err, "the claim can be prepared after the restart")
 			assert.Len(t, e.daemonPIDs(), 2)
 			_, err = restarted.Unprepare(ctx, "u1")

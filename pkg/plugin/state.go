@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"os"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -13,6 +15,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
@@ -20,15 +23,28 @@ import (
 // instance and compute instance.
 type CapMinors func(gpuMinor, gi, ci int) (giMinor, ciMinor int, err error)
 
+// ClaimLister lists the claims allocated to this node's pool, so that a lost
+// or corrupt checkpoint can be rebuilt from the API.
+type ClaimLister func(ctx context.Context) ([]*resourceapi.ResourceClaim, error)
+
 // StateOptions configure NodeState.
 type StateOptions struct {
-	Pool           string
-	Backend        nvdevice.Interface
-	CDI            *cdi.Writer
-	Majors         cdi.Majors
-	CapMinors      CapMinors
+	Pool      string
+	Backend   nvdevice.Interface
+	CDI       *cdi.Writer
+	Majors    cdi.Majors
+	CapMinors CapMinors
+	// CheckpointPath is the checkpoint file; its directory also holds the
+	// node lock and the MIG markers, and must be shared by every plugin
+	// instance of the node.
 	CheckpointPath string
 	BootID         string
+	// Claims lists this node's allocated claims for a rebuild; nil: a
+	// rebuild uses what is on the node only.
+	Claims ClaimLister
+	// OnRebuild is told what a rebuild found (the plugin records a Node
+	// Event).
+	OnRebuild func(context.Context, RebuildReport)
 	// Now is the clock (tests fix it).
 	Now func() time.Time
 	// CrashAt, when set, is called at every step of prepare and unprepare
@@ -39,12 +55,21 @@ type StateOptions struct {
 	Sharing *sharing.Manager
 }
 
-// NodeState prepares and unprepares claims on one node. Every change is
-// recorded in the checkpoint before and after its side effects.
+// NodeState prepares and unprepares claims on one node. The checkpoint is
+// the state: every call reads it, changes it and stores it under a
+// node-wide lock, so that two plugin instances of one node (a rolling
+// update) see each other's claims. Every change is recorded before and
+// after its side effects.
 type NodeState struct {
-	opts StateOptions
-	mu   sync.Mutex
+	opts    StateOptions
+	lock    *nodeLock
+	markers migMarkers
+
+	// cp is the checkpoint as this instance last read or wrote it; it is
+	// reused while the file is the same one (cpID). Another instance's
+	// store replaces the file, and with it the identity.
 	cp   *checkpoint.Checkpoint
+	cpID fileID
 	// index caches the device index of the inventory it was built from
 	// (keyed by fingerprint): rebuilding 208 device names on every prepare
 	// was the largest cost of a prepare.
@@ -52,198 +77,180 @@ type NodeState struct {
 	indexFingerprint string
 }
 
-// NewNodeState loads the checkpoint (a corrupt one is moved aside and
-// reported through the returned LoadResult) and rolls back every claim whose
-// prepare was interrupted.
-func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, checkpoint.LoadResult, error) {
+// NewNodeState opens the node's state and sweeps what a kill left behind:
+// interrupted prepares are rolled back, CDI specs nobody knows are removed,
+// MPS servers of prepared claims are adopted. A lost or corrupt checkpoint
+// is rebuilt from the node and the API. Failures of the sweep are logged
+// and retried (RetryInterrupted), never fatal: the rest of the node keeps
+// working.
+func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	res, err := checkpoint.Load(opts.CheckpointPath, opts.BootID, opts.Now())
+	dir := filepath.Dir(opts.CheckpointPath)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("plugin data directory: %w", err)
+	}
+	lock, err := openNodeLock(filepath.Join(dir, "state.lock"))
 	if err != nil {
-		return nil, res, err
+		return nil, err
 	}
-	s := &NodeState{opts: opts, cp: res.Checkpoint}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for uid, c := range s.cp.Claims {
-		if c.State == checkpoint.PrepareStarted {
-			klog.FromContext(ctx).Info("Rolling back a prepare interrupted by a restart", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
-			if err := s.rollbackLocked(ctx, uid); err != nil {
-				return nil, res, err
-			}
-		}
+	s := &NodeState{opts: opts, lock: lock, markers: migMarkers{dir: filepath.Join(dir, "mig-markers")}}
+	if err := s.sweep(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Cleaning up after an earlier plugin instance failed in part; what failed is kept and retried")
 	}
-	// A kill between writing a CDI spec and recording the claim leaves a
-	// spec nobody knows: remove it.
-	uids, err := opts.CDI.ClaimUIDs()
-	if err != nil {
-		return nil, res, err
-	}
-	for _, uid := range uids {
-		if _, known := s.cp.Claims[uid]; !known {
-			klog.FromContext(ctx).Info("Removing a CDI spec left by an interrupted prepare", "uid", uid)
-			if err := opts.CDI.Remove(uid); err != nil {
-				return nil, res, err
-			}
-		}
-	}
-	// MPS daemons of prepared claims are adopted (or started again if
-	// they died); those of claims nobody knows are stopped.
-	if opts.Sharing != nil {
-		var prepared []sharing.Claim
-		for uid, c := range s.cp.Claims {
-			prepared = append(prepared, sharingClaim(uid, c))
-		}
-		if err := opts.Sharing.Resume(ctx, prepared); err != nil {
-			klog.FromContext(ctx).Error(err, "Resuming the sharing of prepared claims failed; their prepare will be retried")
-		}
-	}
-	return s, res, nil
+	return s, nil
 }
 
-// Prepared returns the claim's prepared devices, if it is prepared.
-func (s *NodeState) Prepared(uid string) ([]checkpoint.PreparedDevice, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.cp.Claims[uid]
-	if !ok || c.State != checkpoint.PrepareCompleted {
-		return nil, false
+// Close releases the lock file.
+func (s *NodeState) Close() error { return s.lock.close() }
+
+// withLock runs fn on the current checkpoint under the node lock.
+func (s *NodeState) withLock(ctx context.Context, fn func(cp *checkpoint.Checkpoint) error) error {
+	if err := s.lock.lock(ctx); err != nil {
+		return err
 	}
-	return c.Devices, true
+	defer s.lock.unlock()
+	cp, err := s.loadLocked(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(cp); err != nil {
+		s.cp = nil // fn may have changed it without storing: read again
+		return err
+	}
+	return nil
 }
 
-// Record returns a prepared claim's checkpoint record.
-func (s *NodeState) Record(uid string) (checkpoint.PreparedClaim, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.cp.Claims[uid]
-	return c, ok && c.State == checkpoint.PrepareCompleted
+// Record returns a claim's record, if it is prepared.
+func (s *NodeState) Record(ctx context.Context, uid string) (prepared.Claim, bool, error) {
+	var out prepared.Claim
+	var ok bool
+	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		out, ok = cp.Claim(uid)
+		ok = ok && out.State == prepared.PrepareCompleted
+		return nil
+	})
+	return out, ok, err
 }
 
 // ManagedMigDevices are the MIG devices the driver created, for the slice
 // builder.
-func (s *NodeState) ManagedMigDevices() map[string]bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.managedLocked()
+func (s *NodeState) ManagedMigDevices(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		out = managed(cp)
+		return nil
+	})
+	return out, err
 }
 
 // Prepare prepares a claim: idempotent, refusing devices prepared for
-// another claim, and crash-safe through the two-phase checkpoint.
-func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]checkpoint.PreparedDevice, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// another claim, and crash-safe through the two-phase checkpoint. It
+// returns the claim's record.
+func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (prepared.Claim, error) {
+	var out prepared.Claim
+	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		var err error
+		out, err = s.prepareLocked(ctx, cp, claim)
+		return err
+	})
+	return out, err
+}
+
+func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint, claim *resourceapi.ResourceClaim) (prepared.Claim, error) {
 	uid := string(claim.UID)
-	if c, ok := s.cp.Claims[uid]; ok {
-		if c.State == checkpoint.PrepareCompleted {
-			return c.Devices, nil
+	if c, ok := cp.Claim(uid); ok {
+		if c.State == prepared.PrepareCompleted {
+			return c, nil
 		}
-		if err := s.rollbackLocked(ctx, uid); err != nil {
-			return nil, err
+		if err := s.rollbackLocked(ctx, cp, uid); err != nil {
+			return prepared.Claim{}, err
 		}
 	}
 	inv, err := s.opts.Backend.Inventory(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read GPUs: %w", err)
+		return prepared.Claim{}, fmt.Errorf("read GPUs: %w", err)
 	}
 	index := s.indexLocked(inv)
-	plan, err := planWithIndex(claim, s.opts.Pool, index, s.managedLocked())
+	plan, err := planWithIndex(claim, s.opts.Pool, index, managed(cp))
 	if err != nil {
-		return nil, err
+		return prepared.Claim{}, err
 	}
-	if err := s.checkConflictsLocked(uid, plan, index); err != nil {
-		return nil, err
+	if err := checkConflicts(cp, uid, plan, index); err != nil {
+		return prepared.Claim{}, err
 	}
 	shareCfg, err := claimSharing(claim.Namespace+"/"+claim.Name, plan)
 	if err != nil {
-		return nil, err
+		return prepared.Claim{}, err
 	}
 	setup := needsSharingSetup(shareCfg)
 	if setup && s.opts.Sharing == nil {
-		return nil, fmt.Errorf("claim %s/%s: this node cannot share GPUs (sharing is not configured)", claim.Namespace, claim.Name)
+		return prepared.Claim{}, fmt.Errorf("claim %s/%s: this node cannot share GPUs (sharing is not configured)", claim.Namespace, claim.Name)
 	}
 
 	// Phase one: record the intent before a side effect that only the
-	// record can undo (a MIG instance, an MPS daemon, a time slice). A CDI
+	// record can undo (a MIG instance, an MPS client, a time slice). A CDI
 	// spec alone needs no record: unknown specs are removed at start.
-	record := checkpoint.PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
+	record := prepared.Claim{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: prepared.PrepareStarted}
 	if setup {
 		record.Sharing = shareCfg
 	}
 	if createsMig(plan) || setup {
-		if err := s.recordLocked(uid, &record, "after-intent"); err != nil {
-			delete(s.cp.Claims, uid)
-			return nil, err
+		if err := s.recordLocked(cp, &record, "after-intent"); err != nil {
+			return prepared.Claim{}, err
 		}
 	}
-	devices, err := s.executeLocked(ctx, uid, &record, plan)
-	if err != nil {
-		if rbErr := s.rollbackLocked(ctx, uid); rbErr != nil {
+	if err := s.executeLocked(ctx, cp, &record, plan); err != nil {
+		if rbErr := s.rollbackLocked(ctx, cp, uid); rbErr != nil {
 			err = errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
 		}
-		return nil, err
+		return prepared.Claim{}, err
 	}
 	// Phase two: done.
-	record.State, record.Devices = checkpoint.PrepareCompleted, devices
-	if err := s.recordLocked(uid, &record, "after-complete"); err != nil {
-		return nil, err
+	record.State = prepared.PrepareCompleted
+	if err := s.recordLocked(cp, &record, "after-complete"); err != nil {
+		return prepared.Claim{}, err
 	}
-	return devices, nil
+	return record, nil
 }
 
-func (s *NodeState) executeLocked(ctx context.Context, uid string, record *checkpoint.PreparedClaim, plan []PlannedDevice) ([]checkpoint.PreparedDevice, error) {
+func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint, record *prepared.Claim, plan []PlannedDevice) error {
+	uid := record.UID
 	spec := cdi.Claim{UID: uid}
-	var devices []checkpoint.PreparedDevice
+	var devices []prepared.Device
 	for _, p := range plan {
-		pd := checkpoint.PreparedDevice{Requests: p.Requests, Pool: s.opts.Pool, Device: p.Device, UUID: p.GPU.UUID,
-			CDIDeviceIDs: []string{cdi.QualifiedName(uid, p.Device)}}
-		describeDevice(&pd, p)
-		nodes := []cdi.DeviceNode{cdi.GPUNode(s.opts.Majors, p.GPU.Minor)}
+		d := preparedDevice(uid, s.opts.Pool, p)
+		d.Nodes = []prepared.DeviceNode{cdi.GPUNode(s.opts.Majors, p.GPU.Minor)}
 		if p.Mig != nil {
 			mig := p.Mig.Existing
 			if mig == nil {
-				// Record the placement before creating it, and the
-				// instance's ids right after: a kill in between is
-				// rolled back by placement, so nothing leaks.
-				pd.CreatedMig = &checkpoint.CreatedMig{ParentUUID: p.GPU.UUID, Profile: p.Mig.Profile, Start: p.Mig.Placement.Start,
-					GPUInstanceID: unknownInstance, ComputeInstanceID: unknownInstance}
-				record.Devices = append(record.Devices, pd)
-				if err := s.recordLocked(uid, record, "before-mig-create"); err != nil {
-					return nil, err
-				}
-				created, err := s.opts.Backend.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: p.GPU.UUID, Profile: p.Mig.Profile, Start: p.Mig.Placement.Start})
+				created, err := s.createMigLocked(ctx, cp, record, &d, p)
 				if err != nil {
-					return nil, fmt.Errorf("device %s: %w", p.Device, err)
+					return err
 				}
-				s.crash("after-mig-create")
 				mig = created
-				pd.CreatedMig.GPUInstanceID, pd.CreatedMig.ComputeInstanceID, pd.CreatedMig.UUID = created.GPUInstanceID, created.ComputeInstanceID, created.UUID
-				record.Devices[len(record.Devices)-1] = pd
-				if err := s.recordLocked(uid, record, "after-mig-record"); err != nil {
-					return nil, err
-				}
 			}
-			pd.UUID = mig.UUID
+			d.UUID = mig.UUID
 			giMinor, ciMinor, err := s.opts.CapMinors(p.GPU.Minor, mig.GPUInstanceID, mig.ComputeInstanceID)
 			if err != nil {
-				return nil, fmt.Errorf("device %s: %w", p.Device, err)
+				return fmt.Errorf("device %s: %w", p.Device, err)
 			}
-			nodes = append(nodes, cdi.CapNode(s.opts.Majors, giMinor), cdi.CapNode(s.opts.Majors, ciMinor))
+			d.Nodes = append(d.Nodes, cdi.CapNode(s.opts.Majors, giMinor), cdi.CapNode(s.opts.Majors, ciMinor))
 		}
-		spec.Devices = append(spec.Devices, cdi.Device{Name: p.Device, UUID: pd.UUID, Nodes: nodes})
-		devices = append(devices, pd)
+		devices = append(devices, d)
 	}
+	record.Devices = devices
+	spec.Devices = devices
 	if record.Sharing != nil {
 		// The record names every device before sharing touches them, so
 		// that a kill from here on is undone by the rollback.
-		record.Devices = devices
-		if err := s.recordLocked(uid, record, "before-sharing"); err != nil {
-			return nil, err
+		if err := s.recordLocked(cp, record, "before-sharing"); err != nil {
+			return err
 		}
-		edits, err := s.opts.Sharing.Prepare(ctx, sharingClaim(uid, *record))
+		edits, err := s.opts.Sharing.Prepare(ctx, *record)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.crash("after-sharing")
 		spec.Env = edits.Env
@@ -253,74 +260,101 @@ func (s *NodeState) executeLocked(ctx context.Context, uid string, record *check
 	}
 	cdiSpec, err := cdi.BuildSpec(spec, s.opts.Majors)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := s.opts.CDI.Write(uid, cdiSpec); err != nil {
-		return nil, err
+		return err
 	}
 	s.crash("after-cdi-write")
-	return devices, nil
+	// Device nodes are host facts, not state: the record goes without.
+	for i := range record.Devices {
+		record.Devices[i].Nodes = nil
+	}
+	return nil
 }
 
-// Unprepare undoes a claim's prepare. An unknown claim is already
-// unprepared. It reports whether MIG devices were destroyed (the published
-// devices change then).
+// createMigLocked creates a planned MIG device. The placement is recorded
+// (checkpoint and marker) before the creation and the instance's ids right
+// after: a kill in between is rolled back by placement, so nothing leaks.
+func (s *NodeState) createMigLocked(ctx context.Context, cp *checkpoint.Checkpoint, record *prepared.Claim, d *prepared.Device, p PlannedDevice) (*nvdevice.MigDevice, error) {
+	d.CreatedMig = &prepared.CreatedMig{ParentUUID: p.GPU.UUID, Profile: p.Mig.Profile, Start: p.Mig.Placement.Start,
+		GPUInstanceID: prepared.UnknownInstance, ComputeInstanceID: prepared.UnknownInstance}
+	record.Devices = append(record.Devices, *d)
+	if err := s.recordLocked(cp, record, "before-mig-marker"); err != nil {
+		return nil, err
+	}
+	if err := s.markers.put(record.UID, *d.CreatedMig); err != nil {
+		return nil, err
+	}
+	s.crash("before-mig-create")
+	created, err := s.opts.Backend.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: p.GPU.UUID, Profile: p.Mig.Profile, Start: p.Mig.Placement.Start})
+	if err != nil {
+		return nil, fmt.Errorf("device %s: %w", p.Device, err)
+	}
+	s.crash("after-mig-create")
+	d.CreatedMig.GPUInstanceID, d.CreatedMig.ComputeInstanceID, d.CreatedMig.UUID = created.GPUInstanceID, created.ComputeInstanceID, created.UUID
+	record.Devices[len(record.Devices)-1] = *d
+	if err := s.recordLocked(cp, record, "after-mig-record"); err != nil {
+		return nil, err
+	}
+	if err := s.markers.put(record.UID, *d.CreatedMig); err != nil {
+		return nil, err
+	}
+	return created, nil
+}
+
+// Unprepare undoes a claim's prepare. A claim this node never prepared is
+// already unprepared. It reports whether MIG devices were destroyed (the
+// published devices change then).
 func (s *NodeState) Unprepare(ctx context.Context, uid string) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.cp.Claims[uid]
-	if !ok {
-		return false, nil
-	}
-	createdMig := false
-	for _, d := range c.Devices {
-		createdMig = createdMig || d.CreatedMig != nil
-	}
-	return createdMig, s.rollbackLocked(ctx, uid)
+	destroyed := false
+	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		c, ok := cp.Claim(uid)
+		if !ok {
+			return nil
+		}
+		destroyed = c.CreatesMig()
+		return s.rollbackLocked(ctx, cp, uid)
+	})
+	return destroyed, err
 }
 
-// rollbackLocked destroys the MIG devices the claim's record names, removes
-// its CDI spec and forgets it. Every step may be repeated after a kill.
-func (s *NodeState) rollbackLocked(ctx context.Context, uid string) error {
-	c := s.cp.Claims[uid]
-	// Sharing first: an MPS daemon holds the (MIG) devices it serves.
-	if c.Sharing != nil && s.opts.Sharing != nil {
-		var others []sharing.Claim
-		for otherUID, o := range s.cp.Claims {
-			if otherUID != uid {
-				others = append(others, sharingClaim(otherUID, o))
-			}
-		}
-		if err := s.opts.Sharing.Unprepare(ctx, sharingClaim(uid, c), others); err != nil {
+// rollbackLocked undoes the claim's sharing, destroys the MIG devices its
+// record names, removes its CDI spec and forgets it. Every step may be
+// repeated after a kill or a failure; until all succeeded the record stays.
+func (s *NodeState) rollbackLocked(ctx context.Context, cp *checkpoint.Checkpoint, uid string) error {
+	c, _ := cp.Claim(uid)
+	// Sharing first: an MPS server holds the (MIG) devices it serves.
+	if needsSharingSetup(c.Sharing) && s.opts.Sharing != nil {
+		if err := s.opts.Sharing.Unprepare(ctx, c, cp.Others(uid)); err != nil {
 			return err
 		}
 		s.crash("after-sharing-undo")
 	}
 	for _, d := range c.Devices {
-		if m := d.CreatedMig; m != nil {
-			ref, found, err := s.migRefLocked(ctx, m)
-			if err != nil {
-				return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
-			}
-			if !found {
-				continue
-			}
-			if err := s.opts.Backend.DeleteMigDevice(ctx, ref); err != nil && !errors.Is(err, nvdevice.ErrNotFound) {
-				return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
-			}
-			s.crash("after-mig-delete")
+		m := d.CreatedMig
+		if m == nil {
+			continue
+		}
+		ref := nvdevice.MigPlacementRef{ParentUUID: m.ParentUUID, Profile: m.Profile, Start: m.Start, UUID: m.UUID}
+		if err := s.opts.Backend.DeleteMigPlacement(ctx, ref); err != nil && !errors.Is(err, nvdevice.ErrNotFound) {
+			return fmt.Errorf("claim %s (%s): device %s: %w", c.Ref(), uid, d.Device, err)
+		}
+		s.crash("after-mig-delete")
+		if err := s.markers.remove(*m); err != nil {
+			return err
 		}
 	}
 	if err := s.opts.CDI.Remove(uid); err != nil {
 		return err
 	}
 	s.crash("after-cdi-remove")
-	delete(s.cp.Claims, uid)
-	return s.storeLocked()
+	delete(cp.Claims, uid)
+	return s.storeLocked(cp)
 }
 
-func (s *NodeState) checkConflictsLocked(uid string, plan []PlannedDevice, index map[string]PlannedDevice) error {
-	for otherUID, other := range s.cp.Claims {
+func checkConflicts(cp *checkpoint.Checkpoint, uid string, plan []PlannedDevice, index map[string]PlannedDevice) error {
+	for otherUID, other := range cp.Claims {
 		if otherUID == uid {
 			continue
 		}
@@ -350,39 +384,18 @@ func (s *NodeState) indexLocked(inv *nvdevice.Inventory) map[string]PlannedDevic
 	return s.index
 }
 
-func (s *NodeState) managedLocked() map[string]bool {
+// managed are the UUIDs of the MIG devices the checkpoint says the driver
+// created.
+func managed(cp *checkpoint.Checkpoint) map[string]bool {
 	out := map[string]bool{}
-	for _, c := range s.cp.Claims {
+	for _, c := range cp.Claims {
 		for _, d := range c.Devices {
-			if d.CreatedMig != nil {
+			if d.CreatedMig != nil && d.CreatedMig.UUID != "" {
 				out[d.CreatedMig.UUID] = true
 			}
 		}
 	}
 	return out
-}
-
-// migRefLocked names the MIG device a record points at. A record written
-// just before a creation has no instance ids: the device is found by its
-// placement, if the creation happened at all.
-func (s *NodeState) migRefLocked(ctx context.Context, m *checkpoint.CreatedMig) (nvdevice.MigDeviceRef, bool, error) {
-	if m.GPUInstanceID != unknownInstance {
-		return nvdevice.MigDeviceRef{ParentUUID: m.ParentUUID, GPUInstanceID: m.GPUInstanceID, ComputeInstanceID: m.ComputeInstanceID, UUID: m.UUID}, true, nil
-	}
-	inv, err := s.opts.Backend.Inventory(ctx)
-	if err != nil {
-		return nvdevice.MigDeviceRef{}, false, fmt.Errorf("read GPUs: %w", err)
-	}
-	g, err := inv.GPUByUUID(m.ParentUUID)
-	if err != nil {
-		return nvdevice.MigDeviceRef{}, false, nil // the GPU is gone, and its instances with it
-	}
-	for _, d := range g.MIG.Devices {
-		if d.Profile == m.Profile && d.Placement.Start == m.Start {
-			return nvdevice.MigDeviceRef{ParentUUID: m.ParentUUID, GPUInstanceID: d.GPUInstanceID, ComputeInstanceID: d.ComputeInstanceID, UUID: d.UUID}, true, nil
-		}
-	}
-	return nvdevice.MigDeviceRef{}, false, nil
 }
 
 func createsMig(plan []PlannedDevice) bool {
@@ -394,13 +407,10 @@ func createsMig(plan []PlannedDevice) bool {
 	return false
 }
 
-// unknownInstance marks instance ids not known yet.
-const unknownInstance = -1
-
 // recordLocked stores the claim's record, then passes a crash point.
-func (s *NodeState) recordLocked(uid string, record *checkpoint.PreparedClaim, step string) error {
-	s.cp.Claims[uid] = *record
-	if err := s.storeLocked(); err != nil {
+func (s *NodeState) recordLocked(cp *checkpoint.Checkpoint, record *prepared.Claim, step string) error {
+	cp.Put(*record)
+	if err := s.storeLocked(cp); err != nil {
 		return err
 	}
 	s.crash(step)
@@ -414,6 +424,75 @@ func (s *NodeState) crash(step string) {
 	}
 }
 
-func (s *NodeState) storeLocked() error {
-	return checkpoint.Store(s.opts.CheckpointPath, s.cp)
+func (s *NodeState) storeLocked(cp *checkpoint.Checkpoint) error {
+	s.cp = nil
+	if err := checkpoint.Store(s.opts.CheckpointPath, cp); err != nil {
+		return err
+	}
+	if id, err := statID(s.opts.CheckpointPath); err == nil {
+		s.cp, s.cpID = cp, id
+	}
+	return nil
+}
+
+// loadLocked returns the current checkpoint: the one this instance holds
+// if the file did not change since, otherwise the file's. A lost or corrupt
+// checkpoint is rebuilt from the node and the API.
+func (s *NodeState) loadLocked(ctx context.Context) (*checkpoint.Checkpoint, error) {
+	path := s.opts.CheckpointPath
+	id, statErr := statID(path)
+	if statErr == nil && s.cp != nil && id == s.cpID {
+		return s.cp, nil
+	}
+	res, err := checkpoint.Load(path, s.opts.BootID, s.opts.Now())
+	if err != nil {
+		return nil, err
+	}
+	cp := res.Checkpoint
+	switch {
+	case res.StaleBoot:
+		// A reboot destroyed every MIG instance and the CDI specs in
+		// tmpfs: the markers describe nothing any more.
+		klog.FromContext(ctx).Info("Checkpoint was written before a reboot; starting empty")
+		if err := os.RemoveAll(s.markers.dir); err != nil {
+			return nil, fmt.Errorf("remove MIG markers of an earlier boot: %w", err)
+		}
+		if err := s.storeLocked(cp); err != nil {
+			return nil, err
+		}
+	case res.MovedAside != "" || os.IsNotExist(statErr):
+		rebuilt, err := s.rebuildLocked(ctx, cp, res)
+		if err != nil {
+			return nil, err
+		}
+		if !rebuilt && res.MovedAside == "" {
+			// A new node. The file is created now, so that a missing file
+			// later means a lost one, not a first prepare a kill cut short.
+			klog.FromContext(ctx).V(2).Info("No checkpoint yet; starting empty", "path", path)
+		}
+		if err := s.storeLocked(cp); err != nil {
+			return nil, err
+		}
+	default:
+		s.cp, s.cpID = cp, id
+	}
+	return cp, nil
+}
+
+// fileID tells one version of the checkpoint file from another: a store
+// renames a new file over it, which changes the inode and the times.
+type fileID struct {
+	dev, ino, size, mtime, ctime int64
+}
+
+func statID(path string) (fileID, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, errors.New("no stat data")
+	}
+	return fileID{dev: int64(st.Dev), ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, nil
 }

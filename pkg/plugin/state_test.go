@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -34,6 +35,9 @@ type env struct {
 	dir     string
 	cdiDir  string
 	crashAt func(string)
+	// claims answers a rebuild's API list; onRebuild sees its report.
+	claims    ClaimLister
+	onRebuild func(RebuildReport)
 }
 
 // testMachine is a DGX H100 with MIG mode on GPUs 0 and 1 only: MIG
@@ -63,14 +67,40 @@ func (e *env) start() *NodeState {
 	sharer, err := sharing.NewManager(sharing.Options{Root: filepath.Join(e.dir, "sharing"), Policy: e.machine,
 		MPSControl: sharing.ExecMPSControl{Path: standIn}})
 	require.NoError(e.t, err)
-	s, _, err := NewNodeState(context.Background(), StateOptions{
+	s, err := NewNodeState(context.Background(), StateOptions{
 		Pool: pool, Backend: e.machine, CDI: w, Majors: majors,
 		CapMinors:      MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")),
 		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
-		Sharing: sharer,
+		Sharing: sharer, Claims: e.claims,
+		OnRebuild: func(_ context.Context, r RebuildReport) {
+			if e.onRebuild != nil {
+				e.onRebuild(r)
+			}
+		},
 	})
 	require.NoError(e.t, err)
 	return s
+}
+
+// prep prepares a claim and returns its devices.
+func prep(s *NodeState, c *resourceapi.ResourceClaim) ([]prepared.Device, error) {
+	rec, err := s.Prepare(context.Background(), c)
+	return rec.Devices, err
+}
+
+// preparedOf returns a claim's devices if it is prepared.
+func preparedOf(t testing.TB, s *NodeState, uid string) ([]prepared.Device, bool) {
+	t.Helper()
+	rec, ok, err := s.Record(context.Background(), uid)
+	require.NoError(t, err)
+	return rec.Devices, ok
+}
+
+func managedOf(t testing.TB, s *NodeState) map[string]bool {
+	t.Helper()
+	m, err := s.ManagedMigDevices(context.Background())
+	require.NoError(t, err)
+	return m
 }
 
 func (e *env) migDevices() []nvdevice.MigDevice {
@@ -125,7 +155,7 @@ func TestPrepareFullGPU(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
 	inv, _ := e.machine.Inventory(context.Background())
-	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-3"}))
+	devs, err := prep(s, claim("u1", []string{"gpu-3"}))
 	require.NoError(t, err)
 	require.Len(t, devs, 1)
 	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
@@ -138,7 +168,7 @@ func TestPrepareFullGPU(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3"}, paths)
 
-	again, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-3"}))
+	again, err := prep(s, claim("u1", []string{"gpu-3"}))
 	require.NoError(t, err)
 	assert.Equal(t, devs, again, "prepare is idempotent")
 
@@ -153,13 +183,13 @@ func TestPrepareFullGPU(t *testing.T) {
 func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+	devs, err := prep(s, claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
 	require.NoError(t, err)
 	migs := e.migDevices()
 	require.Len(t, migs, 1)
 	assert.Equal(t, migs[0].UUID, devs[0].UUID)
 	assert.Equal(t, nvdevice.Placement{Start: 4, Size: 4}, migs[0].Placement)
-	assert.Equal(t, map[string]bool{migs[0].UUID: true}, s.ManagedMigDevices())
+	assert.Equal(t, map[string]bool{migs[0].UUID: true}, managedOf(t, s))
 
 	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
 	gi := migs[0].GPUInstanceID
@@ -180,17 +210,17 @@ func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
 func TestDoubleUseRefused(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	_, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}))
+	_, err := prep(s, claim("u1", []string{"gpu-0"}))
 	require.NoError(t, err)
 	for _, dev := range []string{"gpu-0", "gpu-0-mig-1g-10gb-6"} {
-		_, err = s.Prepare(context.Background(), claim("u2", []string{dev}))
+		_, err = prep(s, claim("u2", []string{dev}))
 		require.EqualError(t, err, fmt.Sprintf("device %s is unavailable: gpu-0 is prepared for claim ns/claim-u1 (u1)", dev))
 	}
-	_, err = s.Prepare(context.Background(), claim("u3", []string{"gpu-1-mig-3g-40gb-0"}))
+	_, err = prep(s, claim("u3", []string{"gpu-1-mig-3g-40gb-0"}))
 	require.NoError(t, err)
-	_, err = s.Prepare(context.Background(), claim("u4", []string{"gpu-1-mig-1g-10gb-2"}))
+	_, err = prep(s, claim("u4", []string{"gpu-1-mig-1g-10gb-2"}))
 	require.ErrorContains(t, err, "device gpu-1-mig-1g-10gb-2 is unavailable: gpu-1-mig-3g-40gb-0 is prepared for claim ns/claim-u3")
-	_, err = s.Prepare(context.Background(), claim("u5", []string{"gpu-1-mig-3g-40gb-4"}))
+	_, err = prep(s, claim("u5", []string{"gpu-1-mig-3g-40gb-4"}))
 	require.NoError(t, err, "a placement that does not overlap is fine")
 	assert.Len(t, e.migDevices(), 3, "the whole GPU 0 (in MIG mode, served as 7g.80gb) and the two 3g.40gb")
 }
@@ -198,9 +228,9 @@ func TestDoubleUseRefused(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	_, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"mode":"x"}}`))
+	_, err := prep(s, claim("u1", []string{"gpu-0"}, `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"mode":"x"}}`))
 	require.EqualError(t, err, `claim ns/claim-u1: config 0 for request "gpu": decode GpuConfig: unknown field "sharing.mode"`)
-	_, err = s.Prepare(context.Background(), claim("u2", []string{"gpu-9"}))
+	_, err = prep(s, claim("u2", []string{"gpu-9"}))
 	require.EqualError(t, err, "device gpu-9 of claim ns/claim-u2 does not exist on this node (a GPU may have vanished)")
 	assert.Empty(t, e.cdiSpecs(), "a refused claim leaves nothing")
 }
@@ -209,13 +239,13 @@ func TestBadInput(t *testing.T) {
 // unprepare, restarts it over the same node, and checks that nothing leaks
 // and nothing prepared is lost.
 func TestCrashAtEveryStep(t *testing.T) {
-	prepareSteps := []string{"after-intent", "before-mig-create", "after-mig-create", "after-mig-record", "after-cdi-write", "after-complete"}
+	prepareSteps := []string{"after-intent", "before-mig-marker", "before-mig-create", "after-mig-create", "after-mig-record", "after-cdi-write", "after-complete"}
 	unprepareSteps := []string{"after-mig-delete", "after-cdi-remove"}
 	for _, step := range append(prepareSteps, unprepareSteps...) {
 		t.Run(step, func(t *testing.T) {
 			e := newEnv(t)
 			other := e.start()
-			keep, err := other.Prepare(context.Background(), claim("keep", []string{"gpu-1-mig-1g-10gb-0"}))
+			keep, err := prep(other, claim("keep", []string{"gpu-1-mig-1g-10gb-0"}))
 			require.NoError(t, err)
 
 			e.crashAt = func(s string) {
@@ -231,11 +261,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 			func() {
 				defer func() { require.Equal(t, "killed at "+step, recover()) }()
 				if isPrepare {
-					_, _ = s.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+					_, _ = prep(s, claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
 				} else {
 					e.crashAt = nil
 					s2 := e.start()
-					_, err := s2.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+					_, err := prep(s2, claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
 					require.NoError(t, err)
 					e.crashAt = func(s string) {
 						if s == step {
@@ -248,11 +278,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 
 			e.crashAt = nil
 			restarted := e.start()
-			got, ok := restarted.Prepared("keep")
+			got, ok := preparedOf(t, restarted, "keep")
 			require.True(t, ok, "the other claim survives")
 			assert.Equal(t, keep, got)
 			if step == "after-complete" {
-				_, ok := restarted.Prepared("u1")
+				_, ok := preparedOf(t, restarted, "u1")
 				assert.True(t, ok, "a completed prepare is kept")
 				_, err := restarted.Unprepare(context.Background(), "u1")
 				require.NoError(t, err)
@@ -266,7 +296,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			assert.Equal(t, keep[0].UUID, migs[0].UUID)
 			assert.Len(t, e.cdiSpecs(), 1, "only the other claim's CDI spec remains")
 
-			devs, err := restarted.Prepare(context.Background(), claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+			devs, err := prep(restarted, claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
 			require.NoError(t, err, "the claim can be prepared after the restart")
 			assert.Len(t, devs, 1)
 		})
@@ -285,15 +315,15 @@ func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
 	s := e.start()
 	func() {
 		defer func() { require.Equal(t, "after-cdi-write", recover()) }()
-		_, _ = s.Prepare(context.Background(), claim("u1", []string{"gpu-2"}))
+		_, _ = prep(s, claim("u1", []string{"gpu-2"}))
 	}()
 	require.Len(t, e.cdiSpecs(), 1)
 	e.crashAt = nil
 	restarted := e.start()
 	assert.Empty(t, e.cdiSpecs(), "the orphan spec is removed at start")
-	_, ok := restarted.Prepared("u1")
+	_, ok := preparedOf(t, restarted, "u1")
 	assert.False(t, ok)
-	_, err := restarted.Prepare(context.Background(), claim("u1", []string{"gpu-2"}))
+	_, err := prep(restarted, claim("u1", []string{"gpu-2"}))
 	require.NoError(t, err)
 }
 
@@ -303,7 +333,7 @@ func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
 func TestPrepareWholeGPUInMIGMode(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
-	devs, err := s.Prepare(context.Background(), claim("u1", []string{"gpu-0"}))
+	devs, err := prep(s, claim("u1", []string{"gpu-0"}))
 	require.NoError(t, err)
 	require.Len(t, devs, 1)
 	migs := e.migDevices()

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
-	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -39,14 +39,14 @@ const conditionSharingEnforced = "SharingLimitsEnforced"
 // sharingStatuses computes the device statuses of a prepared claim; nil
 // when there is nothing to report (exclusive, not a share). MPS limits are
 // the ones the claim's daemon was given.
-func sharingStatuses(uid string, c checkpoint.PreparedClaim) []SharingStatus {
+func sharingStatuses(c prepared.Claim) []SharingStatus {
 	if c.Sharing == nil {
 		return nil
 	}
 	var limits sharing.MPSLimits
 	if c.Sharing.Strategy == gpuapi.MPS {
 		var err error
-		if limits, err = sharing.MPSLimitsFor(sharingClaim(uid, c)); err != nil {
+		if limits, err = sharing.MPSLimitsFor(c); err != nil {
 			return nil // refused at prepare already: the claim is not prepared
 		}
 	}
@@ -91,8 +91,8 @@ func sharingStatuses(uid string, c checkpoint.PreparedClaim) []SharingStatus {
 
 // writeDeviceStatus applies the claim's device statuses with server-side
 // apply, so that it owns only its own entries.
-func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldManager string, claim *resourceapi.ResourceClaim, c checkpoint.PreparedClaim) error {
-	statuses := sharingStatuses(string(claim.UID), c)
+func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldManager string, claim *resourceapi.ResourceClaim, c prepared.Claim) error {
+	statuses := sharingStatuses(c)
 	if len(statuses) == 0 || client == nil {
 		return nil
 	}

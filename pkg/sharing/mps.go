@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // MPSPipeDirectory is where a claim's MPS pipe directory appears in its
@@ -28,24 +29,29 @@ const MPSPipeDirectory = "/var/run/gpudra/mps"
 type MPS struct {
 	root      string
 	control   MPSControl
-	onRestart func(Claim, error)
+	onRestart func(prepared.Claim, error)
+	// procRoot is where process identities are read (/proc).
+	procRoot string
 
 	mu      sync.Mutex
 	daemons map[string]*mpsDaemon // claim UID
 }
 
 type mpsDaemon struct {
-	claim    Claim
-	pid      int
+	claim prepared.Claim
+	pid   int
+	// id is the daemon's process identity: nothing is adopted or stopped
+	// whose pid names another process now.
+	id       procIdentity
 	env      []string
 	commands []string
 }
 
-func newMPS(root string, control MPSControl, onRestart func(Claim, error)) *MPS {
+func newMPS(root string, control MPSControl, onRestart func(prepared.Claim, error)) *MPS {
 	if onRestart == nil {
-		onRestart = func(Claim, error) {}
+		onRestart = func(prepared.Claim, error) {}
 	}
-	return &MPS{root: root, control: control, onRestart: onRestart, daemons: map[string]*mpsDaemon{}}
+	return &MPS{root: root, control: control, onRestart: onRestart, daemons: map[string]*mpsDaemon{}, procRoot: "/proc"}
 }
 
 // MPSLimits are the daemon defaults for a claim: a pinned memory limit per
@@ -58,11 +64,11 @@ type MPSLimits struct {
 
 // MPSLimitsFor derives the limits from the config and, for a share of a
 // GPU, from what the share consumes: a share is capped at its size.
-func MPSLimitsFor(c Claim) (MPSLimits, error) {
+func MPSLimitsFor(c prepared.Claim) (MPSLimits, error) {
 	var l MPSLimits
 	var cfg gpuapi.MPSConfig
-	if c.Sharing.MPS != nil {
-		cfg = *c.Sharing.MPS
+	if sc := c.SharingConfig(); sc.MPS != nil {
+		cfg = *sc.MPS
 	}
 	if cfg.ActiveThreadPercentage != nil {
 		l.ThreadPercentage = int64(*cfg.ActiveThreadPercentage)
@@ -72,9 +78,9 @@ func MPSLimitsFor(c Claim) (MPSLimits, error) {
 		if cfg.PinnedMemoryLimit != nil {
 			pinned = cfg.PinnedMemoryLimit.Value()
 			if pinned > d.MemoryBytes {
-				what := "the memory of device " + d.Name
+				what := "the memory of device " + d.Device
 				if d.Share != nil {
-					what = "the share of device " + d.Name + " this claim was allocated"
+					what = "the share of device " + d.Device + " this claim was allocated"
 				}
 				return l, fmt.Errorf("sharing.mps.pinnedMemoryLimit: %s exceeds %s (%s)", cfg.PinnedMemoryLimit.String(), what, resource.NewQuantity(d.MemoryBytes, resource.BinarySI).String())
 			}
@@ -131,7 +137,7 @@ func (m *MPS) dirs(uid string) (dir, pipe, log string) {
 	return dir, filepath.Join(dir, "pipe"), filepath.Join(dir, "log")
 }
 
-func (m *MPS) daemonEnv(c Claim) []string {
+func (m *MPS) daemonEnv(c prepared.Claim) []string {
 	_, pipe, log := m.dirs(c.UID)
 	uuids := make([]string, 0, len(c.Devices))
 	for _, d := range c.Devices {
@@ -143,7 +149,7 @@ func (m *MPS) daemonEnv(c Claim) []string {
 
 // Prepare starts the claim's daemon (or adopts the one already running for
 // it) and sets its defaults.
-func (m *MPS) Prepare(ctx context.Context, c Claim) (Edits, error) {
+func (m *MPS) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	if m.control == nil {
 		return Edits{}, errors.New("this node has no MPS control binary configured (--mps-control-binary)")
 	}
@@ -158,14 +164,14 @@ func (m *MPS) Prepare(ctx context.Context, c Claim) (Edits, error) {
 		}
 	}
 	d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
-	if pid, ok := m.runningPID(dir); ok {
-		d.pid = pid
-		klog.FromContext(ctx).V(2).Info("MPS daemon already running for the claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", pid)
+	if id, ok := m.running(ctx, dir); ok {
+		d.pid, d.id = id.PID, id
+		klog.FromContext(ctx).V(2).Info("MPS daemon already running for the claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", id.PID)
 	} else if err := m.start(ctx, d); err != nil {
 		return Edits{}, err
 	}
 	if err := m.configure(ctx, d); err != nil {
-		m.stop(ctx, c.UID, d.pid)
+		m.stop(ctx, c.UID, d.id)
 		return Edits{}, err
 	}
 	m.mu.Lock()
@@ -175,19 +181,19 @@ func (m *MPS) Prepare(ctx context.Context, c Claim) (Edits, error) {
 }
 
 // Unprepare stops the claim's daemon and removes its directories.
-func (m *MPS) Unprepare(ctx context.Context, c Claim, _ []Claim) error {
+func (m *MPS) Unprepare(ctx context.Context, c prepared.Claim, _ []prepared.Claim) error {
 	m.mu.Lock()
 	d := m.daemons[c.UID]
 	delete(m.daemons, c.UID)
 	m.mu.Unlock()
 	dir, _, _ := m.dirs(c.UID)
-	pid := 0
+	var id procIdentity
 	if d != nil {
-		pid = d.pid
-	} else if p, ok := m.runningPID(dir); ok {
-		pid = p
+		id = d.id
+	} else if running, ok := m.running(ctx, dir); ok {
+		id = running
 	}
-	m.stop(ctx, c.UID, pid)
+	m.stop(ctx, c.UID, id)
 	return os.RemoveAll(dir)
 }
 
@@ -197,11 +203,15 @@ func (m *MPS) start(ctx context.Context, d *mpsDaemon) error {
 	if err != nil {
 		return fmt.Errorf("start the MPS control daemon: %w", err)
 	}
-	d.pid = pid
-	if err := os.WriteFile(filepath.Join(dir, "daemon.pid"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		_ = m.control.Kill(pid)
-		return fmt.Errorf("record the MPS daemon's pid: %w", err)
+	id, err := readProcIdentity(m.procRoot, pid)
+	if err == nil {
+		err = writeIdentity(dir, id)
 	}
+	if err != nil {
+		_ = m.control.Kill(pid) // just started by this process: still ours
+		return fmt.Errorf("record the MPS daemon's identity: %w", err)
+	}
+	d.pid, d.id = pid, id
 	klog.FromContext(ctx).Info("MPS control daemon started", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", pid)
 	return nil
 }
@@ -227,9 +237,15 @@ func (m *MPS) configure(ctx context.Context, d *mpsDaemon) error {
 	return nil
 }
 
-// stop asks the daemon to quit, then kills it if it does not.
-func (m *MPS) stop(ctx context.Context, uid string, pid int) {
+// stop asks the daemon to quit, then kills it if it does not. A pid that
+// names another process now is left alone.
+func (m *MPS) stop(ctx context.Context, uid string, id procIdentity) {
+	pid := id.PID
 	if pid <= 0 || !m.control.Alive(pid) {
+		return
+	}
+	if err := id.check(m.procRoot); err != nil {
+		klog.FromContext(ctx).Info("Not stopping a process that is not the claim's MPS daemon", "uid", uid, "reason", err.Error())
 		return
 	}
 	_, pipe, log := m.dirs(uid)
@@ -241,23 +257,30 @@ func (m *MPS) stop(ctx context.Context, uid string, pid int) {
 	for time.Now().Before(deadline) && m.control.Alive(pid) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if m.control.Alive(pid) {
+	if m.control.Alive(pid) && id.check(m.procRoot) == nil {
 		klog.FromContext(ctx).Info("MPS daemon did not quit; killing it", "pid", pid)
 		_ = m.control.Kill(pid)
 	}
 }
 
-// runningPID reads the daemon's pid file and checks that it still runs.
-func (m *MPS) runningPID(dir string) (int, bool) {
-	data, err := os.ReadFile(filepath.Join(dir, "daemon.pid"))
+// running reads the daemon's recorded identity and checks that the
+// process is still that daemon. A pid file that names another process now
+// (recycled, or another PID namespace's) is not trusted.
+func (m *MPS) running(ctx context.Context, dir string) (procIdentity, bool) {
+	if m.control == nil {
+		return procIdentity{}, false
+	}
+	id, err := verifyIdentity(m.procRoot, dir)
 	if err != nil {
-		return 0, false
+		if !errors.Is(err, os.ErrNotExist) {
+			klog.FromContext(ctx).Info("Recorded MPS daemon is not running", "dir", dir, "reason", err.Error())
+		}
+		return procIdentity{}, false
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 || m.control == nil || !m.control.Alive(pid) {
-		return 0, false
+	if !m.control.Alive(id.PID) {
+		return procIdentity{}, false
 	}
-	return pid, true
+	return id, true
 }
 
 // Daemons returns claim UID -> pid of the daemons being supervised.
@@ -273,10 +296,10 @@ func (m *MPS) Daemons() map[string]int {
 
 // resume adopts the daemons of prepared MPS claims, starts the ones that
 // died, and stops those of claims that are not prepared.
-func (m *MPS) resume(ctx context.Context, prepared []Claim, known map[string]bool) error {
+func (m *MPS) resume(ctx context.Context, claims []prepared.Claim, known map[string]bool) error {
 	var errs []error
-	for _, c := range prepared {
-		if c.Sharing.Strategy != gpuapi.MPS {
+	for _, c := range claims {
+		if c.Strategy() != gpuapi.MPS {
 			continue
 		}
 		dir, _, _ := m.dirs(c.UID)
@@ -286,9 +309,9 @@ func (m *MPS) resume(ctx context.Context, prepared []Claim, known map[string]boo
 			continue
 		}
 		d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
-		if pid, ok := m.runningPID(dir); ok {
-			d.pid = pid
-			klog.FromContext(ctx).Info("Adopted the running MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", pid)
+		if id, ok := m.running(ctx, dir); ok {
+			d.pid, d.id = id.PID, id
+			klog.FromContext(ctx).Info("Adopted the running MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", id.PID)
 		} else {
 			err := m.restart(ctx, d)
 			m.onRestart(c, err)
@@ -309,9 +332,9 @@ func (m *MPS) resume(ctx context.Context, prepared []Claim, known map[string]boo
 			continue
 		}
 		dir := filepath.Join(m.root, e.Name())
-		pid, _ := m.runningPID(dir)
-		klog.FromContext(ctx).Info("Stopping the MPS daemon of a claim that is not prepared", "uid", e.Name(), "pid", pid)
-		m.stop(ctx, e.Name(), pid)
+		id, _ := m.running(ctx, dir)
+		klog.FromContext(ctx).Info("Stopping the MPS daemon of a claim that is not prepared", "uid", e.Name(), "pid", id.PID)
+		m.stop(ctx, e.Name(), id)
 		errs = append(errs, os.RemoveAll(dir))
 	}
 	return errors.Join(errs...)
@@ -361,7 +384,7 @@ func (m *MPS) restartDead(ctx context.Context) {
 			m.daemons[d.claim.UID] = fresh
 		} else if fresh.pid > 0 {
 			m.mu.Unlock()
-			m.stop(ctx, d.claim.UID, fresh.pid)
+			m.stop(ctx, d.claim.UID, fresh.id)
 			continue
 		}
 		m.mu.Unlock()

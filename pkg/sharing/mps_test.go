@@ -15,12 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
-func mpsClaim(uid string) Claim {
+func mpsClaim(uid string) prepared.Claim {
 	limit := resource.MustParse("40Gi")
-	return Claim{UID: uid, Namespace: "ns", Name: "mps-" + uid, Devices: []Device{gpu("gpu-0", "GPU-0"), gpu("gpu-1", "GPU-1")},
-		Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS, MPS: &gpuapi.MPSConfig{PinnedMemoryLimit: &limit}}}
+	return prepared.Claim{UID: uid, Namespace: "ns", Name: "mps-" + uid, Devices: []prepared.Device{gpu("gpu-0", "GPU-0"), gpu("gpu-1", "GPU-1")},
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS, MPS: &gpuapi.MPSConfig{PinnedMemoryLimit: &limit}}}
 }
 
 func controlLog(t *testing.T, root, uid string) []string {
@@ -91,7 +92,7 @@ func TestMPSSurvivesAPluginRestart(t *testing.T) {
 
 	var mu sync.Mutex
 	var restarted []string
-	second, err := NewManager(Options{Root: root, MPSControl: control, OnDaemonRestart: func(c Claim, err error) {
+	second, err := NewManager(Options{Root: root, MPSControl: control, OnDaemonRestart: func(c prepared.Claim, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		restarted = append(restarted, c.UID)
@@ -100,7 +101,7 @@ func TestMPSSurvivesAPluginRestart(t *testing.T) {
 	require.NoError(t, err)
 	// The checkpoint knows only "kept" (the other was unprepared while the
 	// plugin was down, or never recorded).
-	require.NoError(t, second.Resume(ctx, []Claim{kept}))
+	require.NoError(t, second.Resume(ctx, []prepared.Claim{kept}))
 	assert.Equal(t, keptPID, second.MPS().Daemons()["kept"], "adopted, not started again")
 	assert.Equal(t, 1, count(controlLog(t, root, "kept"), "daemon start"))
 	assert.Eventually(t, func() bool { return !control.Alive(orphanPID) }, 5*time.Second, 20*time.Millisecond, "orphan daemon stopped")

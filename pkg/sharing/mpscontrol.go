@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+
+	"github.com/gpudra/gpudra/pkg/drivertools"
 )
 
 // MPSControl runs nvidia-cuda-mps-control.
@@ -25,18 +27,39 @@ type MPSControl interface {
 	Kill(pid int) error
 }
 
-// ExecMPSControl runs the binary at Path (nvidia-cuda-mps-control, or a
-// stand-in in tests).
+// ExecMPSControl runs nvidia-cuda-mps-control (or a stand-in in tests)
+// from the driver root, through the root's own loader.
 type ExecMPSControl struct {
+	// Runner runs it; the zero Runner runs from "/" (directly).
+	Runner drivertools.Runner
+	// Path is the binary as drivertools.Runner.Path takes it: a name in
+	// usr/bin under the driver root, a path under the driver root, or an
+	// absolute path outside it (a stand-in), run directly. Empty:
+	// "nvidia-cuda-mps-control".
 	Path string
-	// Env is added to the binary's environment: LD_LIBRARY_PATH pointing at
-	// the driver root's libraries when the driver is not installed at /.
-	Env []string
+}
+
+// command builds the command that runs the binary with args and env added
+// to its environment.
+func (e ExecMPSControl) command(ctx context.Context, env []string, args ...string) (*exec.Cmd, error) {
+	tool := e.Path
+	if tool == "" {
+		tool = "nvidia-cuda-mps-control"
+	}
+	cmd, err := e.Runner.Command(ctx, tool, args...)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = append(cmd.Env, env...)
+	return cmd, nil
 }
 
 func (e ExecMPSControl) Start(env []string) (int, error) {
-	cmd := exec.Command(e.Path, "-f")
-	cmd.Env = append(append(os.Environ(), e.Env...), env...)
+	// No context: the daemon outlives the call (and a plugin restart).
+	cmd, err := e.command(context.Background(), env, "-f")
+	if err != nil {
+		return 0, err
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return 0, err
@@ -48,8 +71,10 @@ func (e ExecMPSControl) Start(env []string) (int, error) {
 }
 
 func (e ExecMPSControl) Command(ctx context.Context, env []string, command string) error {
-	cmd := exec.CommandContext(ctx, e.Path)
-	cmd.Env = append(append(os.Environ(), e.Env...), env...)
+	cmd, err := e.command(ctx, env)
+	if err != nil {
+		return err
+	}
 	cmd.Stdin = strings.NewReader(command + "\n")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

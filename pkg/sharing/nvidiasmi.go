@@ -3,28 +3,34 @@ package sharing
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/gpudra/gpudra/pkg/drivertools"
 )
 
 // NvidiaSMI sets time slices with nvidia-smi: NVML has no call for it.
 type NvidiaSMI struct {
-	// Path is the nvidia-smi binary (under the driver root).
+	// Runner runs it from the driver root, through the root's own loader.
+	Runner drivertools.Runner
+	// Path is nvidia-smi as drivertools.Runner.Path takes it; empty:
+	// "nvidia-smi" (usr/bin/nvidia-smi under the driver root).
 	Path string
-	// Env is added to its environment (LD_LIBRARY_PATH for a driver root
-	// other than /).
-	Env []string
 }
 
 // SetTimeSlice runs `nvidia-smi compute-policy -i <uuid> --set-timeslice <level>`.
 func (n NvidiaSMI) SetTimeSlice(ctx context.Context, gpuUUID string, level int) error {
-	cmd := exec.CommandContext(ctx, n.Path, "compute-policy", "-i", gpuUUID, "--set-timeslice", strconv.Itoa(level))
-	cmd.Env = append(os.Environ(), n.Env...)
+	tool := n.Path
+	if tool == "" {
+		tool = "nvidia-smi"
+	}
+	cmd, err := n.Runner.Command(ctx, tool, "compute-policy", "-i", gpuUUID, "--set-timeslice", strconv.Itoa(level))
+	if err != nil {
+		return fmt.Errorf("setting the time slice of %s: %w", gpuUUID, err)
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("%s compute-policy -i %s --set-timeslice %d: %w: %s", n.Path, gpuUUID, level, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%s compute-policy -i %s --set-timeslice %d: %w: %s", tool, gpuUUID, level, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -15,49 +15,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
-
-// Device is one prepared device of a claim.
-type Device struct {
-	// Name is the DRA device name.
-	Name string
-	// UUID is what the container sees (GPU or MIG UUID).
-	UUID string
-	// GPUUUID is the physical GPU (the UUID itself for a full GPU).
-	GPUUUID string
-	// Mig says the device is a MIG device.
-	Mig bool
-	// MemoryBytes and Multiprocessors are the device's (or the share's).
-	MemoryBytes     int64
-	Multiprocessors int64
-	// Share is set when the device is one consumable-capacity share of a
-	// GPU that other claims share too.
-	Share *Share
-}
-
-// Share is what a claim consumes of a shared GPU.
-type Share struct {
-	ID              string
-	MemoryBytes     int64
-	Multiprocessors int64
-	// GPUMultiprocessors is the whole GPU's count, to turn the share into
-	// a percentage.
-	GPUMultiprocessors int64
-}
-
-// Claim is a claim as the strategies see it.
-type Claim struct {
-	UID       string
-	Namespace string
-	Name      string
-	Devices   []Device
-	Sharing   gpuapi.Sharing
-}
 
 // Mount is a host directory given to every container of a claim.
 type Mount struct {
@@ -83,10 +46,10 @@ func (e *Edits) merge(o Edits) {
 type Strategy interface {
 	// Prepare sets the claim's devices up and returns the container edits.
 	// It must be repeatable: a prepare interrupted by a restart runs again.
-	Prepare(ctx context.Context, c Claim) (Edits, error)
+	Prepare(ctx context.Context, c prepared.Claim) (Edits, error)
 	// Unprepare undoes Prepare. others are the claims still prepared on
 	// the node, for settings that belong to a GPU rather than a claim.
-	Unprepare(ctx context.Context, c Claim, others []Claim) error
+	Unprepare(ctx context.Context, c prepared.Claim, others []prepared.Claim) error
 }
 
 // Manager picks the strategy for each claim.
@@ -107,7 +70,7 @@ type Options struct {
 	MPSControl MPSControl
 	// OnDaemonRestart is told when an MPS daemon that had died was started
 	// again (for logs, metrics and events).
-	OnDaemonRestart func(c Claim, err error)
+	OnDaemonRestart func(c prepared.Claim, err error)
 }
 
 // NewManager builds the strategies.
@@ -130,11 +93,8 @@ func NewManager(opts Options) (*Manager, error) {
 // MPS is the MPS strategy, for its supervision loop.
 func (m *Manager) MPS() *MPS { return m.mps }
 
-func (m *Manager) strategy(c Claim) (Strategy, error) {
-	name := c.Sharing.Strategy
-	if name == "" {
-		name = gpuapi.Exclusive
-	}
+func (m *Manager) strategy(c prepared.Claim) (Strategy, error) {
+	name := c.Strategy()
 	s, ok := m.strategies[name]
 	if !ok {
 		return nil, fmt.Errorf("claim %s/%s: sharing.strategy %q is not supported", c.Namespace, c.Name, name)
@@ -143,16 +103,16 @@ func (m *Manager) strategy(c Claim) (Strategy, error) {
 }
 
 // Prepare sets up the claim's sharing and returns the container edits.
-func (m *Manager) Prepare(ctx context.Context, c Claim) (Edits, error) {
+func (m *Manager) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	s, err := m.strategy(c)
 	if err != nil {
 		return Edits{}, err
 	}
 	edits, err := s.Prepare(ctx, c)
 	if err != nil {
-		return Edits{}, fmt.Errorf("claim %s/%s: %s sharing: %w", c.Namespace, c.Name, c.Sharing.Strategy, err)
+		return Edits{}, fmt.Errorf("claim %s/%s: %s sharing: %w", c.Namespace, c.Name, c.Strategy(), err)
 	}
-	if c.Sharing.IPC {
+	if c.SharingConfig().IPC {
 		ipc, err := m.ipc.prepare(c)
 		if err != nil {
 			return Edits{}, fmt.Errorf("claim %s/%s: IPC directory: %w", c.Namespace, c.Name, err)
@@ -163,13 +123,13 @@ func (m *Manager) Prepare(ctx context.Context, c Claim) (Edits, error) {
 }
 
 // Unprepare undoes Prepare; others are the claims that stay prepared.
-func (m *Manager) Unprepare(ctx context.Context, c Claim, others []Claim) error {
+func (m *Manager) Unprepare(ctx context.Context, c prepared.Claim, others []prepared.Claim) error {
 	s, err := m.strategy(c)
 	if err != nil {
 		return err
 	}
 	if err := s.Unprepare(ctx, c, others); err != nil {
-		return fmt.Errorf("claim %s/%s: %s sharing: %w", c.Namespace, c.Name, c.Sharing.Strategy, err)
+		return fmt.Errorf("claim %s/%s: %s sharing: %w", c.Namespace, c.Name, c.Strategy(), err)
 	}
 	if err := m.ipc.remove(c.UID); err != nil {
 		return fmt.Errorf("claim %s/%s: IPC directory: %w", c.Namespace, c.Name, err)
@@ -181,13 +141,13 @@ func (m *Manager) Unprepare(ctx context.Context, c Claim, others []Claim) error 
 // prepared: MPS daemons still running are adopted (never started twice),
 // dead ones are started again, and directories of claims nobody knows
 // (a kill between setup and checkpoint) are removed with their daemons.
-func (m *Manager) Resume(ctx context.Context, prepared []Claim) error {
+func (m *Manager) Resume(ctx context.Context, claims []prepared.Claim) error {
 	known := map[string]bool{}
-	for _, c := range prepared {
+	for _, c := range claims {
 		known[c.UID] = true
 	}
 	var errs []error
-	if err := m.mps.resume(ctx, prepared, known); err != nil {
+	if err := m.mps.resume(ctx, claims, known); err != nil {
 		errs = append(errs, err)
 	}
 	if err := m.ipc.removeUnknown(ctx, known); err != nil {
@@ -199,13 +159,15 @@ func (m *Manager) Resume(ctx context.Context, prepared []Claim) error {
 // exclusive is the default: nothing to set up.
 type exclusive struct{}
 
-func (exclusive) Prepare(context.Context, Claim) (Edits, error)   { return Edits{}, nil }
-func (exclusive) Unprepare(context.Context, Claim, []Claim) error { return nil }
+func (exclusive) Prepare(context.Context, prepared.Claim) (Edits, error) { return Edits{}, nil }
+func (exclusive) Unprepare(context.Context, prepared.Claim, []prepared.Claim) error {
+	return nil
+}
 
 // ipcDirs are the per-claim IPC directories.
 type ipcDirs struct{ root string }
 
-func (d *ipcDirs) prepare(c Claim) (Edits, error) {
+func (d *ipcDirs) prepare(c prepared.Claim) (Edits, error) {
 	dir := filepath.Join(d.root, c.UID)
 	// World-writable with the sticky bit: the consumers may run as any
 	// user, and they are all consumers of this one claim.
@@ -241,15 +203,4 @@ func (d *ipcDirs) removeUnknown(ctx context.Context, known map[string]bool) erro
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// gpusOf lists the physical GPUs of a claim's devices, once each.
-func gpusOf(c Claim) []string {
-	var out []string
-	for _, d := range c.Devices {
-		if !slices.Contains(out, d.GPUUUID) {
-			out = append(out, d.GPUUUID)
-		}
-	}
-	return out
 }

@@ -12,12 +12,13 @@ import (
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 const h100Memory = 81559 << 20
 
-func gpu(name, uuid string) Device {
-	return Device{Name: name, UUID: uuid, GPUUUID: uuid, MemoryBytes: h100Memory, Multiprocessors: 132}
+func gpu(name, uuid string) prepared.Device {
+	return prepared.Device{Device: name, UUID: uuid, GPUUUID: uuid, MemoryBytes: h100Memory, Multiprocessors: 132}
 }
 
 func newManager(t *testing.T, policy TimeSlicer) (*Manager, string) {
@@ -42,10 +43,10 @@ func TestTimeSlicingIsRestoredWhenTheLastClaimGoes(t *testing.T) {
 	g0, g1 := inv.GPUs[0].UUID, inv.GPUs[1].UUID
 	m, _ := newManager(t, machine)
 	ctx := context.Background()
-	long := Claim{UID: "a", Name: "a", Devices: []Device{gpu("gpu-0", g0), gpu("gpu-1", g1)},
-		Sharing: gpuapi.Sharing{Strategy: gpuapi.TimeSlicing, TimeSlicing: &gpuapi.TimeSlicingConfig{Interval: gpuapi.LongTimeSlice}}}
-	short := Claim{UID: "b", Name: "b", Devices: []Device{gpu("gpu-0", g0)},
-		Sharing: gpuapi.Sharing{Strategy: gpuapi.TimeSlicing, TimeSlicing: &gpuapi.TimeSlicingConfig{Interval: gpuapi.ShortTimeSlice}}}
+	long := prepared.Claim{UID: "a", Name: "a", Devices: []prepared.Device{gpu("gpu-0", g0), gpu("gpu-1", g1)},
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing, TimeSlicing: &gpuapi.TimeSlicingConfig{Interval: gpuapi.LongTimeSlice}}}
+	short := prepared.Claim{UID: "b", Name: "b", Devices: []prepared.Device{gpu("gpu-0", g0)},
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing, TimeSlicing: &gpuapi.TimeSlicingConfig{Interval: gpuapi.ShortTimeSlice}}}
 
 	_, err = m.Prepare(ctx, long)
 	require.NoError(t, err)
@@ -55,7 +56,7 @@ func TestTimeSlicingIsRestoredWhenTheLastClaimGoes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, machine.TimeSlice(g0), "the last claim to set it wins")
 
-	require.NoError(t, m.Unprepare(ctx, long, []Claim{short}))
+	require.NoError(t, m.Unprepare(ctx, long, []prepared.Claim{short}))
 	assert.Equal(t, 1, machine.TimeSlice(g0), "still time-sliced for claim b")
 	assert.Equal(t, 0, machine.TimeSlice(g1), "restored: no claim left on GPU 1")
 	require.NoError(t, m.Unprepare(ctx, short, nil))
@@ -66,9 +67,9 @@ func TestTimeSlicingRefusesMIGDevices(t *testing.T) {
 	machine, err := sim.NewBuiltin("dgx-h100", "node")
 	require.NoError(t, err)
 	m, _ := newManager(t, machine)
-	_, err = m.Prepare(context.Background(), Claim{UID: "a", Namespace: "ns", Name: "a",
-		Devices: []Device{{Name: "gpu-0-mig-1g-10gb-6", UUID: "MIG-x", GPUUUID: "GPU-x", Mig: true}},
-		Sharing: gpuapi.Sharing{Strategy: gpuapi.TimeSlicing}})
+	_, err = m.Prepare(context.Background(), prepared.Claim{UID: "a", Namespace: "ns", Name: "a",
+		Devices: []prepared.Device{{Device: "gpu-0-mig-1g-10gb-6", UUID: "MIG-x", GPUUUID: "GPU-x", Mig: true}},
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "claim ns/a: TimeSlicing sharing: device gpu-0-mig-1g-10gb-6 is a MIG device")
 }
@@ -76,7 +77,7 @@ func TestTimeSlicingRefusesMIGDevices(t *testing.T) {
 func TestIPCDirectory(t *testing.T) {
 	m, root := newManager(t, nil)
 	ctx := context.Background()
-	c := Claim{UID: "uid-1", Name: "shared", Devices: []Device{gpu("gpu-0", "GPU-0")}, Sharing: gpuapi.Sharing{Strategy: gpuapi.Exclusive, IPC: true}}
+	c := prepared.Claim{UID: "uid-1", Name: "shared", Devices: []prepared.Device{gpu("gpu-0", "GPU-0")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.Exclusive, IPC: true}}
 	edits, err := m.Prepare(ctx, c)
 	require.NoError(t, err)
 	dir := filepath.Join(root, "ipc", "uid-1")
@@ -93,7 +94,7 @@ func TestIPCDirectory(t *testing.T) {
 
 	// At start, directories of claims that are not prepared go.
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "ipc", "stale"), 0o755))
-	require.NoError(t, m.Resume(ctx, []Claim{c}))
+	require.NoError(t, m.Resume(ctx, []prepared.Claim{c}))
 	assert.DirExists(t, dir)
 	assert.NoDirExists(t, filepath.Join(root, "ipc", "stale"))
 
@@ -105,14 +106,14 @@ func TestLimitsFor(t *testing.T) {
 	q := resource.MustParse
 	tests := []struct {
 		name     string
-		claim    Claim
+		claim    prepared.Claim
 		commands []string
 		env      map[string]string
 		wantErr  string
 	}{
 		{
 			name: "limits from the config, per device",
-			claim: Claim{Devices: []Device{gpu("gpu-0", "GPU-0"), gpu("gpu-1", "GPU-1")}, Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS,
+			claim: prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0"), gpu("gpu-1", "GPU-1")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS,
 				MPS: &gpuapi.MPSConfig{ActiveThreadPercentage: ptr[int32](50), PinnedMemoryLimit: ptr(q("40Gi"))}}},
 			commands: []string{"set_default_active_thread_percentage 50", "set_default_device_pinned_mem_limit 0 40960M", "set_default_device_pinned_mem_limit 1 40960M"},
 			env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
@@ -120,27 +121,27 @@ func TestLimitsFor(t *testing.T) {
 		},
 		{
 			name:     "no limits",
-			claim:    Claim{Devices: []Device{gpu("gpu-0", "GPU-0")}, Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS}},
+			claim:    prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS}},
 			commands: nil,
 			env:      map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory},
 		},
 		{
 			name: "a share is capped at its size",
-			claim: Claim{Devices: []Device{{Name: "gpu-0", UUID: "GPU-0", GPUUUID: "GPU-0", MemoryBytes: 20 << 30, Multiprocessors: 33,
-				Share: &Share{ID: "s1", MemoryBytes: 20 << 30, Multiprocessors: 33, GPUMultiprocessors: 132}}}, Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS}},
+			claim: prepared.Claim{Devices: []prepared.Device{{Device: "gpu-0", UUID: "GPU-0", GPUUUID: "GPU-0", MemoryBytes: 20 << 30, Multiprocessors: 33,
+				Share: &prepared.Share{ID: "s1", MemoryBytes: 20 << 30, Multiprocessors: 33, GPUMultiprocessors: 132}}}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS}},
 			commands: []string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 20480M"},
 			env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M"},
 		},
 		{
 			name: "a limit above the share",
-			claim: Claim{Devices: []Device{{Name: "gpu-0", UUID: "GPU-0", GPUUUID: "GPU-0", MemoryBytes: 20 << 30,
-				Share: &Share{ID: "s1", MemoryBytes: 20 << 30}}}, Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS, MPS: &gpuapi.MPSConfig{PinnedMemoryLimit: ptr(q("40Gi"))}}},
+			claim: prepared.Claim{Devices: []prepared.Device{{Device: "gpu-0", UUID: "GPU-0", GPUUUID: "GPU-0", MemoryBytes: 20 << 30,
+				Share: &prepared.Share{ID: "s1", MemoryBytes: 20 << 30}}}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS, MPS: &gpuapi.MPSConfig{PinnedMemoryLimit: ptr(q("40Gi"))}}},
 			wantErr: "sharing.mps.pinnedMemoryLimit: 40Gi exceeds the share of device gpu-0 this claim was allocated (20Gi)",
 		},
 		{
 			name: "a limit above the device",
-			claim: Claim{Devices: []Device{gpu("gpu-0", "GPU-0")}, Sharing: gpuapi.Sharing{Strategy: gpuapi.MPS,
+			claim: prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS,
 				MPS: &gpuapi.MPSConfig{PinnedMemoryLimit: ptr(q("80Gi"))}}},
 			wantErr: "sharing.mps.pinnedMemoryLimit: 80Gi exceeds the memory of device gpu-0 (81559Mi)",
 		},

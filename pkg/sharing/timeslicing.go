@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // TimeSlicer sets a GPU's time slice (nvdevice.ComputePolicy).
@@ -33,24 +34,24 @@ func TimeSliceLevel(i gpuapi.TimeSliceInterval) (int, error) {
 // on that GPU asks for time-slicing any more.
 type timeSlicing struct{ policy TimeSlicer }
 
-func (t *timeSlicing) Prepare(ctx context.Context, c Claim) (Edits, error) {
+func (t *timeSlicing) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	if t.policy == nil {
 		return Edits{}, errors.New("this node cannot set time slices (no compute policy backend)")
 	}
 	for _, d := range c.Devices {
 		if d.Mig {
-			return Edits{}, fmt.Errorf("device %s is a MIG device (or a whole GPU in MIG mode, served as its largest instance): time-slicing applies to GPUs in MIG mode off (processes on one MIG device already take turns)", d.Name)
+			return Edits{}, fmt.Errorf("device %s is a MIG device (or a whole GPU in MIG mode, served as its largest instance): time-slicing applies to GPUs in MIG mode off (processes on one MIG device already take turns)", d.Device)
 		}
 	}
 	interval := gpuapi.DefaultTimeSlice
-	if c.Sharing.TimeSlicing != nil && c.Sharing.TimeSlicing.Interval != "" {
-		interval = c.Sharing.TimeSlicing.Interval
+	if cfg := c.SharingConfig(); cfg.TimeSlicing != nil && cfg.TimeSlicing.Interval != "" {
+		interval = cfg.TimeSlicing.Interval
 	}
 	level, err := TimeSliceLevel(interval)
 	if err != nil {
 		return Edits{}, err
 	}
-	for _, gpu := range gpusOf(c) {
+	for _, gpu := range c.GPUs() {
 		if err := t.policy.SetTimeSlice(ctx, gpu, level); err != nil {
 			return Edits{}, fmt.Errorf("GPU %s: set time slice %s: %w", gpu, interval, err)
 		}
@@ -59,11 +60,11 @@ func (t *timeSlicing) Prepare(ctx context.Context, c Claim) (Edits, error) {
 	return Edits{}, nil
 }
 
-func (t *timeSlicing) Unprepare(ctx context.Context, c Claim, others []Claim) error {
+func (t *timeSlicing) Unprepare(ctx context.Context, c prepared.Claim, others []prepared.Claim) error {
 	if t.policy == nil {
 		return nil
 	}
-	for _, gpu := range gpusOf(c) {
+	for _, gpu := range c.GPUs() {
 		if stillTimeSliced(gpu, others) {
 			continue
 		}
@@ -75,9 +76,9 @@ func (t *timeSlicing) Unprepare(ctx context.Context, c Claim, others []Claim) er
 	return nil
 }
 
-func stillTimeSliced(gpu string, others []Claim) bool {
+func stillTimeSliced(gpu string, others []prepared.Claim) bool {
 	for _, o := range others {
-		if o.Sharing.Strategy == gpuapi.TimeSlicing && slices.Contains(gpusOf(o), gpu) {
+		if o.Strategy() == gpuapi.TimeSlicing && slices.Contains(o.GPUs(), gpu) {
 			return true
 		}
 	}

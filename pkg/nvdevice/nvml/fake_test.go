@@ -84,6 +84,9 @@ type fakeGPU struct {
 	// busy compute instances refuse to be destroyed (processes run on them).
 	busy      bool
 	destroyed []string // "ci <gi>/<ci>", "gi <gi>" in order
+	// failGIDestroy, when set, is what the next GPU instance destroy
+	// returns (once), after its compute instances went.
+	failGIDestroy nvml.Return
 }
 
 type gpuSpec struct {
@@ -296,6 +299,10 @@ func (f *fakeGPU) giMock(gi *fakeGI) *mock.GpuInstance {
 			defer f.mu.Unlock()
 			if len(gi.cis) > 0 {
 				return nvml.ERROR_IN_USE
+			}
+			if ret := f.failGIDestroy; ret != nvml.SUCCESS {
+				f.failGIDestroy = nvml.SUCCESS
+				return ret
 			}
 			for i, g := range f.gis {
 				if g == gi {

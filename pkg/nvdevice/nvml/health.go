@@ -4,7 +4,11 @@ package nvml
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -31,9 +35,12 @@ type watchedGPU struct {
 	uuid string
 }
 
-// WatchHealth streams XID errors and lost GPUs. The first watcher starts the
-// one NVML event loop, which runs until Close; every watcher gets every
-// event, and its channel is closed when its ctx ends.
+// WatchHealth streams XID errors, lost GPUs and recoveries. The first
+// watcher starts the one NVML event loop, which runs until Close; every
+// watcher gets every event, and its channel is closed when its ctx ends.
+// The loop also checks the GPUs it reported unhealthy (and those handed to
+// TrackUnhealthy) and reports each recovered when it can be trusted again
+// (see recovered).
 func (b *Backend) WatchHealth(ctx context.Context) (<-chan nvdevice.HealthEvent, error) {
 	err := b.locked(func() error {
 		if b.stopLoop != nil {
@@ -45,7 +52,9 @@ func (b *Backend) WatchHealth(ctx context.Context) (<-chan nvdevice.HealthEvent,
 		}
 		loopCtx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.FromContext(ctx)))
 		b.stopLoop, b.loopDone = cancel, make(chan struct{})
-		go b.eventLoop(loopCtx, set, gpus, b.loopDone)
+		tracker := newRecoveryTracker(healthRecovery)
+		trackers.Store(b, tracker)
+		go b.eventLoop(loopCtx, set, gpus, tracker, b.loopDone)
 		return nil
 	})
 	if err != nil {
@@ -102,36 +111,52 @@ func (b *Backend) registerEvents(ctx context.Context) (nvml.EventSet, []watchedG
 	return set, gpus, nil
 }
 
-// eventLoop waits for events until ctx ends. It is the only place the event
-// set is used, and frees it before closing done.
-func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watchedGPU, done chan<- struct{}) {
+// eventLoop waits for events until ctx ends, and checks the unhealthy GPUs
+// every policy interval. It is the only place the event set is used, and
+// frees it before closing done; every NVML call of the recovery checks
+// happens here too, so that Close (which waits for done) never shuts NVML
+// down under one.
+func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watchedGPU, tracker *recoveryTracker, done chan<- struct{}) {
 	defer close(done)
 	defer set.Free()
+	defer trackers.Delete(b)
 	logger := klog.FromContext(ctx)
 	wait := b.eventWait
 	if wait <= 0 {
 		wait = defaultEventWait
 	}
+	wait = min(wait, tracker.policy.Interval)
 	backoff := min(errorBackoff, wait)
 	lost := map[string]bool{}
+	lastCheck := time.Now()
 	for ctx.Err() == nil {
-		data, ret := set.Wait(uint32(wait.Milliseconds()))
+		data, ret := set.Wait(uint32(max(1, wait.Milliseconds())))
 		switch ret {
 		case nvml.SUCCESS:
 			if ev, ok := translateEvent(data); ok {
 				logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "mig", ev.MigUUID, "xid", ev.XID)
 				b.health.Publish(ev)
+				tracker.track(ev)
 			}
 		case nvml.ERROR_TIMEOUT:
 		case nvml.ERROR_GPU_IS_LOST:
 			for _, ev := range lostGPUs(gpus, lost) {
 				logger.Error(nvdevice.ErrGPULost, "GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID)
 				b.health.Publish(ev)
+				tracker.track(ev)
 			}
 			sleep(ctx, backoff)
 		default:
 			logger.Error(check(ret, "wait for NVML events"), "Health watch error")
 			sleep(ctx, backoff)
+		}
+		if now := time.Now(); now.Sub(lastCheck) >= tracker.policy.Interval && ctx.Err() == nil {
+			lastCheck = now
+			for _, ev := range tracker.check(ctx, b.lib, now) {
+				logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "message", ev.Message)
+				delete(lost, ev.GPUUUID) // it may be reported lost again
+				b.health.Publish(ev)
+			}
 		}
 	}
 }
@@ -217,4 +242,240 @@ func migUUIDOf(dev nvml.Device, gi int, ci uint32) string {
 		}
 	}
 	return found
+}
+
+// recoveryPolicy is how unhealthy GPUs are checked.
+type recoveryPolicy struct {
+	// Interval between two checks of the unhealthy GPUs.
+	Interval time.Duration
+	// Quiet is how long after its last critical event a GPU must have been
+	// quiet before it is healthy again.
+	Quiet time.Duration
+}
+
+// healthRecovery is the policy WatchHealth starts the loop with (tests
+// shorten it). It belongs in Backend, next to eventWait; it is here while
+// backend.go is being changed by others.
+var healthRecovery = recoveryPolicy{Interval: nvdevice.DefaultRecoveryCheckInterval, Quiet: nvdevice.DefaultRecoveryQuietPeriod}
+
+// trackers: *Backend -> its *recoveryTracker, while its event loop runs.
+var trackers sync.Map
+
+// TrackUnhealthy has the event loop check a GPU a restarted plugin still
+// remembers as unhealthy. It needs WatchHealth first: the checks run in
+// the event loop.
+func (b *Backend) TrackUnhealthy(ev nvdevice.HealthEvent) error {
+	t, ok := trackers.Load(b)
+	if !ok {
+		return fmt.Errorf("track the health of GPU %s: the backend does not watch GPU health (call WatchHealth first)", ev.GPUUUID)
+	}
+	t.(*recoveryTracker).track(ev)
+	return nil
+}
+
+var _ nvdevice.UnhealthyTracker = (*Backend)(nil)
+
+// recoveryTracker keeps the unhealthy GPUs and checks them.
+type recoveryTracker struct {
+	policy recoveryPolicy
+	mu     sync.Mutex
+	gpus   map[string]*unhealthyGPU
+}
+
+// unhealthyGPU is what is known of an unhealthy GPU since it last was
+// healthy.
+type unhealthyGPU struct {
+	// last is the time of its last critical event.
+	last time.Time
+	// need is the most demanding recovery of its events, cause the event
+	// that needs it.
+	need  nvdevice.Recovery
+	cause nvdevice.HealthEvent
+	// gone: the GPU was seen lost or missing since the last event that
+	// needs a reset.
+	gone bool
+}
+
+func newRecoveryTracker(p recoveryPolicy) *recoveryTracker {
+	if p.Interval <= 0 {
+		p.Interval = nvdevice.DefaultRecoveryCheckInterval
+	}
+	if p.Quiet < 0 {
+		p.Quiet = 0
+	}
+	return &recoveryTracker{policy: p, gpus: map[string]*unhealthyGPU{}}
+}
+
+// track records a critical event; others are ignored.
+func (t *recoveryTracker) track(ev nvdevice.HealthEvent) {
+	if !ev.Critical() {
+		return
+	}
+	at := ev.Time
+	if at.IsZero() {
+		at = time.Now()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g := t.gpus[ev.GPUUUID]
+	if g == nil {
+		g = &unhealthyGPU{cause: ev}
+		t.gpus[ev.GPUUUID] = g
+	}
+	if at.After(g.last) {
+		g.last = at
+	}
+	need := ev.Recovery()
+	if need >= g.need {
+		g.need, g.cause = need, ev
+	}
+	switch {
+	case need.NeedsReset():
+		g.gone = false // only a reset after this event counts
+	case ev.Kind == nvdevice.HealthGPULost:
+		g.gone = true
+	}
+}
+
+// check checks every unhealthy GPU and returns a HealthRecovered event for
+// each that can be trusted again, forgetting it.
+func (t *recoveryTracker) check(ctx context.Context, lib nvml.Interface, now time.Time) []nvdevice.HealthEvent {
+	logger := klog.FromContext(ctx)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []nvdevice.HealthEvent
+	for uuid, g := range t.gpus {
+		ok, why := t.recovered(lib, uuid, g, now)
+		if !ok {
+			logger.V(4).Info("Unhealthy GPU has not recovered", "gpu", uuid, "cause", g.cause.Message, "reason", why)
+			continue
+		}
+		delete(t.gpus, uuid)
+		out = append(out, nvdevice.HealthEvent{Kind: nvdevice.HealthRecovered, GPUUUID: uuid, Time: now, Message: why})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GPUUUID < out[j].GPUUUID })
+	return out
+}
+
+// recovered decides whether an unhealthy GPU can be trusted again, and
+// says why (or why not). All of these must hold:
+//
+//   - The GPU answers: its handle is found by UUID (a fresh handle, as a
+//     reset invalidates the old one) and its memory can be read. A GPU that
+//     is lost (GPU_IS_LOST) or missing (NOT_FOUND) is remembered as gone.
+//   - It has been quiet: no critical event for the quiet period. A fault
+//     that repeats keeps the GPU out, and the driver has time to set the
+//     recovery action after the XID (it reports XID 154 when it does).
+//   - Where the driver reports the GPU's recovery action
+//     (FI_DEV_GET_GPU_RECOVERY_ACTION, R550 and later), it is NONE: the
+//     driver's own word that the GPU can take new work (NVIDIA's GPU memory
+//     error management guide, "Error Recovery and Response Flags"). Reset,
+//     reboot, drain P2P, drain and reset and IMEX-domain recovery all keep
+//     the GPU unhealthy, whatever the XID was.
+//   - Where it does not (NOT_SUPPORTED: an older driver), the XID decides
+//     (nvdevice.XIDRecovery). A fault that needs no reset recovers. One
+//     that needs a GPU reset recovers only once the GPU was seen gone
+//     after it and answers again: the driver reinitialises a GPU that
+//     comes back, while a GPU that merely answers may still be in the
+//     faulty state. A reset quicker than the check interval is not seen,
+//     and the GPU then stays unhealthy until the node reboots (the plugin
+//     forgets health at a new boot id): wrongly unhealthy is the safe
+//     side. One that needs a node reboot never recovers within this boot.
+func (t *recoveryTracker) recovered(lib nvml.Interface, uuid string, g *unhealthyGPU, now time.Time) (bool, string) {
+	dev, err := probe(lib, uuid)
+	if err != nil {
+		if errors.Is(err, nvdevice.ErrGPULost) || errors.Is(err, nvdevice.ErrNotFound) {
+			g.gone = true
+		}
+		return false, fmt.Sprintf("GPU does not answer: %v", err)
+	}
+	if quiet := now.Sub(g.last); quiet < t.policy.Quiet {
+		return false, fmt.Sprintf("last critical event %s ago, less than the quiet period %s", quiet.Round(time.Second), t.policy.Quiet)
+	}
+	action, supported, err := recoveryAction(dev)
+	if err != nil {
+		if errors.Is(err, nvdevice.ErrGPULost) {
+			g.gone = true
+		}
+		return false, err.Error()
+	}
+	if supported {
+		if action != nvml.GPU_RECOVERY_ACTION_NONE {
+			return false, fmt.Sprintf("the driver's recovery action for the GPU is %s", recoveryActionName(action))
+		}
+		return true, fmt.Sprintf("GPU answers, the driver's recovery action is none, and it has been quiet for %s", t.policy.Quiet)
+	}
+	switch g.need {
+	case nvdevice.RecoverWhenAnswering:
+		return true, fmt.Sprintf("GPU answers and has been quiet for %s", t.policy.Quiet)
+	case nvdevice.RecoverGPUReset:
+		if g.gone {
+			return true, fmt.Sprintf("GPU was gone after XID %d and answers again: it was reset", g.cause.XID)
+		}
+		return false, fmt.Sprintf("XID %d needs a GPU reset, and none was seen (the driver does not report the recovery action)", g.cause.XID)
+	default:
+		return false, fmt.Sprintf("XID %d needs a node reboot", g.cause.XID)
+	}
+}
+
+// probe finds a GPU by UUID and reads its memory: an error wrapping
+// nvdevice.ErrGPULost or ErrNotFound when it is gone.
+func probe(lib nvml.Interface, uuid string) (nvml.Device, error) {
+	dev, ret := lib.DeviceGetHandleByUUID(uuid)
+	if err := check(ret, "get handle of GPU %s", uuid); err != nil {
+		return nil, err
+	}
+	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS {
+		return nil, check(ret, "read memory of GPU %s", uuid)
+	}
+	return dev, nil
+}
+
+// recoveryAction reads the GPU's recovery action; supported is false when
+// the driver does not report it.
+func recoveryAction(dev nvml.Device) (action nvml.DeviceGpuRecoveryAction, supported bool, err error) {
+	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	switch ret := dev.GetFieldValues(values); ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
+		return 0, false, nil
+	default:
+		return 0, false, check(ret, "read the GPU's recovery action")
+	}
+	v := values[0]
+	switch ret := nvml.Return(v.NvmlReturn); ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT: // a driver that predates the field
+		return 0, false, nil
+	default:
+		return 0, false, check(ret, "read the GPU's recovery action")
+	}
+	var n uint64
+	switch nvml.ValueType(v.ValueType) {
+	case nvml.VALUE_TYPE_UNSIGNED_INT, nvml.VALUE_TYPE_SIGNED_INT:
+		n = uint64(binary.NativeEndian.Uint32(v.Value[:4]))
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG, nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		n = binary.NativeEndian.Uint64(v.Value[:])
+	default:
+		return 0, false, fmt.Errorf("read the GPU's recovery action: unexpected value type %d", v.ValueType)
+	}
+	return nvml.DeviceGpuRecoveryAction(n), true, nil
+}
+
+func recoveryActionName(a nvml.DeviceGpuRecoveryAction) string {
+	switch a {
+	case nvml.GPU_RECOVERY_ACTION_NONE:
+		return "none"
+	case nvml.GPU_RECOVERY_ACTION_GPU_RESET:
+		return "GPU reset"
+	case nvml.GPU_RECOVERY_ACTION_NODE_REBOOT:
+		return "node reboot"
+	case nvml.GPU_RECOVERY_ACTION_DRAIN_P2P:
+		return "drain P2P"
+	case nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET:
+		return "drain and reset"
+	case nvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN:
+		return "recover IMEX domain"
+	}
+	return fmt.Sprintf("unknown (%d)", int32(a))
 }

@@ -57,29 +57,35 @@ func (b *Backend) CreateMigDevice(ctx context.Context, req nvdevice.MigCreateReq
 	return out, err
 }
 
+// migProfile reads the GPU's GPU-instance profiles and returns the one
+// named name.
+func (b *Backend) migProfile(dev nvml.Device, g *nvdevice.GPU, name string) (*giProfile, error) {
+	mem, ret := dev.GetMemoryInfo()
+	if err := check(ret, "read memory of GPU %d", g.Index); err != nil {
+		return nil, err
+	}
+	profiles, err := b.readProfiles(dev, g, mem.Total)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for i := range profiles {
+		names = append(names, profiles[i].model.Name)
+		if profiles[i].model.Name == name {
+			return &profiles[i], nil
+		}
+	}
+	return nil, fmt.Errorf("GPU %d has no MIG profile %q (it has %s): %w", g.Index, name, strings.Join(names, ", "), nvdevice.ErrNotFound)
+}
+
 func (b *Backend) createMigDevice(ctx context.Context, req nvdevice.MigCreateRequest) (*nvdevice.MigDevice, error) {
 	dev, g, err := b.migParent(req.ParentUUID)
 	if err != nil {
 		return nil, err
 	}
-	mem, ret := dev.GetMemoryInfo()
-	if err := check(ret, "read memory of GPU %d", g.Index); err != nil {
-		return nil, err
-	}
-	profiles, err := b.readProfiles(dev, &g, mem.Total)
+	p, err := b.migProfile(dev, &g, req.Profile)
 	if err != nil {
 		return nil, err
-	}
-	var p *giProfile
-	var names []string
-	for i := range profiles {
-		names = append(names, profiles[i].model.Name)
-		if profiles[i].model.Name == req.Profile {
-			p = &profiles[i]
-		}
-	}
-	if p == nil {
-		return nil, fmt.Errorf("GPU %d has no MIG profile %q (it has %s): %w", g.Index, req.Profile, strings.Join(names, ", "), nvdevice.ErrNotFound)
 	}
 	pl, ok := p.model.AllowsPlacement(req.Start)
 	if !ok {
@@ -92,15 +98,21 @@ func (b *Backend) createMigDevice(ctx context.Context, req nvdevice.MigCreateReq
 	}
 	logger := klog.FromContext(ctx)
 	var ci nvml.ComputeInstance
+	// rollback destroys what was created, compute instance first (a GPU
+	// instance with a compute instance cannot be destroyed). What it cannot
+	// destroy stays at the placement, where DeleteMigPlacement finds it.
 	rollback := func(cause error) error {
 		if ci != nil {
 			if ret := ci.Destroy(); ret != nvml.SUCCESS {
-				logger.Error(check(ret, "destroy compute instance"), "Rollback failed, a MIG device is left behind", "gpu", req.ParentUUID, "profile", req.Profile, "placement", pl.String())
-				return cause
+				err := check(ret, "destroy compute instance")
+				logger.Error(err, "Rollback failed, a MIG device is left behind", "gpu", req.ParentUUID, "profile", req.Profile, "placement", pl.String())
+				return fmt.Errorf("%w (rollback: %v; the MIG device is left behind)", cause, err)
 			}
 		}
 		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			logger.Error(check(ret, "destroy GPU instance"), "Rollback failed, a GPU instance is left behind", "gpu", req.ParentUUID, "profile", req.Profile, "placement", pl.String())
+			err := check(ret, "destroy GPU instance")
+			logger.Error(err, "Rollback failed, a GPU instance is left behind", "gpu", req.ParentUUID, "profile", req.Profile, "placement", pl.String())
+			return fmt.Errorf("%w (rollback: %v; the GPU instance is left behind)", cause, err)
 		}
 		return cause
 	}
@@ -152,7 +164,9 @@ func starts(pls []nvdevice.Placement) string {
 	return strings.Join(s, ", ")
 }
 
-// DeleteMigDevice destroys the compute instance, then the GPU instance.
+// DeleteMigDevice destroys the compute instance, then the GPU instance. A GPU
+// instance left without compute instances (its destroy failed after the
+// compute instance went) is destroyed, so that a retry finishes the job.
 func (b *Backend) DeleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef) error {
 	return b.locked(func() error {
 		if err := b.deleteMigDevice(ctx, ref); err != nil {
@@ -178,7 +192,25 @@ func (b *Backend) deleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef
 	}
 	ci, ret := gi.GetComputeInstanceById(ref.ComputeInstanceID)
 	if err := checkLookup(ret, "find compute instance %d", ref.ComputeInstanceID); err != nil {
-		return err
+		if !errors.Is(err, nvdevice.ErrNotFound) {
+			return err
+		}
+		// No such compute instance. A GPU instance with none at all is
+		// what a failed GPU-instance destroy (or a kill) left: finish it.
+		// One with other compute instances is not the caller's device.
+		cis, lerr := computeInstances(gi)
+		if lerr != nil {
+			return fmt.Errorf("GPU instance %d: %w", ref.GPUInstanceID, lerr)
+		}
+		if len(cis) > 0 {
+			return err
+		}
+		if err := check(gi.Destroy(), "destroy GPU instance %d, left without compute instances", ref.GPUInstanceID); err != nil {
+			return err
+		}
+		klog.FromContext(ctx).V(2).Info("Deleted a GPU instance left without compute instances", "gpu", ref.ParentUUID,
+			"uuid", ref.UUID, "gpuInstance", ref.GPUInstanceID)
+		return nil
 	}
 	if ref.UUID != "" {
 		uuids, err := migUUIDs(dev)
@@ -189,14 +221,92 @@ func (b *Backend) deleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef
 			return fmt.Errorf("the MIG device there is %q, not %s: %w", uuid, ref.UUID, nvdevice.ErrNotFound)
 		}
 	}
-	if err := check(ci.Destroy(), "destroy compute instance"); err != nil {
+	if err := check(ci.Destroy(), "destroy compute instance %d", ref.ComputeInstanceID); err != nil {
 		return err
 	}
-	if err := check(gi.Destroy(), "destroy GPU instance"); err != nil {
+	if err := check(gi.Destroy(), "destroy GPU instance %d", ref.GPUInstanceID); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).V(2).Info("Deleted MIG device", "gpu", ref.ParentUUID, "uuid", ref.UUID,
 		"gpuInstance", ref.GPUInstanceID, "computeInstance", ref.ComputeInstanceID)
+	return nil
+}
+
+// DeleteMigPlacement destroys every compute instance of the GPU instance of
+// ref.Profile at ref.Start, then the GPU instance (see nvdevice.MigManager).
+func (b *Backend) DeleteMigPlacement(ctx context.Context, ref nvdevice.MigPlacementRef) error {
+	return b.locked(func() error {
+		if err := b.deleteMigPlacement(ctx, ref); err != nil {
+			return fmt.Errorf("delete MIG %s at placement start %d on GPU %s: %w", ref.Profile, ref.Start, ref.ParentUUID, err)
+		}
+		return nil
+	})
+}
+
+func (b *Backend) deleteMigPlacement(ctx context.Context, ref nvdevice.MigPlacementRef) error {
+	dev, g, err := b.migParent(ref.ParentUUID)
+	if errors.Is(err, nvdevice.ErrMigDisabled) {
+		// Without MIG mode no GPU instance exists.
+		return fmt.Errorf("%w: %w", nvdevice.ErrNotFound, err)
+	}
+	if err != nil {
+		return err
+	}
+	p, err := b.migProfile(dev, &g, ref.Profile)
+	if err != nil {
+		return err
+	}
+	gis, ret := dev.GetGpuInstances(&p.info)
+	if err := check(ret, "list %s GPU instances of GPU %d", p.model.Name, g.Index); err != nil {
+		return err
+	}
+	var gi nvml.GpuInstance
+	giID := 0
+	for _, cand := range gis {
+		info, ret := cand.GetInfo()
+		if err := check(ret, "read %s GPU instance of GPU %d", p.model.Name, g.Index); err != nil {
+			return err
+		}
+		if int(info.Placement.Start) == ref.Start {
+			gi, giID = cand, int(info.Id)
+			break
+		}
+	}
+	if gi == nil {
+		return fmt.Errorf("GPU %d has no %s GPU instance at placement start %d: %w", g.Index, p.model.Name, ref.Start, nvdevice.ErrNotFound)
+	}
+	cis, err := computeInstances(gi)
+	if err != nil {
+		return fmt.Errorf("GPU instance %d: %w", giID, err)
+	}
+	if ref.UUID != "" && len(cis) > 0 {
+		uuids, err := migUUIDs(dev)
+		if err != nil {
+			return err
+		}
+		for _, ci := range cis {
+			if uuid := uuids[[2]int{giID, ci.id}]; uuid != ref.UUID {
+				return fmt.Errorf("GPU instance %d holds MIG device %q (compute instance %d), not %s: %w", giID, uuid, ci.id, ref.UUID, nvdevice.ErrNotFound)
+			}
+		}
+	}
+	for _, c := range cis {
+		ci, ret := gi.GetComputeInstanceById(c.id)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // gone since it was listed
+		}
+		if err := check(ret, "find compute instance %d of GPU instance %d", c.id, giID); err != nil {
+			return err
+		}
+		if err := check(ci.Destroy(), "destroy compute instance %d of GPU instance %d", c.id, giID); err != nil {
+			return err
+		}
+	}
+	if err := check(gi.Destroy(), "destroy GPU instance %d", giID); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Deleted MIG GPU instance", "gpu", ref.ParentUUID, "profile", ref.Profile, "start", ref.Start,
+		"uuid", ref.UUID, "gpuInstance", giID, "computeInstances", len(cis))
 	return nil
 }
 

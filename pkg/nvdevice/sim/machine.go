@@ -28,6 +28,11 @@ type Machine struct {
 	closed  bool
 	// timeSlices: GPU UUID -> time slice level last set.
 	timeSlices map[string]int
+	// faults is what health.go keeps of injected faults.
+	faults faults
+	// stepHook and failGIDestroy are the MIG test hooks (mighooks.go).
+	stepHook      func(step string)
+	failGIDestroy error
 }
 
 var (

@@ -5,7 +5,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,23 +14,19 @@ import (
 	"strings"
 	"time"
 
-	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
-// Version is the format this code writes. Older versions are migrated on
-// load; newer ones are refused as corrupt rather than misread.
+// Version is the format this code writes. It is the format release N-1
+// reads (that release refuses fields it does not know and any other
+// version), so a rolled-back plugin still finds every prepared claim.
+//
+// Compatibility rule from this release on: format changes are additive.
+// A reader ignores fields it does not know and reads a newer version as far
+// as it understands it; a field whose absence would make an older reader
+// destroy something must not be added to this file (put it in a file of its
+// own, as health and MIG markers are).
 const Version = 1
-
-// ClaimState is where a claim is in its two-phase prepare.
-type ClaimState string
-
-const (
-	// PrepareStarted: side effects (MIG instances, CDI spec) may exist in
-	// part; on restart they are rolled back or completed.
-	PrepareStarted ClaimState = "PrepareStarted"
-	// PrepareCompleted: everything was done and returned to the kubelet.
-	PrepareCompleted ClaimState = "PrepareCompleted"
-)
 
 // Checkpoint is the plugin's node state.
 type Checkpoint struct {
@@ -39,65 +34,36 @@ type Checkpoint struct {
 	// BootID is /proc/sys/kernel/random/boot_id when written: after a
 	// reboot MIG instances and CDI specs in tmpfs are gone, so the record
 	// no longer describes the node.
-	BootID string                   `json:"bootID"`
-	Claims map[string]PreparedClaim `json:"claims"`
+	BootID string `json:"bootID"`
+	// Claims are keyed by claim UID.
+	Claims map[string]prepared.Claim `json:"claims"`
 }
 
-// PreparedClaim is one claim's record, keyed by claim UID.
-type PreparedClaim struct {
-	Namespace string           `json:"namespace"`
-	Name      string           `json:"name"`
-	State     ClaimState       `json:"state"`
-	Devices   []PreparedDevice `json:"devices"`
-	// Sharing is the claim's sharing configuration, kept so that what it
-	// set up (an MPS daemon, a time slice, an IPC directory) can be found
-	// and undone after a restart. Absent: exclusive.
-	Sharing *gpuapi.Sharing `json:"sharing,omitempty"`
+// Claim returns the record of a claim with its UID set.
+func (c *Checkpoint) Claim(uid string) (prepared.Claim, bool) {
+	cl, ok := c.Claims[uid]
+	cl.UID = uid
+	return cl, ok
 }
 
-// PreparedDevice is one device prepared for a claim.
-type PreparedDevice struct {
-	Requests     []string `json:"requests"`
-	Pool         string   `json:"pool"`
-	Device       string   `json:"device"`
-	UUID         string   `json:"uuid,omitempty"`
-	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
-	// CreatedMig records a MIG device the plugin created for the claim:
-	// its ids and UUID are not deterministic, so they are kept here to
-	// destroy exactly that instance later.
-	CreatedMig *CreatedMig `json:"createdMig,omitempty"`
-	// GPUUUID is the physical GPU (the parent of a MIG device).
-	GPUUUID string `json:"gpuUUID,omitempty"`
-	// Mig says the device is a MIG device.
-	Mig bool `json:"mig,omitempty"`
-	// MemoryBytes and Multiprocessors are the device's, or its share's.
-	MemoryBytes     int64 `json:"memoryBytes,omitempty"`
-	Multiprocessors int64 `json:"multiprocessors,omitempty"`
-	// Share is set for a consumable-capacity share of a GPU.
-	Share *Share `json:"share,omitempty"`
-}
+// Put stores a claim's record under its UID.
+func (c *Checkpoint) Put(cl prepared.Claim) { c.Claims[cl.UID] = cl }
 
-// Share is what a claim consumes of a GPU that several claims share.
-type Share struct {
-	ID                 string `json:"id"`
-	MemoryBytes        int64  `json:"memoryBytes"`
-	Multiprocessors    int64  `json:"multiprocessors"`
-	GPUMultiprocessors int64  `json:"gpuMultiprocessors"`
-}
-
-// CreatedMig identifies a MIG device the plugin created.
-type CreatedMig struct {
-	ParentUUID        string `json:"parentUUID"`
-	Profile           string `json:"profile"`
-	Start             int    `json:"start"`
-	GPUInstanceID     int    `json:"gpuInstanceID"`
-	ComputeInstanceID int    `json:"computeInstanceID"`
-	UUID              string `json:"uuid"`
+// Others lists every claim but the one with uid, UIDs set.
+func (c *Checkpoint) Others(uid string) []prepared.Claim {
+	out := make([]prepared.Claim, 0, len(c.Claims))
+	for u := range c.Claims {
+		if u != uid {
+			cl, _ := c.Claim(u)
+			out = append(out, cl)
+		}
+	}
+	return out
 }
 
 // New returns an empty checkpoint for this boot.
 func New(bootID string) *Checkpoint {
-	return &Checkpoint{Version: Version, BootID: bootID, Claims: map[string]PreparedClaim{}}
+	return &Checkpoint{Version: Version, BootID: bootID, Claims: map[string]prepared.Claim{}}
 }
 
 // envelope carries the checksum of the exact bytes of the data.
@@ -118,8 +84,10 @@ func Marshal(c *Checkpoint) ([]byte, error) {
 	return json.Marshal(envelope{Checksum: crc32.ChecksumIEEE(data), Data: data})
 }
 
-// Unmarshal decodes and verifies a checkpoint. Any damage, an unknown field
-// or a version it does not know gives an error wrapping ErrCorrupt.
+// Unmarshal decodes and verifies a checkpoint. Damage (bad JSON, a checksum
+// mismatch, an unknown claim state) gives an error wrapping ErrCorrupt.
+// Fields it does not know are ignored and a newer version is read as far as
+// this release understands it (see Version); an older one is migrated.
 func Unmarshal(b []byte) (*Checkpoint, error) {
 	var env envelope
 	if err := json.Unmarshal(b, &env); err != nil {
@@ -131,20 +99,21 @@ func Unmarshal(b []byte) (*Checkpoint, error) {
 	if sum := crc32.ChecksumIEEE(env.Data); sum != env.Checksum {
 		return nil, fmt.Errorf("%w: checksum %08x, data hashes to %08x", ErrCorrupt, env.Checksum, sum)
 	}
-	dec := json.NewDecoder(bytes.NewReader(env.Data))
-	dec.DisallowUnknownFields()
 	var c Checkpoint
-	if err := dec.Decode(&c); err != nil {
+	if err := json.Unmarshal(env.Data, &c); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	if c.Version != Version {
-		return nil, fmt.Errorf("%w: version %d, this plugin reads version %d", ErrCorrupt, c.Version, Version)
+	if c.Version < 1 {
+		return nil, fmt.Errorf("%w: version %d: no release wrote it", ErrCorrupt, c.Version)
 	}
+	// Migrations from older versions go here, oldest first. There is none
+	// yet: version 1 is the first released format. A newer version keeps
+	// its number in memory only; Store writes Version.
 	if c.Claims == nil {
-		c.Claims = map[string]PreparedClaim{}
+		c.Claims = map[string]prepared.Claim{}
 	}
 	for uid, claim := range c.Claims {
-		if claim.State != PrepareStarted && claim.State != PrepareCompleted {
+		if claim.State != prepared.PrepareStarted && claim.State != prepared.PrepareCompleted {
 			return nil, fmt.Errorf("%w: claim %s has state %q", ErrCorrupt, uid, claim.State)
 		}
 	}
@@ -155,7 +124,9 @@ func Unmarshal(b []byte) (*Checkpoint, error) {
 // directory, fsync, rename over the old one, fsync of the directory. A kill
 // at any point leaves either the old or the new checkpoint, never a mix.
 func Store(path string, c *Checkpoint) error {
-	b, err := Marshal(c)
+	out := *c
+	out.Version = Version
+	b, err := Marshal(&out)
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}

@@ -1,0 +1,61 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// nodeLock serializes changes to the node's prepared state across every
+// plugin instance of the node: during a rolling update the old and the new
+// plugin pod run side by side and the kubelet may call either, and each
+// instance starts with a sweep of what a kill left behind. The lock is an
+// flock on a file in the plugin data directory, which both pods mount.
+//
+// flock belongs to an open file description, so two goroutines of one
+// process holding the same descriptor would not exclude each other: the
+// in-process mutex covers that.
+type nodeLock struct {
+	mu   sync.Mutex
+	file *os.File
+}
+
+func openNodeLock(path string) (*nodeLock, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("node state lock %s: %w", path, err)
+	}
+	return &nodeLock{file: f}, nil
+}
+
+// lock waits for the node-wide lock until ctx ends. The wait polls a
+// non-blocking flock: a blocking one cannot be cancelled.
+func (l *nodeLock) lock(ctx context.Context) error {
+	l.mu.Lock()
+	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		err := syscall.Flock(int(l.file.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if err != syscall.EWOULDBLOCK && err != syscall.EINTR {
+			l.mu.Unlock()
+			return fmt.Errorf("lock node state %s: %w", l.file.Name(), err)
+		}
+		select {
+		case <-ctx.Done():
+			l.mu.Unlock()
+			return fmt.Errorf("waiting for the node state lock %s (another plugin instance holds it): %w", l.file.Name(), ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (l *nodeLock) unlock() {
+	_ = syscall.Flock(int(l.file.Fd()), syscall.LOCK_UN)
+	l.mu.Unlock()
+}
+
+func (l *nodeLock) close() error { return l.file.Close() }
