@@ -40,6 +40,10 @@ type Driver struct {
 	// pods using them (the device-taint eviction controller does).
 	taintEffect resourceapi.DeviceTaintEffect
 
+	// healthStore keeps the unhealthy GPUs across restarts (set before the
+	// health watch starts, then read by it only).
+	healthStore *healthStore
+
 	mu      sync.Mutex
 	health  map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
 	changed chan struct{}                   // closed on a health change

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,23 +21,71 @@ const UnhealthyTaintKey = "gpu.gpudra.dev/unhealthy"
 const healthResend = 10 * time.Second
 
 // observe updates the health map from an event; it reports whether the
-// published devices must change.
+// published devices (and the health file) must change. A GPU keeps the
+// event that needs the most to recover from (nvdevice.Recovery): its taint
+// names it, and a restarted plugin hands it back to the backend.
 func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.health == nil {
 		d.health = map[string]nvdevice.HealthEvent{}
 	}
-	_, was := d.health[ev.GPUUUID]
+	prev, was := d.health[ev.GPUUUID]
 	switch {
 	case ev.Critical():
+		if was && ev.Recovery() <= prev.Recovery() {
+			return false
+		}
 		d.health[ev.GPUUUID] = ev
-		return !was
+		return true
 	case ev.Kind == nvdevice.HealthRecovered:
 		delete(d.health, ev.GPUUUID)
 		return was
 	}
 	return false // application XIDs do not make a device unhealthy
+}
+
+// restoreHealth has the driver keep its unhealthy GPUs in the file at path
+// and takes back those an earlier run of the plugin left there in this
+// boot, so that they are tainted from the first publication on. A missing,
+// stale or corrupt file gives none; it never fails.
+func (d *Driver) restoreHealth(ctx context.Context, path, bootID string) {
+	logger := klog.FromContext(ctx)
+	s := &healthStore{path: path, bootID: bootID}
+	d.healthStore = s
+	restored := s.load(logger)
+	if len(restored) == 0 {
+		return
+	}
+	d.mu.Lock()
+	if d.health == nil {
+		d.health = map[string]nvdevice.HealthEvent{}
+	}
+	for uuid, ev := range restored {
+		if _, ok := d.health[uuid]; !ok {
+			d.health[uuid] = ev
+		}
+	}
+	d.mu.Unlock()
+	logger.Info("GPUs still unhealthy from before the restart", "gpus", sortedUUIDs(restored), "path", path)
+}
+
+// unhealthy is a copy of the health map.
+func (d *Driver) unhealthy() map[string]nvdevice.HealthEvent {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.health)
+}
+
+// persistHealth writes the health map to the health file, if the driver
+// has one. Only the health watch calls it, so writes never race.
+func (d *Driver) persistHealth(ctx context.Context) {
+	if d.healthStore == nil {
+		return
+	}
+	if err := d.healthStore.save(d.unhealthy()); err != nil {
+		klog.FromContext(ctx).Error(err, "Saving the unhealthy GPUs failed; a restart may forget them")
+	}
 }
 
 // healthChanged is closed (and replaced) whenever the health of a GPU
@@ -62,17 +111,31 @@ func (d *Driver) notifyHealthChanged() {
 // watchHealth follows the GPUs' health for the plugin's lifetime: a GPU
 // that turns unhealthy gets its devices tainted in the published slices
 // (whether or not the kubelet asks for health reports), and untainted when
-// it recovers.
+// the backend reports it recovered. The unhealthy GPUs are kept in the
+// health file; those restored from it are handed to the backend, which
+// checks them for recovery as if it had seen their faults itself.
 func (d *Driver) watchHealth(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	events, err := d.backend.WatchHealth(ctx)
 	if err != nil {
 		return fmt.Errorf("watch GPU health: %w", err)
 	}
+	if restored := d.unhealthy(); len(restored) > 0 {
+		if tracker, ok := d.backend.(nvdevice.UnhealthyTracker); ok {
+			for _, uuid := range sortedUUIDs(restored) {
+				if err := tracker.TrackUnhealthy(restored[uuid]); err != nil {
+					logger.Error(err, "Could not have the backend check an unhealthy GPU for recovery; it stays tainted", "gpu", uuid)
+				}
+			}
+		} else {
+			logger.Info("The GPU backend does not check unhealthy GPUs for recovery: they stay tainted until the node reboots", "gpus", sortedUUIDs(restored))
+		}
+	}
 	go func() {
 		for ev := range events {
-			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical())
+			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical(), "message", ev.Message)
 			if d.observe(ev) {
+				d.persistHealth(ctx)
 				d.republish(ctx)
 				d.notifyHealthChanged()
 			}

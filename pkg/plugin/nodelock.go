@@ -19,8 +19,9 @@ import (
 // process holding the same descriptor would not exclude each other: the
 // in-process mutex covers that.
 type nodeLock struct {
-	mu   sync.Mutex
-	file *os.File
+	mu     sync.Mutex
+	file   *os.File
+	closed bool
 }
 
 func openNodeLock(path string) (*nodeLock, error) {
@@ -35,6 +36,10 @@ func openNodeLock(path string) (*nodeLock, error) {
 // non-blocking flock: a blocking one cannot be cancelled.
 func (l *nodeLock) lock(ctx context.Context) error {
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return fmt.Errorf("node state lock %s: the plugin is stopping", l.file.Name())
+	}
 	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		err := syscall.Flock(int(l.file.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -58,4 +63,13 @@ func (l *nodeLock) unlock() {
 	l.mu.Unlock()
 }
 
-func (l *nodeLock) close() error { return l.file.Close() }
+// close waits for a holder to finish; later lock calls fail.
+func (l *nodeLock) close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	return l.file.Close()
+}

@@ -113,6 +113,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
 		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect}
+	d.restoreHealth(ctx, filepath.Join(cfg.PluginDataDir, HealthFile), cfg.BootID)
 	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),

@@ -32,6 +32,9 @@ type Backend struct {
 	symbols  map[string]bool
 	stopLoop context.CancelFunc // stops the health event loop
 	loopDone chan struct{}      // closed when the event loop has returned
+	// tracker decides when an unhealthy GPU has recovered; the event loop
+	// runs its checks.
+	tracker *recoveryTracker
 	// eventWait bounds one wait on the event set (defaultEventWait if zero).
 	eventWait time.Duration
 }

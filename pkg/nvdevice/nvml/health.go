@@ -53,7 +53,7 @@ func (b *Backend) WatchHealth(ctx context.Context) (<-chan nvdevice.HealthEvent,
 		loopCtx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.FromContext(ctx)))
 		b.stopLoop, b.loopDone = cancel, make(chan struct{})
 		tracker := newRecoveryTracker(healthRecovery)
-		trackers.Store(b, tracker)
+		b.tracker = tracker
 		go b.eventLoop(loopCtx, set, gpus, tracker, b.loopDone)
 		return nil
 	})
@@ -119,7 +119,6 @@ func (b *Backend) registerEvents(ctx context.Context) (nvml.EventSet, []watchedG
 func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watchedGPU, tracker *recoveryTracker, done chan<- struct{}) {
 	defer close(done)
 	defer set.Free()
-	defer trackers.Delete(b)
 	logger := klog.FromContext(ctx)
 	wait := b.eventWait
 	if wait <= 0 {
@@ -258,18 +257,17 @@ type recoveryPolicy struct {
 // backend.go is being changed by others.
 var healthRecovery = recoveryPolicy{Interval: nvdevice.DefaultRecoveryCheckInterval, Quiet: nvdevice.DefaultRecoveryQuietPeriod}
 
-// trackers: *Backend -> its *recoveryTracker, while its event loop runs.
-var trackers sync.Map
-
 // TrackUnhealthy has the event loop check a GPU a restarted plugin still
 // remembers as unhealthy. It needs WatchHealth first: the checks run in
 // the event loop.
 func (b *Backend) TrackUnhealthy(ev nvdevice.HealthEvent) error {
-	t, ok := trackers.Load(b)
-	if !ok {
+	b.mu.Lock()
+	t, closed := b.tracker, b.closed
+	b.mu.Unlock()
+	if t == nil || closed {
 		return fmt.Errorf("track the health of GPU %s: the backend does not watch GPU health (call WatchHealth first)", ev.GPUUUID)
 	}
-	t.(*recoveryTracker).track(ev)
+	t.track(ev)
 	return nil
 }
 
