@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 )
 
 // HealthFile is where the plugin keeps its unhealthy GPUs, in its data
@@ -86,33 +86,8 @@ func (s *healthStore) save(unhealthy map[string]nvdevice.HealthEvent) error {
 	if err != nil {
 		return fmt.Errorf("encode health file: %w", err)
 	}
-	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(s.path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write health file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write health file: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync health file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write health file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		return fmt.Errorf("replace health file: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync health file directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync health file directory: %w", err)
+	if err := checkpoint.WriteFileAtomic(s.path, b); err != nil {
+		return fmt.Errorf("health file: %w", err)
 	}
 	return nil
 }

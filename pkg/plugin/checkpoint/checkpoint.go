@@ -130,33 +130,44 @@ func Store(path string, c *Checkpoint) error {
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
+	if err := WriteFileAtomic(path, b); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// WriteFileAtomic replaces the file at path with data: a temporary file in
+// the same directory, fsync, rename over the old one, fsync of the
+// directory. A kill at any point leaves either the old or the new file,
+// never a mix. The plugin's other node files (health) use it too.
+func WriteFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(b); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("write checkpoint: %w", err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return fmt.Errorf("sync checkpoint: %w", err)
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("replace checkpoint: %w", err)
+		return fmt.Errorf("replace %s: %w", path, err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("sync checkpoint directory: %w", err)
+		return fmt.Errorf("sync directory of %s: %w", path, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync checkpoint directory: %w", err)
+		return fmt.Errorf("sync directory of %s: %w", path, err)
 	}
 	return nil
 }
