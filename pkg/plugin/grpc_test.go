@@ -70,16 +70,7 @@ func startPluginWithMetrics(t testing.TB, e *env, metrics *Metrics, claims ...*r
 	for _, c := range claims {
 		objs = append(objs, c)
 	}
-	client := fake.NewSimpleClientset(objs...)
-	// The fake client does not implement generateName; the API server does.
-	var generated atomic.Int32
-	client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		obj := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
-		if obj.Name == "" {
-			obj.Name = fmt.Sprintf("%s%d", obj.GenerateName, generated.Add(1))
-		}
-		return false, nil, nil
-	})
+	client := fakeClient(objs...)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { cancel(nil) })
 	p, err := Start(ctx, Config{
@@ -157,4 +148,19 @@ func TestCorruptCheckpointAtStart(t *testing.T) {
 	assert.Equal(t, "Node", ev.InvolvedObject.Kind)
 	assert.Contains(t, ev.Message, "checkpoint is corrupt: checksum 00000001")
 	assert.Contains(t, ev.Message, "checkpoint.json.corrupt-")
+}
+
+// fakeClient is a client-go fake that names ResourceSlices from their
+// generateName, as the API server does (the fake does not).
+func fakeClient(objs ...runtime.Object) *fake.Clientset {
+	client := fake.NewSimpleClientset(objs...)
+	var generated atomic.Int32
+	client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
+		if obj.Name == "" {
+			obj.Name = fmt.Sprintf("%s%d", obj.GenerateName, generated.Add(1))
+		}
+		return false, nil, nil
+	})
+	return client
 }

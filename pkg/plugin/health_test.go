@@ -3,10 +3,8 @@ package plugin
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,9 +13,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -286,15 +281,7 @@ func TestHealthFileAtStart(t *testing.T) {
 				}
 			}
 			require.NoError(t, os.WriteFile(filepath.Join(data, HealthFile), content, 0o600))
-			client := fake.NewSimpleClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}})
-			var generated atomic.Int32 // the fake client does not implement generateName
-			client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
-				obj := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
-				if obj.Name == "" {
-					obj.Name = fmt.Sprintf("%s%d", obj.GenerateName, generated.Add(1))
-				}
-				return false, nil, nil
-			})
+			client := fakeClient(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}})
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
 			p, err := Start(ctx, Config{NodeName: pool, Backend: e.machine, Client: client, RegistrarDir: filepath.Join(sockets, "reg"),

@@ -359,15 +359,15 @@ func checkConflicts(cp *checkpoint.Checkpoint, uid string, plan []PlannedDevice,
 			continue
 		}
 		for _, od := range other.Devices {
-			prepared, ok := index[od.Device]
+			held, ok := index[od.Device]
 			if !ok {
 				continue
 			}
 			if od.Share != nil {
-				prepared.Share = &PlannedShare{ID: od.Share.ID}
+				held.Share = &PlannedShare{ID: od.Share.ID}
 			}
 			for _, p := range plan {
-				if conflicts(p, prepared) {
+				if conflicts(p, held) {
 					return fmt.Errorf("device %s is unavailable: %s is prepared for claim %s/%s (%s)",
 						p.Device, od.Device, other.Namespace, other.Name, otherUID)
 				}
