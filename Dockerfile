@@ -1,4 +1,5 @@
-# The gpudra image: gpudra-kubelet-plugin and the gpudra CLI.
+# The gpudra image: gpudra-kubelet-plugin, gpudra-mps-server (the main process of
+# MPS server pods) and the gpudra CLI.
 # Not built by CI: this project's machines have no Docker engine, so this file
 # has never been built by the project. The chart's default image is
 # ghcr.io/gpudra/gpudra:<appVersion>; test/kind builds this file as
@@ -23,11 +24,12 @@ COPY pkg ./pkg
 # time); go-nvml's header marks many functions deprecated, hence the flag.
 ENV CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations"
 RUN go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra-kubelet-plugin ./cmd/kubelet-plugin && \
-    go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra ./cmd/gpudra
+    go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra ./cmd/gpudra && \
+    CGO_ENABLED=0 go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra-mps-server ./cmd/mps-server
 
 # glibc is needed to dlopen the driver's library. No NVIDIA library is in the
 # image: NVML, nvidia-smi and nvidia-cuda-mps-control come from the host's
 # driver root, mounted at /driver-root by the chart (--driver-root).
 FROM debian:bookworm-slim
-COPY --from=build /out/gpudra-kubelet-plugin /out/gpudra /usr/bin/
+COPY --from=build /out/gpudra-kubelet-plugin /out/gpudra /out/gpudra-mps-server /usr/bin/
 ENTRYPOINT ["/usr/bin/gpudra-kubelet-plugin"]

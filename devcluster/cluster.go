@@ -3,7 +3,9 @@
 // controller, the garbage collector and the device-taint eviction
 // controller) with simulated H100 nodes, each running the real gpudra
 // kubelet plugin and a kubelet built on the kubelet's own DRA manager. It
-// backs `make demo` and the end-to-end suite; no container ever runs.
+// backs `make demo` and the end-to-end suite. No container runs, except
+// the MPS server pods: the kubelet runs their server in-process
+// (processpods.go).
 package devcluster
 
 import (
@@ -15,6 +17,9 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
@@ -22,6 +27,14 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+)
+
+// The plugins' namespace, where they create MPS server pods, and the image
+// those pods name (the devcluster kubelet runs them in-process, so it is
+// never pulled).
+const (
+	PluginNamespace = "gpudra-system"
+	MPSServerImage  = "ghcr.io/gpudra/gpudra:devcluster"
 )
 
 // Options configure a devcluster.
@@ -106,6 +119,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	logger.V(1).Info("Scheduler and controllers running", "elapsed", time.Since(start).Round(time.Millisecond))
+	// No ServiceAccount admission runs (controlplane.go), so pods need no
+	// default ServiceAccount there; the namespace itself must exist.
+	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PluginNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return c, fmt.Errorf("create namespace %s: %w", PluginNamespace, err)
+	}
 	return c, nil
 }
 

@@ -31,7 +31,8 @@ import (
 
 // ContainersAnnotation is set by the devcluster kubelet on every pod it
 // starts: a JSON map from container name to what the container would get
-// (ContainerView). Pods are never really run.
+// (ContainerView). Pods are not really run, except process pods
+// (processpods.go).
 const ContainersAnnotation = "devcluster.gpudra.dev/containers"
 
 // Event reasons, as the real kubelet records them.
@@ -48,7 +49,8 @@ const (
 // unprepares claims over dra/v1 and hands out CDI device ids per container.
 // The stand-in part is small: it resolves those ids with the CDI library
 // instead of starting containers, records the result on the pod, and sets
-// the pod Running.
+// the pod Running. Process pods (the plugin's MPS servers) are the
+// exception: their container runs in-process.
 type kubelet struct {
 	node     string
 	client   kubernetes.Interface
@@ -62,7 +64,15 @@ type kubelet struct {
 	// gone holds pods deleted without grace (force), so that their claims
 	// are unprepared at once rather than by the DRA manager's 60 s sweep.
 	gone map[string]*v1.Pod
+	// procs are the running containers of process pods, by pod UID.
+	procs map[types.UID]*processPod
 }
+
+// kubeletWorkers is how many pods the kubelet syncs at once. More than one:
+// preparing a claim can wait for another pod of the node (the MPS server
+// pod the plugin creates during NodePrepareResources) to run. The queue
+// never hands one pod to two workers at once.
+const kubeletWorkers = 4
 
 type kubeletDirs struct {
 	Registry string // plugins_registry
@@ -96,6 +106,7 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),
 		recorder: recorder,
 		gone:     map[string]*v1.Pod{},
+		procs:    map[types.UID]*processPod{},
 	}
 	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.enqueue(obj) },
@@ -140,18 +151,22 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2 + kubeletWorkers)
 	go func() { defer wg.Done(); plugins.Run(ctx, allReady, ctx.Done()) }()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	go func() { defer wg.Done(); <-ctx.Done(); k.queue.ShutDown() }()
-	go func() {
-		defer wg.Done()
-		for k.processNext(ctx) {
-		}
-	}()
+	for range kubeletWorkers {
+		go func() {
+			defer wg.Done()
+			for k.processNext(ctx) {
+			}
+		}()
+	}
 	go func() {
 		wg.Wait()
+		// Their contexts ended with ctx; wait for them to quit.
+		k.stopAllProcesses(ctx)
 		factory.Shutdown()
 		manager.Stop()
 		broadcaster.Shutdown()
@@ -192,29 +207,22 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	}
 	pod, err := k.pods.Pods(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
-		k.mu.Lock()
-		gonePod := k.gone[key]
-		delete(k.gone, key)
-		k.mu.Unlock()
-		if gonePod == nil {
-			return nil
-		}
-		// Force-deleted: the DRA manager knows which claims it prepared.
-		if err := k.dra.UnprepareResources(ctx, gonePod); err != nil {
-			k.mu.Lock()
-			k.gone[key] = gonePod
-			k.mu.Unlock()
-			return err
-		}
-		return nil
+		return k.syncGone(ctx, key, "")
 	}
 	if err != nil {
 		return err
 	}
+	// A pod of this name force-deleted and created again before this sync:
+	// the old one is stopped first.
+	if err := k.syncGone(ctx, key, pod.UID); err != nil {
+		return err
+	}
 
 	if pod.DeletionTimestamp != nil {
-		// The pod is stopping: unprepare, then confirm the deletion as the
-		// kubelet does once the containers are gone.
+		// The pod is stopping: stop its process if it has one, unprepare,
+		// then confirm the deletion as the kubelet does once the
+		// containers are gone.
+		k.stopProcess(ctx, pod.UID)
 		if err := k.dra.UnprepareResources(ctx, pod); err != nil {
 			k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedUnprepare, err.Error())
 			return err
@@ -227,13 +235,23 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		logger.V(2).Info("Pod stopped and its claims unprepared")
 		return nil
 	}
-	if pod.Status.Phase == v1.PodRunning || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return nil
+	}
+	run := processCommand(pod)
+	if pod.Status.Phase == v1.PodRunning {
+		if run != nil {
+			k.startProcess(ctx, pod, run) // no-op unless lost
+		}
 		return nil
 	}
 
 	if err := k.dra.PrepareResources(ctx, pod); err != nil {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
 		return err
+	}
+	if run != nil {
+		k.startProcess(ctx, pod, run)
 	}
 	views, err := k.containerViews(pod)
 	if err != nil {
@@ -244,6 +262,33 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		return err
 	}
 	logger.V(2).Info("Pod running", "containers", len(views))
+	return nil
+}
+
+// syncGone stops a force-deleted pod of this key, unless its UID is
+// current: its process, if any, and its claims.
+func (k *kubelet) syncGone(ctx context.Context, key string, current types.UID) error {
+	k.mu.Lock()
+	gonePod := k.gone[key]
+	if gonePod != nil && gonePod.UID != current {
+		delete(k.gone, key)
+	} else {
+		gonePod = nil
+	}
+	k.mu.Unlock()
+	if gonePod == nil {
+		return nil
+	}
+	k.stopProcess(ctx, gonePod.UID)
+	// Force-deleted: the DRA manager knows which claims it prepared.
+	if err := k.dra.UnprepareResources(ctx, gonePod); err != nil {
+		k.mu.Lock()
+		if k.gone[key] == nil {
+			k.gone[key] = gonePod
+		}
+		k.mu.Unlock()
+		return err
+	}
 	return nil
 }
 
@@ -300,8 +345,9 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	for _, c := range pod.Spec.Containers {
 		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptrTo(true),
-			ContainerID: "devcluster://" + string(pod.UID) + "/" + c.Name,
-			State:       v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
+			RestartCount: k.restartCount(pod.UID),
+			ContainerID:  "devcluster://" + string(pod.UID) + "/" + c.Name,
+			State:        v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
 	updated.Status = *status

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -52,11 +53,12 @@ type Node struct {
 	ctx        context.Context
 	client     kubernetes.Interface
 	pluginCfg  plugin.Config
+	bootID     string
 	kubeletEnd <-chan struct{}
 
-	mu           sync.Mutex
-	plugin       *plugin.Plugin
-	pluginCancel context.CancelCauseFunc
+	mu sync.Mutex
+	// current is the running plugin instance, nil while stopped.
+	current *PluginInstance
 	// starts counts plugin starts: each start is a new plugin pod, with its
 	// own pod UID (and sockets), as in the chart's DaemonSet.
 	starts int
@@ -66,7 +68,11 @@ type Node struct {
 type PluginInstance struct {
 	Plugin *plugin.Plugin
 	PodUID string
-	cancel context.CancelCauseFunc
+	// ContainerID marks every process the instance starts (see
+	// ContainerMarker): PodUID and the cluster's boot id, since plugin pod
+	// UIDs repeat across devclusters on one machine.
+	ContainerID string
+	cancel      context.CancelCauseFunc
 }
 
 // DRASocket is the instance's DRA gRPC socket, where the kubelet calls it.
@@ -76,6 +82,19 @@ func (i *PluginInstance) DRASocket() string { return i.Plugin.Sockets[0] }
 func (i *PluginInstance) Stop() {
 	i.Plugin.Stop()
 	i.cancel(errors.New("plugin pod terminated"))
+}
+
+// KillContainer stops the instance and kills every process it started, as
+// the end of its container (its PID namespace) does on a real node: MPS
+// daemons it ran as children go, MPS server pods do not. It returns how
+// many processes were killed.
+func (i *PluginInstance) KillContainer() (int, error) {
+	i.Stop()
+	killed, err := KillContainerProcesses(i.ContainerID)
+	if err != nil {
+		return killed, fmt.Errorf("plugin pod %s: %w", i.PodUID, err)
+	}
+	return killed, nil
 }
 
 // CDIDir is where the node's plugin writes CDI specs.
@@ -88,7 +107,17 @@ func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "
 func (n *Node) Plugin() *plugin.Plugin {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.plugin
+	if n.current == nil {
+		return nil
+	}
+	return n.current.Plugin
+}
+
+// PluginInstance is the node's running plugin instance, nil while stopped.
+func (n *Node) PluginInstance() *PluginInstance {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.current
 }
 
 // AddNode creates the Node object, starts the plugin over the simulated
@@ -107,7 +136,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 	}
-	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx}
+	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID}
 	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
@@ -154,6 +183,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		Majors: plugin.SimulatedMajors, CapMinors: plugin.MigMinorsFromFile(minors), BootID: c.bootID,
 		FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl, TimeSlicer: machine,
 		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
+		// MPS servers run as pods, which the devcluster kubelet runs
+		// (processpods.go), so that they outlive the plugin's container.
+		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, HostDriverRoot: "/",
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
@@ -169,14 +201,14 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 func (n *Node) StartPlugin() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.plugin != nil {
+	if n.current != nil {
 		return fmt.Errorf("node %s: plugin is running", n.Name)
 	}
 	inst, err := n.startInstanceLocked()
 	if err != nil {
 		return err
 	}
-	n.plugin, n.pluginCancel = inst.Plugin, inst.cancel
+	n.current = inst
 	return nil
 }
 
@@ -184,13 +216,17 @@ func (n *Node) startInstanceLocked() (*PluginInstance, error) {
 	n.starts++
 	cfg := n.pluginCfg
 	cfg.PodUID = fmt.Sprintf("%s-plugin-%d", n.Name, n.starts)
+	containerID := cfg.PodUID + "@" + n.bootID
+	// Every process the plugin starts goes through DriverTools and so
+	// carries the marker of this instance's container.
+	cfg.DriverTools.Env = append(slices.Clip(cfg.DriverTools.Env), ContainerMarker(containerID))
 	ctx, cancel := context.WithCancelCause(klog.NewContext(n.ctx, klog.LoggerWithValues(klog.FromContext(n.ctx), "pluginPod", cfg.PodUID)))
 	p, err := plugin.Start(ctx, cfg, cancel)
 	if err != nil {
 		cancel(err)
 		return nil, fmt.Errorf("node %s: start plugin: %w", n.Name, err)
 	}
-	return &PluginInstance{Plugin: p, PodUID: cfg.PodUID, cancel: cancel}, nil
+	return &PluginInstance{Plugin: p, PodUID: cfg.PodUID, ContainerID: containerID, cancel: cancel}, nil
 }
 
 // StartRollingUpdate starts a new plugin instance beside the running one, as
@@ -200,15 +236,15 @@ func (n *Node) startInstanceLocked() (*PluginInstance, error) {
 func (n *Node) StartRollingUpdate() (*PluginInstance, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.plugin == nil {
+	if n.current == nil {
 		return nil, fmt.Errorf("node %s: no plugin is running", n.Name)
 	}
-	old := &PluginInstance{Plugin: n.plugin, cancel: n.pluginCancel}
+	old := n.current
 	inst, err := n.startInstanceLocked()
 	if err != nil {
 		return nil, err
 	}
-	n.plugin, n.pluginCancel = inst.Plugin, inst.cancel
+	n.current = inst
 	return old, nil
 }
 
@@ -217,18 +253,47 @@ func (n *Node) StartRollingUpdate() (*PluginInstance, error) {
 func (n *Node) StopPlugin() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.plugin == nil {
+	if n.current == nil {
 		return
 	}
-	n.plugin.Stop()
-	n.pluginCancel(errors.New("plugin stopped"))
-	n.plugin, n.pluginCancel = nil, nil
+	n.current.Plugin.Stop()
+	n.current.cancel(errors.New("plugin stopped"))
+	n.current = nil
 }
 
 // RestartPlugin stops and starts the plugin over the same directories.
 func (n *Node) RestartPlugin() error {
 	n.StopPlugin()
 	return n.StartPlugin()
+}
+
+// KillPluginContainer stops the plugin as StopPlugin does and kills every
+// process its container started (see PluginInstance.KillContainer): the
+// end of the plugin's container on a real node. It returns how many
+// processes were killed; with no plugin running it does nothing.
+func (n *Node) KillPluginContainer() (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.current == nil {
+		return 0, nil
+	}
+	inst := n.current
+	n.current = nil
+	killed, err := inst.KillContainer()
+	if err != nil {
+		return killed, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return killed, nil
+}
+
+// RestartPluginContainer is KillPluginContainer, then StartPlugin: a
+// container restart. It returns how many processes the kill killed.
+func (n *Node) RestartPluginContainer() (int, error) {
+	killed, err := n.KillPluginContainer()
+	if err != nil {
+		return killed, err
+	}
+	return killed, n.StartPlugin()
 }
 
 func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error {

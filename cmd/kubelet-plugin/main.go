@@ -67,7 +67,7 @@ func envBool(key string) bool {
 type flags struct {
 	taintEffect                                                           string
 	fractional                                                            bool
-	mpsControl                                                            string
+	mpsControl, mpsServerImage, namespace, hostDriverRoot                 string
 	nvidiaSMI                                                             string
 	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
 	backend, machine, procRoot, podUID, metricsAddr                       string
@@ -100,6 +100,9 @@ func main() {
 	flag.IntVar(&f.burst, "kube-api-burst", int(envNumber("KUBE_API_BURST", 100.0)), "API client burst (env KUBE_API_BURST)")
 	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
 	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
+	flag.StringVar(&f.mpsServerImage, "mps-server-image", env("MPS_SERVER_IMAGE", ""), "the gpudra image, for MPS server pods (one per GPU with MPS claims, independent of this container); empty: MPS servers run in this container and die with it (env MPS_SERVER_IMAGE)")
+	flag.StringVar(&f.namespace, "namespace", env("POD_NAMESPACE", ""), "this pod's namespace, where MPS server pods run (env POD_NAMESPACE)")
+	flag.StringVar(&f.hostDriverRoot, "host-driver-root", env("HOST_DRIVER_ROOT", "/"), "the driver root on the host (what --driver-root is a mount of), mounted into MPS server pods (env HOST_DRIVER_ROOT)")
 	flag.StringVar(&f.nvidiaSMI, "nvidia-smi", env("NVIDIA_SMI", ""), "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-smi under the driver root (env NVIDIA_SMI)")
 	flag.StringVar(&f.taintEffect, "unhealthy-taint-effect", env("UNHEALTHY_TAINT_EFFECT", "NoSchedule"), "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them (env UNHEALTHY_TAINT_EFFECT)")
 	flag.Parse()
@@ -117,6 +120,9 @@ func main() {
 func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	if f.nodeName == "" {
 		return errors.New("--node-name (env NODE_NAME) is required")
+	}
+	if f.mpsServerImage != "" && f.namespace == "" {
+		return errors.New("--mps-server-image needs --namespace (env POD_NAMESPACE): the namespace of the MPS server pods")
 	}
 	effect := resourceapi.DeviceTaintEffect(f.taintEffect)
 	if effect != resourceapi.DeviceTaintEffectNoSchedule && effect != resourceapi.DeviceTaintEffectNoExecute {
@@ -141,6 +147,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 	var backend nvdevice.Interface
 	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
 		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
+		MPSServerImage: f.mpsServerImage, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot,
 		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,21 +19,56 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
-// mpsDaemon is the pid of the claim's MPS daemon on the node, 0 if none runs.
-func mpsDaemon(t *testing.T, node, claimUID string) int {
+// mpsServer is the MPS server of a node's GPU: its pod and the pid of
+// its (stand-in) control daemon, which records its pid in its pipe
+// directory.
+type mpsServer struct {
+	Pod *v1.Pod
+	Dir string
+	PID int
+}
+
+// mpsServers are the node's MPS server pods, with their daemons.
+func mpsServers(t *testing.T, node string) []mpsServer {
 	t.Helper()
-	pid, err := sharing.RecordedDaemonPID(filepath.Join(cluster.Node(node).PluginDataDir(), "sharing", "mps", claimUID))
-	if err != nil {
-		return 0
+	pods, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=" + sharing.MPSServerComponent, FieldSelector: "spec.nodeName=" + node})
+	require.NoError(t, err)
+	var out []mpsServer
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		s := mpsServer{Pod: p, Dir: p.Annotations["gpu.gpudra.dev/mps-dir"]}
+		if b, err := os.ReadFile(filepath.Join(s.Dir, "pipe", "control.pid")); err == nil {
+			s.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		out = append(out, s)
 	}
-	if !(sharing.ExecMPSControl{}).Alive(pid) {
-		return 0
-	}
-	return pid
+	return out
+}
+
+// waitMPSServers waits until the node has n MPS server pods whose daemons
+// run.
+func waitMPSServers(t *testing.T, node string, n int) []mpsServer {
+	t.Helper()
+	var got []mpsServer
+	require.Eventually(t, func() bool {
+		got = mpsServers(t, node)
+		if len(got) != n {
+			return false
+		}
+		for _, s := range got {
+			if s.PID == 0 || syscall.Kill(s.PID, 0) != nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "node %s: want %d MPS servers running, have %d", node, n, len(got))
+	return got
 }
 
 func deviceStatus(t *testing.T, claim *resourceapi.ResourceClaim) plugin.SharingStatus {
@@ -76,36 +112,69 @@ func TestMPSTwoPods(t *testing.T) {
 	apply(t, ns, filepath.Join(examples, "mps"))
 	a, b := waitRunning(t, ns, "mps-client-a"), waitRunning(t, ns, "mps-client-b")
 	claim := podClaim(t, a, "gpu")
+	node := a.Spec.NodeName
+	servers := waitMPSServers(t, node, 1)
+	server := servers[0]
 	for _, p := range []*v1.Pod{a, b} {
 		v := views(t, p)["cuda"]
 		assert.Equal(t, "0=40960M", v.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "pod %s", p.Name)
 		assert.Equal(t, "50", v.Env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "pod %s", p.Name)
 		assert.Equal(t, sharing.MPSPipeDirectory, v.Env["CUDA_MPS_PIPE_DIRECTORY"], "pod %s", p.Name)
-		require.Len(t, v.Mounts, 1)
-		assert.True(t, strings.HasSuffix(v.Mounts[0], ":"+sharing.MPSPipeDirectory), v.Mounts[0])
+		assert.ElementsMatch(t, []string{filepath.Join(server.Dir, "pipe") + ":" + sharing.MPSPipeDirectory, filepath.Join(server.Dir, "shm") + ":/dev/shm"},
+			v.Mounts, "pod %s: the GPU's server's pipe directory and /dev/shm", p.Name)
 	}
-	assert.Equal(t, views(t, a)["cuda"].Mounts, views(t, b)["cuda"].Mounts, "one daemon, one pipe directory")
-	node := a.Spec.NodeName
-	pid := mpsDaemon(t, node, string(claim.UID))
-	require.NotZero(t, pid, "the claim's MPS daemon runs")
+	assert.Equal(t, views(t, a)["cuda"].VisibleGPUs(), strings.Split(server.Pod.Annotations["gpu.gpudra.dev/mps-devices"], ","), "the server serves the claim's GPU")
 	st := deviceStatus(t, claim)
 	assert.Equal(t, "40Gi", st.PinnedMemoryLimit)
 	assert.Equal(t, int32(50), st.ActiveThreadPercentage)
 	assert.Contains(t, st.Enforced["faults"], "not isolated")
-
-	// A plugin restart keeps the daemon: adopted, not started twice.
-	require.NoError(t, cluster.Node(node).RestartPlugin())
-	require.NoError(t, cluster.Node(node).WaitForSlices(context.Background()))
-	assert.Equal(t, pid, mpsDaemon(t, node, string(claim.UID)))
-	log, err := os.ReadFile(filepath.Join(cluster.Node(node).PluginDataDir(), "sharing", "mps", string(claim.UID), "log", "control.log"))
-	require.NoError(t, err)
-	assert.Equal(t, 1, strings.Count(string(log), "daemon start"), string(log))
-	assert.Contains(t, string(log), "command set_default_device_pinned_mem_limit 0 40960M")
+	assert.Contains(t, st.Enforced["memory"], "not enforced against the client", "limits are in the client's environment")
 
 	deleteAllPods(t, ns)
-	assert.Zero(t, mpsDaemon(t, node, string(claim.UID)), "the daemon stops with the last consumer")
-	_, err = os.Stat(filepath.Join(cluster.Node(node).PluginDataDir(), "sharing", "mps", string(claim.UID)))
-	assert.True(t, os.IsNotExist(err), "its directories are removed")
+	require.Eventually(t, func() bool { return len(mpsServers(t, node)) == 0 }, 30*time.Second, 100*time.Millisecond, "the server pod goes with the last consumer")
+	assert.Eventually(t, func() bool { return syscall.Kill(server.PID, 0) != nil }, 10*time.Second, 50*time.Millisecond, "its daemon quit")
+	log, err := os.ReadFile(filepath.Join(server.Dir, "log", "control.log"))
+	if err == nil {
+		assert.Contains(t, string(log), "command quit")
+	}
+	_, err = os.Stat(server.Dir)
+	assert.True(t, os.IsNotExist(err), "its directory is removed")
+}
+
+// TestMPSServersSurvivePluginContainerRestart: the plugin's container is
+// restarted as on a real node, where it has its own PID namespace: every
+// process it started dies. The workloads' MPS server (a pod of its own) keeps
+// running, the same daemon, and their claims stay prepared.
+func TestMPSServersSurvivePluginContainerRestart(t *testing.T) {
+	ns := namespace(t)
+	apply(t, ns, filepath.Join(examples, "mps"))
+	a := waitRunning(t, ns, "mps-client-a")
+	waitRunning(t, ns, "mps-client-b")
+	node := a.Spec.NodeName
+	before := waitMPSServers(t, node, 1)[0]
+
+	killed, err := cluster.Node(node).RestartPluginContainer()
+	require.NoError(t, err)
+	t.Logf("the plugin container's restart killed %d processes", killed)
+	require.NoError(t, cluster.Node(node).WaitForSlices(context.Background()))
+	// The restarted plugin's supervision has run at least once.
+	time.Sleep(6 * time.Second)
+	after := waitMPSServers(t, node, 1)[0]
+	assert.Equal(t, before.Pod.UID, after.Pod.UID, "the same server pod")
+	assert.Equal(t, before.PID, after.PID, "the same daemon: the workloads kept their MPS server")
+	log, err := os.ReadFile(filepath.Join(before.Dir, "log", "control.log"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(log), "daemon start"), string(log))
+
+	// A new consumer of the claim is served by the same server.
+	pod := gpuPod("mps-client-c", "")
+	pod.Spec.ResourceClaims = a.Spec.ResourceClaims
+	create(t, ns, nil, pod)
+	c := waitRunning(t, ns, "mps-client-c")
+	assert.Equal(t, views(t, a)["cuda"].Mounts, views(t, c)["cuda"].Mounts)
+	assert.Equal(t, before.PID, waitMPSServers(t, node, 1)[0].PID)
+	deleteAllPods(t, ns)
+	require.Eventually(t, func() bool { return len(mpsServers(t, node)) == 0 }, 30*time.Second, 100*time.Millisecond)
 }
 
 func TestFractionalShares(t *testing.T) {
@@ -135,6 +204,8 @@ func TestFractionalShares(t *testing.T) {
 		assert.Equal(t, mem, st.PinnedMemoryLimit)
 	}
 	assert.Len(t, shareIDs, 3)
+	servers := waitMPSServers(t, fractionalNode, 1)
+	assert.Len(t, strings.Split(servers[0].Pod.Annotations["gpu.gpudra.dev/mps-devices"], ","), 1, "one MPS server for the GPU, shared by its three shares")
 
 	// A fourth 20Gi share does not fit in what is left (81559Mi - 79Gi).
 	fourth := gpuPod("share-d", "share-20gi")

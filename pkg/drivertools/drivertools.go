@@ -71,6 +71,10 @@ type Runner struct {
 	// (or empty) when the driver is installed in this process's own
 	// filesystem, "/driver-root" where the Helm chart mounts the host's.
 	Root string
+	// Env is added to every tool's environment (after the stripped
+	// variables are removed): for example a marker that tells whose
+	// container started a process.
+	Env []string
 }
 
 // root is the clean driver root, "/" when empty.
@@ -122,7 +126,7 @@ func (r Runner) Command(ctx context.Context, tool string, args ...string) (*exec
 		}
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = environ()
+	cmd.Env = append(environ(), r.Env...)
 	return cmd, nil
 }
 

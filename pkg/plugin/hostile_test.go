@@ -116,9 +116,13 @@ func TestLostOrCorruptCheckpointIsRebuilt(t *testing.T) {
 			mig := claim("u-mig", []string{"gpu-0-mig-3g-40gb-4"})
 			full := claim("u-full", []string{"gpu-3"})
 			mps := claim("u-mps", []string{"gpu-5"}, mpsConfig)
+			var mpsServer string
 			for _, c := range []*resourceapi.ResourceClaim{mig, full, mps} {
-				_, err := prep(s, c)
+				devs, err := prep(s, c)
 				require.NoError(t, err)
+				if c == mps {
+					mpsServer = serverOf(devs)
+				}
 			}
 			before := map[string]bool{}
 			for _, uid := range []string{"u-mig", "u-full", "u-mps"} {
@@ -127,7 +131,7 @@ func TestLostOrCorruptCheckpointIsRebuilt(t *testing.T) {
 			}
 			migsBefore := e.migDevices()
 			daemons := e.daemonPIDs()
-			require.Contains(t, daemons, "u-mps")
+			require.Contains(t, daemons, mpsServer)
 
 			path := filepath.Join(e.dir, "checkpoint.json")
 			switch damage {
@@ -161,7 +165,7 @@ func TestLostOrCorruptCheckpointIsRebuilt(t *testing.T) {
 			}
 			assert.Equal(t, migsBefore, e.migDevices(), "no MIG device destroyed or created")
 			assert.Len(t, e.cdiSpecs(), 3, "no CDI spec removed")
-			assert.Equal(t, daemons["u-mps"], e.daemonPIDs()["u-mps"], "the MPS daemon is adopted, not restarted")
+			assert.Equal(t, daemons[mpsServer], e.daemonPIDs()[mpsServer], "the MPS daemon is adopted, not restarted")
 			assert.Equal(t, map[string]bool{migsBefore[0].UUID: true}, managedOf(t, restarted), "the driver's MIG device is its own again")
 
 			// A repeat prepare from the kubelet returns the same devices.

@@ -19,7 +19,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
-	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -51,6 +50,14 @@ type Config struct {
 	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
 	// refused with a message saying so.
 	MPSControlBinary string
+	// Namespace is the plugin's namespace, where MPS server pods run.
+	Namespace string
+	// MPSServerImage is the gpudra image that MPS server pods run; empty:
+	// MPS servers run as processes of the plugin and die with its
+	// container (docs/sharing.md).
+	MPSServerImage string
+	// HostDriverRoot is the driver root on the host, for MPS server pods.
+	HostDriverRoot string
 	// DriverTools runs the driver's tools (nvidia-cuda-mps-control) from
 	// the driver root, with the host's own loader and libraries.
 	DriverTools drivertools.Runner
@@ -147,7 +154,10 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	// Rollbacks that failed at start (a lost GPU, say) are retried; the
 	// rest of the node works meanwhile.
 	go wait.UntilWithContext(ctx, state.RetryInterrupted, retryInterruptedEvery)
-	go sharer.MPS().Run(ctx, 2*time.Second)
+	// MPS servers that are gone are started again; under the node lock,
+	// from the checkpoint, so that a server another instance just stopped
+	// is never brought back.
+	go wait.UntilWithContext(ctx, state.SuperviseSharing, superviseSharingEvery)
 	sockets := []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
 	if cfg.PodUID != "" {
 		sockets = []string{filepath.Join(cfg.PluginDataDir, "dra-"+cfg.PodUID+".sock"),
@@ -160,17 +170,23 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 // started again is logged and counted.
 func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
 	logger := klog.FromContext(ctx)
-	opts := sharing.Options{Root: filepath.Join(cfg.PluginDataDir, "sharing"), Policy: cfg.TimeSlicer,
-		OnDaemonRestart: func(c prepared.Claim, err error) {
+	root := filepath.Join(cfg.PluginDataDir, "sharing")
+	opts := sharing.Options{Root: root, Policy: cfg.TimeSlicer,
+		OnDaemonRestart: func(s sharing.MPSServer, err error) {
 			cfg.Metrics.mpsRestart(err)
 			if err != nil {
-				logger.Error(err, "MPS daemon died and could not be started again", "claim", klog.KRef(c.Namespace, c.Name))
+				logger.Error(err, "MPS server of prepared claims is gone and could not be started again", "server", s.Key, "devices", s.Devices)
 				return
 			}
-			logger.Info("MPS daemon had died and was started again; its clients must reconnect", "claim", klog.KRef(c.Namespace, c.Name))
+			logger.Info("MPS server of prepared claims was gone and was started again; its clients must reconnect", "server", s.Key, "devices", s.Devices)
 		}}
 	if cfg.MPSControlBinary != "" {
 		opts.MPSControl = sharing.ExecMPSControl{Runner: cfg.DriverTools, Path: cfg.MPSControlBinary}
+	}
+	if cfg.MPSServerImage != "" {
+		opts.MPSServers = &sharing.PodServers{Client: cfg.Client, Namespace: cfg.Namespace, NodeName: cfg.NodeName,
+			Image: cfg.MPSServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot,
+			ControlBinary: cfg.MPSControlBinary}
 	}
 	return sharing.NewManager(opts)
 }
@@ -191,6 +207,10 @@ func nodeEvent(ctx context.Context, client kubernetes.Interface, node, eventType
 
 // retryInterruptedEvery spaces retries of failed rollbacks.
 const retryInterruptedEvery = 30 * time.Second
+
+// superviseSharingEvery spaces the checks that every prepared MPS claim's
+// server exists.
+const superviseSharingEvery = 5 * time.Second
 
 // Stop stops the gRPC services; the published slices stay (the kubelet
 // removes them if the plugin does not come back).

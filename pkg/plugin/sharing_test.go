@@ -2,8 +2,11 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -22,20 +26,35 @@ const (
 	timeSliced = `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicing":{"interval":"Long"},"ipc":true}}`
 )
 
-// daemonPIDs are the stand-in MPS daemons running for the node, by claim.
+// daemonPIDs are the stand-in MPS daemons running for the node, by the
+// devices (comma-separated UUIDs) of their server.
 func (e *env) daemonPIDs() map[string]int {
 	out := map[string]int{}
-	entries, _ := os.ReadDir(filepath.Join(e.dir, "sharing", "mps"))
+	root := sharing.MPSRoot(filepath.Join(e.dir, "sharing"))
+	entries, _ := os.ReadDir(root)
 	for _, d := range entries {
-		pid, err := sharing.RecordedDaemonPID(filepath.Join(e.dir, "sharing", "mps", d.Name()))
+		pid, err := sharing.RecordedDaemonPID(filepath.Join(root, d.Name()))
 		if err != nil {
 			continue
 		}
+		var devs []string
+		if b, err := os.ReadFile(filepath.Join(root, d.Name(), "server.json")); err == nil {
+			_ = json.Unmarshal(b, &devs)
+		}
 		if (sharing.ExecMPSControl{}).Alive(pid) {
-			out[d.Name()] = pid
+			out[strings.Join(devs, ",")] = pid
 		}
 	}
 	return out
+}
+
+// serverOf is the key daemonPIDs uses for the server of prepared devices.
+func serverOf(devs []prepared.Device) string {
+	var uuids []string
+	for _, d := range devs {
+		uuids = append(uuids, d.UUID)
+	}
+	return strings.Join(sharing.MPSServerFor("/", uuids).Devices, ",")
 }
 
 func TestPrepareMPSAndTimeSlicing(t *testing.T) {
@@ -52,16 +71,17 @@ func TestPrepareMPSAndTimeSlicing(t *testing.T) {
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_PIPE_DIRECTORY="+sharing.MPSPipeDirectory)
 	require.Len(t, spec.Mounts, 1)
 	assert.Equal(t, sharing.MPSPipeDirectory, spec.Mounts[0].Destination)
-	assert.Contains(t, e.daemonPIDs(), "mps")
+	mps := serverOf(devs)
+	assert.Contains(t, e.daemonPIDs(), mps)
 
 	_, err = prep(s, claim("ts", []string{"gpu-4"}, timeSliced))
 	require.NoError(t, err)
 	assert.Equal(t, 3, e.machine.TimeSlice(inv.GPUs[4].UUID))
 
-	// A restart adopts the daemon: same pid, still one.
-	pid := e.daemonPIDs()["mps"]
+	// A restart keeps the daemon: same pid, still one.
+	pid := e.daemonPIDs()[mps]
 	s = e.start()
-	assert.Equal(t, map[string]int{"mps": pid}, e.daemonPIDs())
+	assert.Equal(t, map[string]int{mps: pid}, e.daemonPIDs())
 
 	_, err = s.Unprepare(ctx, "mps")
 	require.NoError(t, err)
@@ -102,7 +122,7 @@ func TestSharesOfOneGPU(t *testing.T) {
 	spec := inject(t, e.cdiDir, a[0].CDIDeviceIDs)
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "a share is capped with MPS at its size")
 	assert.Contains(t, spec.Process.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")
-	assert.Len(t, e.daemonPIDs(), 2)
+	assert.Equal(t, []string{serverOf(a)}, slices.Collect(maps.Keys(e.daemonPIDs())), "one MPS server for the GPU's shares")
 
 	_, err = prep(s, claim("whole", []string{"gpu-5"}))
 	require.Error(t, err)
@@ -118,9 +138,10 @@ func TestCrashWithSharing(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			e := newEnv(t)
 			ctx := context.Background()
-			_, err := prep(e.start(), claim("keep", []string{"gpu-1"}, mpsConfig))
+			devs, err := prep(e.start(), claim("keep", []string{"gpu-1"}, mpsConfig))
 			require.NoError(t, err)
-			keepPID := e.daemonPIDs()["keep"]
+			keep := serverOf(devs)
+			keepPID := e.daemonPIDs()[keep]
 			require.NotZero(t, keepPID)
 
 			kill := func(s string) {
@@ -151,10 +172,11 @@ func TestCrashWithSharing(t *testing.T) {
 			}
 			_, err = restarted.Unprepare(ctx, "u1")
 			require.NoError(t, err)
-			assert.Equal(t, map[string]int{"keep": keepPID}, e.daemonPIDs(), "the other claim's daemon is untouched, u1's is gone")
+			assert.Equal(t, map[string]int{keep: keepPID}, e.daemonPIDs(), "the other claim's daemon is untouched, u1's is gone")
 			assert.Len(t, e.cdiSpecs(), 1)
-			_, err = prep(restarted, claim("u1", []string{"gpu-0"}, mpsConfig))
+			devs, err = prep(restarted, claim("u1", []string{"gpu-0"}, mpsConfig))
 			require.NoError(t, err, "the claim can be prepared after the restart")
+			assert.Contains(t, e.daemonPIDs(), serverOf(devs))
 			assert.Len(t, e.daemonPIDs(), 2)
 			_, err = restarted.Unprepare(ctx, "u1")
 			require.NoError(t, err)

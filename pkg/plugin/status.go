@@ -60,19 +60,24 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 		}
 		switch c.Sharing.Strategy {
 		case gpuapi.MPS:
+			// One MPS server per GPU serves every MPS claim on it, so a
+			// claim's limits are in its clients' environment: MPS applies
+			// them to a client that keeps them, and nothing stops a
+			// container from changing its own environment.
 			if mib := limits.PinnedMiB[i]; mib > 0 {
 				st.PinnedMemoryLimit = resource.NewQuantity(mib<<20, resource.BinarySI).String()
-				st.Enforced["memory"] = "MPS pinned device memory limit: binds clients that connect through this claim's MPS daemon"
+				st.Enforced["memory"] = "not enforced against the client: MPS applies the pinned device memory limit in the client's environment (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT); a container that changes its environment is not bound"
 			} else {
 				st.Enforced["memory"] = "not limited: no pinned memory limit was asked for"
 			}
 			st.ActiveThreadPercentage = int32(limits.ThreadPercentage)
 			if st.ActiveThreadPercentage > 0 {
-				st.Enforced["compute"] = "MPS active thread percentage caps the SMs each client may use"
+				st.Enforced["compute"] = "not enforced against the client: MPS applies the active thread percentage in the client's environment (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); a container that changes its environment is not bound"
 			} else {
 				st.Enforced["compute"] = "not limited: clients share all SMs"
 			}
-			st.Enforced["faults"] = "not isolated: a fatal error in one MPS client affects all clients of the daemon"
+			st.Enforced["faults"] = "not isolated: a fatal error in one MPS client affects every client of the GPU's MPS server, other claims' included"
+			st.Enforced["server"] = "one MPS server per GPU, shared with every MPS claim on it; clients of another Linux user wait until it has no clients (MPS serves one user at a time)"
 		case gpuapi.TimeSlicing:
 			st.Enforced["memory"] = "not enforced: time-slicing has no memory limit"
 			st.Enforced["compute"] = "not enforced: processes take turns; only the time slice length is set"

@@ -56,6 +56,29 @@ func (s *NodeState) RetryInterrupted(ctx context.Context) {
 	}
 }
 
+// SuperviseSharing starts again what prepared claims need and is gone (an
+// MPS server), from the checkpoint and under the node lock: a server that
+// another plugin instance stopped at an unprepare is not brought back.
+func (s *NodeState) SuperviseSharing(ctx context.Context) {
+	if s.opts.Sharing == nil {
+		return
+	}
+	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		var claims []prepared.Claim
+		for uid, c := range cp.Claims {
+			if c.State == prepared.PrepareStarted {
+				continue // being rolled back, not served
+			}
+			claim, _ := cp.Claim(uid)
+			claims = append(claims, claim)
+		}
+		return s.opts.Sharing.Supervise(ctx, claims)
+	})
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Supervising the sharing of prepared claims failed; retried later")
+	}
+}
+
 // Interrupted lists the claims whose prepare was interrupted and not yet
 // rolled back.
 func (s *NodeState) Interrupted(ctx context.Context) ([]string, error) {

@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
@@ -23,39 +22,34 @@ import (
 // containers.
 const MPSPipeDirectory = "/var/run/gpudra/mps"
 
-// MPS runs one MPS control daemon per claim (one per sharing group: every
-// pod of the claim is a client of it), with its own pipe and log
-// directories, and keeps it running.
+// MPS serves MPS claims from one MPS server per GPU (per device set: see
+// MPSServer): the first claim on a GPU starts its server, the last one
+// stops it. Each claim's limits go into its clients' environment, since one
+// daemon serves every claim on the GPU.
 type MPS struct {
 	root      string
 	control   MPSControl
-	onRestart func(prepared.Claim, error)
-	// procRoot is where process identities are read (/proc).
-	procRoot string
-
-	mu      sync.Mutex
-	daemons map[string]*mpsDaemon // claim UID
+	servers   MPSServers
+	ready     time.Duration
+	onRestart func(MPSServer, error)
 }
 
-type mpsDaemon struct {
-	claim prepared.Claim
-	pid   int
-	// id is the daemon's process identity: nothing is adopted or stopped
-	// whose pid names another process now.
-	id       procIdentity
-	env      []string
-	commands []string
-}
-
-func newMPS(root string, control MPSControl, onRestart func(prepared.Claim, error)) *MPS {
+func newMPS(root string, control MPSControl, servers MPSServers, ready time.Duration, onRestart func(MPSServer, error)) *MPS {
 	if onRestart == nil {
-		onRestart = func(prepared.Claim, error) {}
+		onRestart = func(MPSServer, error) {}
 	}
-	return &MPS{root: root, control: control, onRestart: onRestart, daemons: map[string]*mpsDaemon{}, procRoot: "/proc"}
+	if servers == nil {
+		servers = &ProcessServers{Root: root, Control: control}
+	}
+	if ready == 0 {
+		ready = 40 * time.Second
+	}
+	return &MPS{root: root, control: control, servers: servers, ready: ready, onRestart: onRestart}
 }
 
-// MPSLimits are the daemon defaults for a claim: a pinned memory limit per
-// device (in CUDA_VISIBLE_DEVICES order) and an active thread percentage.
+// MPSLimits are a claim's limits, set in its clients' environment: a
+// pinned memory limit per device (in CUDA_VISIBLE_DEVICES order) and an
+// active thread percentage.
 // The plugin reports the same numbers in the claim's device status.
 type MPSLimits struct {
 	ThreadPercentage int64   // 0: not set
@@ -99,22 +93,9 @@ func MPSLimitsFor(c prepared.Claim) (MPSLimits, error) {
 	return l, nil
 }
 
-// commands are what the control daemon is told after it starts.
-func (l MPSLimits) commands() []string {
-	var out []string
-	if l.ThreadPercentage > 0 {
-		out = append(out, fmt.Sprintf("set_default_active_thread_percentage %d", l.ThreadPercentage))
-	}
-	for i, mib := range l.PinnedMiB {
-		if mib > 0 {
-			out = append(out, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
-		}
-	}
-	return out
-}
-
-// env is what every client gets: the pipe directory, and the limits again
-// (a client may lower them, and tools read them there).
+// env is what every client gets: the pipe directory and the claim's
+// limits. They bind a client that keeps them; one that changes its
+// environment is not bound (the status says so).
 func (l MPSLimits) env() map[string]string {
 	env := map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory}
 	if l.ThreadPercentage > 0 {
@@ -132,23 +113,20 @@ func (l MPSLimits) env() map[string]string {
 	return env
 }
 
-func (m *MPS) dirs(uid string) (dir, pipe, log string) {
-	dir = filepath.Join(m.root, uid)
-	return dir, filepath.Join(dir, "pipe"), filepath.Join(dir, "log")
-}
-
-func (m *MPS) daemonEnv(c prepared.Claim) []string {
-	_, pipe, log := m.dirs(c.UID)
+// serverOf is the server of a claim's devices.
+func (m *MPS) serverOf(c prepared.Claim) MPSServer {
 	uuids := make([]string, 0, len(c.Devices))
 	for _, d := range c.Devices {
 		uuids = append(uuids, d.UUID)
 	}
-	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log,
-		"CUDA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}
+	return MPSServerFor(m.root, uuids)
 }
 
-// Prepare starts the claim's daemon (or adopts the one already running for
-// it) and sets its defaults.
+// Servers lists the MPS servers that exist on the node.
+func (m *MPS) Servers(ctx context.Context) ([]MPSServer, error) { return m.servers.List(ctx) }
+
+// Prepare starts the server of the claim's devices unless it runs, waits
+// until it answers, and returns the clients' edits.
 func (m *MPS) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	if m.control == nil {
 		return Edits{}, errors.New("this node has no MPS control binary configured (--mps-control-binary)")
@@ -157,236 +135,159 @@ func (m *MPS) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	if err != nil {
 		return Edits{}, err
 	}
-	dir, pipe, log := m.dirs(c.UID)
-	for _, d := range []string{pipe, log} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return Edits{}, err
-		}
-	}
-	d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
-	if id, ok := m.running(ctx, dir); ok {
-		d.pid, d.id = id.PID, id
-		klog.FromContext(ctx).V(2).Info("MPS daemon already running for the claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", id.PID)
-	} else if err := m.start(ctx, d); err != nil {
+	s := m.serverOf(c)
+	if err := m.checkOverlap(ctx, s); err != nil {
 		return Edits{}, err
 	}
-	if err := m.configure(ctx, d); err != nil {
-		m.stop(ctx, c.UID, d.id)
+	started, err := m.servers.Ensure(ctx, s)
+	if err != nil {
+		return Edits{}, fmt.Errorf("MPS server for %s (%s): %w", strings.Join(s.Devices, ","), m.servers.Describe(s), err)
+	}
+	if !started {
+		klog.FromContext(ctx).V(2).Info("MPS server already running for the claim's devices", "claim", klog.KRef(c.Namespace, c.Name), "server", s.Key)
+	}
+	if err := m.waitReady(ctx, s); err != nil {
 		return Edits{}, err
 	}
-	m.mu.Lock()
-	m.daemons[c.UID] = d
-	m.mu.Unlock()
-	return Edits{Env: limits.env(), Mounts: []Mount{{HostPath: pipe, ContainerPath: MPSPipeDirectory}}}, nil
-}
-
-// Unprepare stops the claim's daemon and removes its directories.
-func (m *MPS) Unprepare(ctx context.Context, c prepared.Claim, _ []prepared.Claim) error {
-	m.mu.Lock()
-	d := m.daemons[c.UID]
-	delete(m.daemons, c.UID)
-	m.mu.Unlock()
-	dir, _, _ := m.dirs(c.UID)
-	var id procIdentity
-	if d != nil {
-		id = d.id
-	} else if running, ok := m.running(ctx, dir); ok {
-		id = running
+	edits := Edits{Env: limits.env(), Mounts: []Mount{{HostPath: s.PipeDir(), ContainerPath: MPSPipeDirectory}}}
+	if m.servers.SharedShm() {
+		edits.Mounts = append(edits.Mounts, Mount{HostPath: s.ShmDir(), ContainerPath: "/dev/shm"})
 	}
-	m.stop(ctx, c.UID, id)
-	return os.RemoveAll(dir)
+	return edits, nil
 }
 
-func (m *MPS) start(ctx context.Context, d *mpsDaemon) error {
-	dir, _, _ := m.dirs(d.claim.UID)
-	pid, err := m.control.Start(d.env)
+// checkOverlap refuses a server whose devices overlap another server's
+// without being the same set: two control daemons would serve one GPU.
+func (m *MPS) checkOverlap(ctx context.Context, s MPSServer) error {
+	existing, err := m.servers.List(ctx)
 	if err != nil {
-		return fmt.Errorf("start the MPS control daemon: %w", err)
+		return fmt.Errorf("list the node's MPS servers: %w", err)
 	}
-	id, err := readProcIdentity(m.procRoot, pid)
-	if err == nil {
-		err = writeIdentity(dir, id)
-	}
-	if err != nil {
-		_ = m.control.Kill(pid) // just started by this process: still ours
-		return fmt.Errorf("record the MPS daemon's identity: %w", err)
-	}
-	d.pid, d.id = pid, id
-	klog.FromContext(ctx).Info("MPS control daemon started", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", pid)
-	return nil
-}
-
-// configure sends the defaults, retrying while the daemon comes up.
-func (m *MPS) configure(ctx context.Context, d *mpsDaemon) error {
-	for _, cmd := range d.commands {
-		var err error
-		for attempt := 0; attempt < 50; attempt++ {
-			if err = m.control.Command(ctx, d.env, cmd); err == nil {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
+	for _, o := range existing {
+		if o.Key == s.Key {
+			continue
 		}
-		if err != nil {
-			return fmt.Errorf("MPS control %q: %w", cmd, err)
+		for _, d := range o.Devices {
+			if slices.Contains(s.Devices, d) {
+				return fmt.Errorf("device %s is already served by the MPS server of other claims (devices %s): one MPS control daemon serves a GPU, so an MPS claim's devices must be the same as, or disjoint from, every other MPS claim's on the node",
+					d, strings.Join(o.Devices, ","))
+			}
 		}
 	}
 	return nil
 }
 
-// stop asks the daemon to quit, then kills it if it does not. A pid that
-// names another process now is left alone.
-func (m *MPS) stop(ctx context.Context, uid string, id procIdentity) {
-	pid := id.PID
-	if pid <= 0 || !m.control.Alive(pid) {
-		return
-	}
-	if err := id.check(m.procRoot); err != nil {
-		klog.FromContext(ctx).Info("Not stopping a process that is not the claim's MPS daemon", "uid", uid, "reason", err.Error())
-		return
-	}
-	_, pipe, log := m.dirs(uid)
-	env := []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log}
-	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_ = m.control.Command(qctx, env, "quit")
-	cancel()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && m.control.Alive(pid) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if m.control.Alive(pid) && id.check(m.procRoot) == nil {
-		klog.FromContext(ctx).Info("MPS daemon did not quit; killing it", "pid", pid)
-		_ = m.control.Kill(pid)
-	}
-}
-
-// running reads the daemon's recorded identity and checks that the
-// process is still that daemon. A pid file that names another process now
-// (recycled, or another PID namespace's) is not trusted.
-func (m *MPS) running(ctx context.Context, dir string) (procIdentity, bool) {
-	if m.control == nil {
-		return procIdentity{}, false
-	}
-	id, err := verifyIdentity(m.procRoot, dir)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			klog.FromContext(ctx).Info("Recorded MPS daemon is not running", "dir", dir, "reason", err.Error())
+// waitReady waits until the server's daemon answers a control command.
+func (m *MPS) waitReady(ctx context.Context, s MPSServer) error {
+	ctx, cancel := context.WithTimeout(ctx, m.ready)
+	defer cancel()
+	var last error
+	for {
+		if last = m.control.Command(ctx, s.Config().Env(), "get_server_list"); last == nil {
+			return nil
 		}
-		return procIdentity{}, false
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("MPS server for %s (%s) does not answer after %s: %w", strings.Join(s.Devices, ","), m.servers.Describe(s), m.ready, last)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if !m.control.Alive(id.PID) {
-		return procIdentity{}, false
-	}
-	return id, true
 }
 
-// Daemons returns claim UID -> pid of the daemons being supervised.
-func (m *MPS) Daemons() map[string]int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := map[string]int{}
-	for uid, d := range m.daemons {
-		out[uid] = d.pid
+// Unprepare stops the claim's server unless another prepared MPS claim
+// uses it.
+func (m *MPS) Unprepare(ctx context.Context, c prepared.Claim, others []prepared.Claim) error {
+	s := m.serverOf(c)
+	for _, o := range others {
+		if o.UID != c.UID && o.Strategy() == gpuapi.MPS && m.serverOf(o).Key == s.Key {
+			klog.FromContext(ctx).V(2).Info("MPS server stays: other claims use it", "server", s.Key, "claim", klog.KRef(o.Namespace, o.Name))
+			return nil
+		}
+	}
+	return m.remove(ctx, s)
+}
+
+func (m *MPS) remove(ctx context.Context, s MPSServer) error {
+	if err := m.servers.Stop(ctx, s); err != nil {
+		return fmt.Errorf("stop the MPS server for %s (%s): %w", strings.Join(s.Devices, ","), m.servers.Describe(s), err)
+	}
+	return os.RemoveAll(s.Dir)
+}
+
+// wanted are the servers the prepared MPS claims use.
+func (m *MPS) wanted(claims []prepared.Claim) map[string]MPSServer {
+	out := map[string]MPSServer{}
+	for _, c := range claims {
+		if c.Strategy() == gpuapi.MPS {
+			s := m.serverOf(c)
+			out[s.Key] = s
+		}
 	}
 	return out
 }
 
-// resume adopts the daemons of prepared MPS claims, starts the ones that
-// died, and stops those of claims that are not prepared.
-func (m *MPS) resume(ctx context.Context, claims []prepared.Claim, known map[string]bool) error {
+// resume stops the servers no prepared claim uses (a kill between setup
+// and checkpoint, or an earlier release's per-claim daemons), removes
+// their directories, and starts the servers of prepared claims that are
+// missing.
+func (m *MPS) resume(ctx context.Context, claims []prepared.Claim) error {
+	wanted := m.wanted(claims)
 	var errs []error
-	for _, c := range claims {
-		if c.Strategy() != gpuapi.MPS {
-			continue
-		}
-		dir, _, _ := m.dirs(c.UID)
-		limits, err := MPSLimitsFor(c)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		d := &mpsDaemon{claim: c, env: m.daemonEnv(c), commands: limits.commands()}
-		if id, ok := m.running(ctx, dir); ok {
-			d.pid, d.id = id.PID, id
-			klog.FromContext(ctx).Info("Adopted the running MPS daemon of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "pid", id.PID)
-		} else {
-			err := m.restart(ctx, d)
-			m.onRestart(c, err)
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}
-		m.mu.Lock()
-		m.daemons[c.UID] = d
-		m.mu.Unlock()
+	existing, err := m.servers.List(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list the node's MPS servers: %w", err))
 	}
+	for _, s := range existing {
+		if _, ok := wanted[s.Key]; !ok {
+			klog.FromContext(ctx).Info("Stopping an MPS server no prepared claim uses", "server", s.Key, "devices", s.Devices)
+			errs = append(errs, m.remove(ctx, s))
+		}
+	}
+	// Directories left without a server (a pod deleted while the plugin
+	// was down), and an earlier release's per-claim directories.
 	entries, err := os.ReadDir(m.root)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	old := &ProcessServers{Root: m.root, Control: m.control}
 	for _, e := range entries {
-		if known[e.Name()] {
+		if _, ok := wanted[e.Name()]; ok {
 			continue
 		}
 		dir := filepath.Join(m.root, e.Name())
-		id, _ := m.running(ctx, dir)
-		klog.FromContext(ctx).Info("Stopping the MPS daemon of a claim that is not prepared", "uid", e.Name(), "pid", id.PID)
-		m.stop(ctx, e.Name(), id)
-		errs = append(errs, os.RemoveAll(dir))
+		errs = append(errs, old.Stop(ctx, MPSServer{Key: e.Name(), Dir: dir}), os.RemoveAll(dir))
+	}
+	if err := m.Supervise(ctx, claims); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-func (m *MPS) restart(ctx context.Context, d *mpsDaemon) error {
-	_, pipe, log := m.dirs(d.claim.UID)
-	for _, dir := range []string{pipe, log} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
+// Supervise starts again the server of every prepared MPS claim that is
+// gone (a daemon that died, a pod someone deleted); each is reported
+// through OnDaemonRestart. The plugin calls it periodically under the node
+// lock, with the claims the checkpoint holds, so that a server another
+// plugin instance just stopped is never started again.
+func (m *MPS) Supervise(ctx context.Context, claims []prepared.Claim) error {
+	if m.control == nil {
+		return nil
+	}
+	var errs []error
+	for _, s := range m.wanted(claims) {
+		started, err := m.servers.Ensure(ctx, s)
+		if err != nil {
+			err = fmt.Errorf("MPS server for %s (%s): %w", strings.Join(s.Devices, ","), m.servers.Describe(s), err)
+			errs = append(errs, err)
+		}
+		if started || err != nil {
+			m.onRestart(s, err)
 		}
 	}
-	if err := m.start(ctx, d); err != nil {
-		return err
-	}
-	return m.configure(ctx, d)
+	return errors.Join(errs...)
 }
 
-// Run restarts daemons that die, until ctx ends; each restart is reported
-// through OnDaemonRestart.
-func (m *MPS) Run(ctx context.Context, every time.Duration) {
-	wait.UntilWithContext(ctx, m.restartDead, every)
-}
-
-// restartDead starts again every supervised daemon that is not running.
-func (m *MPS) restartDead(ctx context.Context) {
-	m.mu.Lock()
-	var dead []*mpsDaemon
-	for _, d := range m.daemons {
-		if !m.control.Alive(d.pid) {
-			dead = append(dead, d)
-		}
-	}
-	m.mu.Unlock()
-	for _, d := range dead {
-		klog.FromContext(ctx).Info("MPS daemon died; starting it again", "claim", klog.KRef(d.claim.Namespace, d.claim.Name), "pid", d.pid)
-		// A new record, published only once the daemon is configured:
-		// readers never see a half-started daemon.
-		fresh := &mpsDaemon{claim: d.claim, env: d.env, commands: d.commands}
-		err := m.restart(ctx, fresh)
-		if ctx.Err() != nil {
-			return
-		}
-		m.onRestart(d.claim, err)
-		m.mu.Lock()
-		if m.daemons[d.claim.UID] == d { // not unprepared meanwhile
-			m.daemons[d.claim.UID] = fresh
-		} else if fresh.pid > 0 {
-			m.mu.Unlock()
-			m.stop(ctx, d.claim.UID, fresh.id)
-			continue
-		}
-		m.mu.Unlock()
-	}
+// MPSServerFor is the server of a set of devices under root (the plugin's
+// sharing/mps directory).
+func MPSServerFor(root string, uuids []string) MPSServer {
+	return newMPSServer(root, uuids)
 }

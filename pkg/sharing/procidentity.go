@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // procIdentity tells a process from any later one that reuses its pid: the
@@ -45,9 +46,17 @@ func readProcIdentity(procRoot string, pid int) (procIdentity, error) {
 	if err != nil {
 		return procIdentity{}, fmt.Errorf("%s/stat: start time %q: %w", dir, fields[19], err)
 	}
-	cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
-	if err != nil {
-		return procIdentity{}, err
+	// The command line reads empty while the process is between two execs
+	// (env, then a shell, then the daemon): read it again briefly.
+	var cmdline []byte
+	for attempt := 0; attempt < 100; attempt++ {
+		if cmdline, err = os.ReadFile(filepath.Join(dir, "cmdline")); err != nil {
+			return procIdentity{}, err
+		}
+		if len(cmdline) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return procIdentity{PID: pid, StartTime: start, Cmdline: string(bytes.TrimRight(cmdline, "\x00"))}, nil
 }

@@ -37,9 +37,10 @@ func TestRecycledPIDIsNeitherAdoptedNorKilled(t *testing.T) {
 			m, err := NewManager(Options{Root: root, MPSControl: ExecMPSControl{Path: standIn(t)}})
 			require.NoError(t, err)
 			ctx := context.Background()
-			kept, unknown := mpsClaim("kept"), "unknown-claim"
-			for _, uid := range []string{kept.UID, unknown} {
-				dir := filepath.Join(root, "mps", uid)
+			kept := shareClaim("kept", "GPU-0", 20)
+			// The claim's server, and an earlier release's per-claim
+			// directory of a claim that is not prepared.
+			for _, dir := range []string{serverOf(root, kept).Dir, filepath.Join(MPSRoot(root), "unknown-claim")} {
 				require.NoError(t, os.MkdirAll(filepath.Join(dir, "pipe"), 0o755))
 				pid := foreignProcess(t)
 				content := []byte(itoa(pid))
@@ -51,16 +52,17 @@ func TestRecycledPIDIsNeitherAdoptedNorKilled(t *testing.T) {
 					require.NoError(t, err)
 				}
 				require.NoError(t, os.WriteFile(filepath.Join(dir, "daemon.pid"), content, 0o644))
-				defer func(pid int) { assert.True(t, alive(pid), "foreign process %d of %s survives", pid, uid) }(pid)
+				defer func(pid int) { assert.True(t, alive(pid), "foreign process %d of %s survives", pid, dir) }(pid)
 			}
 			require.NoError(t, m.Resume(ctx, []prepared.Claim{kept}))
-			daemon := m.MPS().Daemons()[kept.UID]
-			require.NotZero(t, daemon)
+			daemon, err := RecordedDaemonPID(serverOf(root, kept).Dir)
+			require.NoError(t, err)
 			id, err := readProcIdentity("/proc", daemon)
 			require.NoError(t, err)
 			assert.Contains(t, id.Cmdline, "fake-nvidia-cuda-mps-control", "a real daemon was started for the claim, not the foreign process adopted")
 			require.NoError(t, m.Unprepare(ctx, kept, nil))
 			assert.False(t, alive(daemon), "the claim's own daemon is stopped at unprepare")
+			assert.NoDirExists(t, filepath.Join(MPSRoot(root), "unknown-claim"))
 		})
 	}
 }

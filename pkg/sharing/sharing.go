@@ -15,6 +15,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -66,11 +67,17 @@ type Options struct {
 	Root string
 	// Policy sets GPU time slices.
 	Policy TimeSlicer
-	// MPSControl runs nvidia-cuda-mps-control.
+	// MPSControl runs nvidia-cuda-mps-control (as a control client, and as
+	// the daemon for ProcessServers).
 	MPSControl MPSControl
-	// OnDaemonRestart is told when an MPS daemon that had died was started
-	// again (for logs, metrics and events).
-	OnDaemonRestart func(c prepared.Claim, err error)
+	// MPSServers run the MPS servers; nil: ProcessServers under Root.
+	MPSServers MPSServers
+	// MPSReadyTimeout bounds the wait for a new MPS server to answer; 0:
+	// 40 s (the kubelet's prepare call gives up after 45).
+	MPSReadyTimeout time.Duration
+	// OnDaemonRestart is told when the MPS server of prepared claims was
+	// gone and was started again (for logs, metrics and events).
+	OnDaemonRestart func(s MPSServer, err error)
 }
 
 // NewManager builds the strategies.
@@ -78,7 +85,7 @@ func NewManager(opts Options) (*Manager, error) {
 	if opts.Root == "" {
 		return nil, errors.New("sharing: Root is required")
 	}
-	mps := newMPS(filepath.Join(opts.Root, "mps"), opts.MPSControl, opts.OnDaemonRestart)
+	mps := newMPS(MPSRoot(opts.Root), opts.MPSControl, opts.MPSServers, opts.MPSReadyTimeout, opts.OnDaemonRestart)
 	return &Manager{
 		strategies: map[gpuapi.SharingStrategy]Strategy{
 			gpuapi.Exclusive:   exclusive{},
@@ -90,8 +97,18 @@ func NewManager(opts Options) (*Manager, error) {
 	}, nil
 }
 
-// MPS is the MPS strategy, for its supervision loop.
+// MPSRoot is where the MPS servers' directories are, under the sharing
+// root.
+func MPSRoot(root string) string { return filepath.Join(root, "mps") }
+
+// MPS is the MPS strategy.
 func (m *Manager) MPS() *MPS { return m.mps }
+
+// Supervise starts again what prepared claims need and is gone (an MPS
+// server); the plugin calls it periodically under the node lock.
+func (m *Manager) Supervise(ctx context.Context, claims []prepared.Claim) error {
+	return m.mps.Supervise(ctx, claims)
+}
 
 func (m *Manager) strategy(c prepared.Claim) (Strategy, error) {
 	name := c.Strategy()
@@ -138,16 +155,16 @@ func (m *Manager) Unprepare(ctx context.Context, c prepared.Claim, others []prep
 }
 
 // Resume is called at start with the claims the checkpoint says are
-// prepared: MPS daemons still running are adopted (never started twice),
-// dead ones are started again, and directories of claims nobody knows
-// (a kill between setup and checkpoint) are removed with their daemons.
+// prepared: MPS servers still running are kept (never started twice),
+// missing ones are started again, and servers and directories no prepared
+// claim uses (a kill between setup and checkpoint) are removed.
 func (m *Manager) Resume(ctx context.Context, claims []prepared.Claim) error {
 	known := map[string]bool{}
 	for _, c := range claims {
 		known[c.UID] = true
 	}
 	var errs []error
-	if err := m.mps.resume(ctx, claims, known); err != nil {
+	if err := m.mps.resume(ctx, claims); err != nil {
 		errs = append(errs, err)
 	}
 	if err := m.ipc.removeUnknown(ctx, known); err != nil {

@@ -105,31 +105,27 @@ func TestIPCDirectory(t *testing.T) {
 func TestLimitsFor(t *testing.T) {
 	q := resource.MustParse
 	tests := []struct {
-		name     string
-		claim    prepared.Claim
-		commands []string
-		env      map[string]string
-		wantErr  string
+		name    string
+		claim   prepared.Claim
+		env     map[string]string
+		wantErr string
 	}{
 		{
 			name: "limits from the config, per device",
 			claim: prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0"), gpu("gpu-1", "GPU-1")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS,
 				MPS: &gpuapi.MPSConfig{ActiveThreadPercentage: ptr[int32](50), PinnedMemoryLimit: ptr(q("40Gi"))}}},
-			commands: []string{"set_default_active_thread_percentage 50", "set_default_device_pinned_mem_limit 0 40960M", "set_default_device_pinned_mem_limit 1 40960M"},
 			env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40960M,1=40960M"},
 		},
 		{
-			name:     "no limits",
-			claim:    prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS}},
-			commands: nil,
-			env:      map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory},
+			name:  "no limits",
+			claim: prepared.Claim{Devices: []prepared.Device{gpu("gpu-0", "GPU-0")}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS}},
+			env:   map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory},
 		},
 		{
 			name: "a share is capped at its size",
 			claim: prepared.Claim{Devices: []prepared.Device{{Device: "gpu-0", UUID: "GPU-0", GPUUUID: "GPU-0", MemoryBytes: 20 << 30, Multiprocessors: 33,
 				Share: &prepared.Share{ID: "s1", MemoryBytes: 20 << 30, Multiprocessors: 33, GPUMultiprocessors: 132}}}, Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS}},
-			commands: []string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 20480M"},
 			env: map[string]string{"CUDA_MPS_PIPE_DIRECTORY": MPSPipeDirectory, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M"},
 		},
@@ -154,10 +150,7 @@ func TestLimitsFor(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.commands, l.commands())
 			assert.Equal(t, tc.env, l.env())
 		})
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

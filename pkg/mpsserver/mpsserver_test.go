@@ -1,0 +1,87 @@
+package mpsserver
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func standIn(t *testing.T) string {
+	p, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	require.NoError(t, err)
+	return p
+}
+
+func TestFlags(t *testing.T) {
+	fs := flag.NewFlagSet("gpudra-mps-server", flag.ContinueOnError)
+	cfg := AddFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--driver-root=/run/nvidia/driver", "--dir=/var/lib/x", "--devices=GPU-a, GPU-b", "--control-binary=usr/bin/mps"}))
+	assert.Equal(t, "/run/nvidia/driver", cfg.Tools.Root)
+	assert.Equal(t, []string{"GPU-a", "GPU-b"}, cfg.Devices)
+	assert.Equal(t, []string{"CUDA_MPS_PIPE_DIRECTORY=/var/lib/x/pipe", "CUDA_MPS_LOG_DIRECTORY=/var/lib/x/log", "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b"}, cfg.Env())
+}
+
+func TestBadConfigNamesTheFlag(t *testing.T) {
+	tests := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Devices: []string{"GPU-a"}}, "--dir: required"},
+		{Config{Dir: "relative", Devices: []string{"GPU-a"}}, `--dir: "relative" is not an absolute path`},
+		{Config{Dir: "/x"}, "--devices: at least one device UUID is required"},
+	}
+	for _, tc := range tests {
+		assert.EqualError(t, Run(context.Background(), tc.cfg), tc.want)
+	}
+	err := Run(context.Background(), Config{Dir: t.TempDir(), Devices: []string{"GPU-a"}, ControlBinary: "/nonexistent/nvidia-cuda-mps-control"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--control-binary")
+}
+
+// The daemon runs until the pod is deleted, then quits when told to.
+func TestRunStartsAndQuits(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{ControlBinary: standIn(t), Dir: dir, Devices: []string{"GPU-a"}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	pidFile := filepath.Join(dir, PipeSubdir, "control.pid")
+	require.Eventually(t, func() bool { _, err := os.Stat(pidFile); return err == nil }, 5*time.Second, 20*time.Millisecond)
+	b, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, 0), "the daemon runs")
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the pod was deleted")
+	}
+	log, err := os.ReadFile(filepath.Join(dir, LogSubdir, "control.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(log), "daemon start pid="+strconv.Itoa(pid)+" CUDA_VISIBLE_DEVICES=GPU-a")
+	assert.Contains(t, string(log), "command quit")
+	assert.Contains(t, string(log), "daemon quit", "it quit when told, it was not killed")
+}
+
+// A daemon that exits on its own fails the container, so that the kubelet
+// restarts it.
+func TestDaemonExitIsAnError(t *testing.T) {
+	exits := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	require.NoError(t, os.WriteFile(exits, []byte("#!/bin/sh\nexit 3\n"), 0o755))
+	err := Run(context.Background(), Config{ControlBinary: exits, Dir: t.TempDir(), Devices: []string{"GPU-a"}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the MPS control daemon exited: exit status 3")
+}

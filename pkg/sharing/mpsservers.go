@@ -1,0 +1,67 @@
+package sharing
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/gpudra/gpudra/pkg/mpsserver"
+)
+
+// MPSServer is one MPS control daemon and the devices it serves: one GPU
+// (or MIG device) for every MPS claim on it, or the device set of a claim
+// that spans several. NVIDIA documents one MPS control daemon per GPU, so
+// claims sharing a GPU share its server; each claim's limits are set in its
+// clients' environment.
+type MPSServer struct {
+	// Key names the server: derived from its devices, the same in every
+	// plugin instance and release.
+	Key string
+	// Devices are the UUIDs the server serves, sorted.
+	Devices []string
+	// Dir is the server's directory on the host (mpsserver's layout).
+	Dir string
+}
+
+// newMPSServer is the server of a set of devices under root.
+func newMPSServer(root string, uuids []string) MPSServer {
+	devs := slices.Clone(uuids)
+	slices.Sort(devs)
+	devs = slices.Compact(devs)
+	sum := sha256.Sum256([]byte(strings.Join(devs, ",")))
+	key := "mps-" + hex.EncodeToString(sum[:6])
+	return MPSServer{Key: key, Devices: devs, Dir: filepath.Join(root, key)}
+}
+
+// Config is how the server's own process runs it.
+func (s MPSServer) Config() mpsserver.Config {
+	return mpsserver.Config{Dir: s.Dir, Devices: s.Devices}
+}
+
+// PipeDir is the daemon's pipe directory, mounted into every client.
+func (s MPSServer) PipeDir() string { return filepath.Join(s.Dir, mpsserver.PipeSubdir) }
+
+// ShmDir is the /dev/shm shared by the server and its clients.
+func (s MPSServer) ShmDir() string { return filepath.Join(s.Dir, mpsserver.ShmSubdir) }
+
+// MPSServers start and stop MPS servers on this node: as pods of their own
+// (PodServers, what the chart runs: they outlive the plugin's container),
+// or as processes of the plugin (ProcessServers: without Kubernetes, and
+// in tests).
+type MPSServers interface {
+	// Ensure starts the server unless it exists; started says whether it
+	// had to. It does not wait for the daemon to answer.
+	Ensure(ctx context.Context, s MPSServer) (started bool, err error)
+	// Stop stops the server and waits until it is gone.
+	Stop(ctx context.Context, s MPSServer) error
+	// List returns the servers that exist on this node.
+	List(ctx context.Context) ([]MPSServer, error)
+	// SharedShm says whether the server's /dev/shm is ShmDir, to be
+	// mounted at /dev/shm in its clients.
+	SharedShm() bool
+	// Describe names where the server runs, for messages.
+	Describe(s MPSServer) string
+}
