@@ -17,7 +17,7 @@ CHART := deployments/helm/gpudra
 HELM_VERSION := v3.22.0
 HELM := $(abspath $(BIN))/helm
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e demo devcluster helm clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare demo devcluster helm clean
 all: build
 
 build:
@@ -88,6 +88,14 @@ devcluster:
 # End-to-end benchmark: 100 pods with one GPU claim each over 16 nodes.
 bench-e2e: devcluster
 	cd devcluster && CGO_ENABLED=0 $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e/
+
+# The plugin binary as shipped, as a process of its own against devcluster's
+# real API server: 200 one-GPU claims prepared and unprepared over its DRA
+# socket, one after the other. The last line is the summary; the log goes to
+# bin/bench-prepare.log.
+bench-prepare: build
+	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-prepare ./cmd/bench-prepare
+	$(BIN)/bench-prepare --plugin-binary $(BIN)/gpudra-kubelet-plugin $(BENCH_PREPARE_ARGS) 2> $(BIN)/bench-prepare.log || { tail -20 $(BIN)/bench-prepare.log; exit 1; }
 
 clean:
 	rm -rf $(BIN)

@@ -50,15 +50,30 @@ type Options struct {
 	// nvidia-cuda-mps-control: hack/fake-nvidia-cuda-mps-control, a
 	// stand-in that records what it is asked. Empty: MPS claims are refused.
 	MPSControlBinary string
+	// ControlPlaneQPS and ControlPlaneBurst tune the client rate limits of
+	// the scheduler and of every controller, as operators of large
+	// clusters raise kube-scheduler's clientConnection and
+	// kube-controller-manager's --kube-api-qps/--kube-api-burst. Zero: each
+	// component's client at the limits it ships with (kube-scheduler 50
+	// QPS, burst 100; kube-controller-manager 20 QPS, burst 30 per
+	// controller; see controlplane.go). A QPS without a burst gets a burst
+	// of twice the QPS.
+	ControlPlaneQPS   float32
+	ControlPlaneBurst int
 }
 
 // Cluster is a running devcluster.
 type Cluster struct {
 	// Dir is the working directory.
 	Dir string
-	// RESTConfig is an admin's client configuration.
+	// RESTConfig is an admin's client configuration, and Client its
+	// client: for tests, benchmarks, the demo and kubectl, not for the
+	// control plane's components, which have clients of their own.
 	RESTConfig *restclient.Config
 	Client     kubernetes.Interface
+	// ControlPlaneClients says which client limits the scheduler and the
+	// controllers run with.
+	ControlPlaneClients string
 
 	ctx         context.Context
 	cancel      context.CancelFunc
@@ -110,12 +125,17 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, fmt.Errorf("start the API server: %w", err)
 	}
 	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)
+	// The admin client is no component: it drives tests and benchmarks (the
+	// end-to-end benchmark's 100 creates fit in its burst), so it keeps
+	// generous limits that never make it the bottleneck being measured.
 	c.RESTConfig.QPS, c.RESTConfig.Burst = 100, 200
 	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
 		return c, err
 	}
 	logger.V(1).Info("API server ready", "host", c.RESTConfig.Host, "elapsed", time.Since(start).Round(time.Millisecond))
-	if c.controllers, err = startControllers(c.ctx, c.RESTConfig); err != nil {
+	clients := controlPlaneClients{base: c.apiServer.ClientConfig, tuned: tunedLimits(opts.ControlPlaneQPS, opts.ControlPlaneBurst)}
+	c.ControlPlaneClients = clients.String()
+	if c.controllers, err = startControllers(c.ctx, clients); err != nil {
 		return c, err
 	}
 	logger.V(1).Info("Scheduler and controllers running", "elapsed", time.Since(start).Round(time.Millisecond))

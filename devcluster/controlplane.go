@@ -91,16 +91,113 @@ func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapi
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
 }
 
+// The client rate limits the real components ship with, in
+// k8s.io/kubernetes v1.37.1:
+//   - kube-scheduler: clientConnection.qps 50, burst 100
+//     (pkg/scheduler/apis/config/v1/defaults.go, SetDefaults_KubeSchedulerConfiguration:
+//     "Scheduler has an opinion about QPS/Burst"). It makes one client for
+//     scheduling and its informers and a second one, with limits of its
+//     own, for events (cmd/kube-scheduler/app/options/options.go, createClients).
+//   - kube-controller-manager: --kube-api-qps 20, --kube-api-burst 30
+//     (pkg/controller/apis/config/v1alpha1/defaults.go,
+//     SetDefaults_KubeControllerManagerConfiguration). Every controller gets a
+//     client of its own, so a rate limiter of its own, named after it
+//     (cmd/kube-controller-manager/app/controllermanager.go, createClientBuilders;
+//     app/resource.go, app/core.go); the shared and the metadata informers
+//     have theirs, and discovery clients get burst 200 at 20 QPS
+//     (k8s.io/controller-manager/pkg/clientbuilder, DiscoveryClient).
+//
+// devcluster makes the same clients at the same limits: one client shared by
+// all of them, at other limits, is no cluster anyone runs, and the
+// end-to-end benchmark would measure it instead of the driver (issue 12).
+var (
+	schedulerShipped         = clientLimits{QPS: 50, Burst: 100}
+	controllerManagerShipped = clientLimits{QPS: 20, Burst: 30}
+	discoveryShipped         = clientLimits{QPS: 20, Burst: 200}
+)
+
+type clientLimits struct {
+	QPS   float32
+	Burst int
+}
+
+// controlPlaneClients makes the scheduler's and the controllers' clients:
+// one per component, as the real binaries make them, at the shipped limits
+// unless tuned is set.
+type controlPlaneClients struct {
+	base  *restclient.Config
+	tuned clientLimits // zero: each component's shipped limits
+}
+
+// tunedLimits turns Options' fields into limits; a QPS without a burst gets
+// twice the QPS, kube-scheduler's ratio.
+func tunedLimits(qps float32, burst int) clientLimits {
+	if qps > 0 && burst == 0 {
+		burst = int(2 * qps)
+	}
+	return clientLimits{QPS: qps, Burst: burst}
+}
+
+// config is a client configuration for one component. userAgent reads as
+// the real one does without the version ("kube-controller-manager/resource-claim-controller"),
+// so that the API server's log and metrics tell the components apart.
+func (p controlPlaneClients) config(shipped clientLimits, userAgent string) *restclient.Config {
+	cfg := restclient.CopyConfig(p.base)
+	cfg.UserAgent = userAgent
+	// Both binaries set it (createKubeConfig in each); the loopback
+	// configuration already asks for protobuf, as they do.
+	cfg.DisableCompression = true
+	limits := shipped
+	if p.tuned.QPS > 0 {
+		limits.QPS = p.tuned.QPS
+	}
+	if p.tuned.Burst > 0 {
+		limits.Burst = p.tuned.Burst
+	}
+	cfg.QPS, cfg.Burst = limits.QPS, limits.Burst
+	// A limiter of its own: the copy would share the base's, if it had one.
+	cfg.RateLimiter = nil
+	return cfg
+}
+
+func (p controlPlaneClients) client(shipped clientLimits, userAgent string) (*restclient.Config, kubernetes.Interface, error) {
+	cfg := p.config(shipped, userAgent)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("client %s: %w", userAgent, err)
+	}
+	return cfg, client, nil
+}
+
+// controllerClient is a kube-controller-manager client named as the real
+// one names it.
+func (p controlPlaneClients) controllerClient(name string) (*restclient.Config, kubernetes.Interface, error) {
+	return p.client(controllerManagerShipped, "kube-controller-manager/"+name)
+}
+
+// discoveryClient is a kube-controller-manager discovery client.
+func (p controlPlaneClients) discoveryClient(name string) (kubernetes.Interface, error) {
+	_, client, err := p.client(discoveryShipped, "kube-controller-manager/"+name)
+	return client, err
+}
+
+// String says which limits the components run with, for logs and benchmarks.
+func (p controlPlaneClients) String() string {
+	if p.tuned.QPS == 0 && p.tuned.Burst == 0 {
+		return fmt.Sprintf("shipped defaults (kube-scheduler %g QPS/%d burst, kube-controller-manager %g/%d per controller)",
+			schedulerShipped.QPS, schedulerShipped.Burst, controllerManagerShipped.QPS, controllerManagerShipped.Burst)
+	}
+	s, c := p.config(schedulerShipped, ""), p.config(controllerManagerShipped, "")
+	return fmt.Sprintf("tuned (kube-scheduler %g QPS/%d burst, kube-controller-manager %g/%d per controller)", s.QPS, s.Burst, c.QPS, c.Burst)
+}
+
 // startControllers runs the scheduler (default profile, which includes
 // DynamicResources), the ResourceClaim controller, the garbage collector and
-// the device-taint eviction controller until ctx ends. The returned channel
-// closes once all of them have returned.
-func startControllers(ctx context.Context, cfg *restclient.Config) (<-chan struct{}, error) {
+// the device-taint eviction controller until ctx ends, each with its own
+// client. The returned channel closes once all of them have returned.
+func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan struct{}, error) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(restclient.AddUserAgent(restclient.CopyConfig(cfg), "devcluster-controllers"))
-	if err != nil {
-		return nil, err
-	}
+	logger.V(1).Info("Control plane clients", "limits", clients.String())
 	done := make(chan struct{})
 	var stopped []<-chan struct{}
 	run := func(name string, f func(ctx context.Context)) {
@@ -117,11 +214,21 @@ func startControllers(ctx context.Context, cfg *restclient.Config) (<-chan struc
 	if err != nil {
 		return nil, fmt.Errorf("scheduler configuration: %w", err)
 	}
-	schedInformers := scheduler.NewInformerFactory(client, 0, nil)
-	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	// As kube-scheduler: its informers share the scheduling client, its
+	// events have a client (and a rate limiter) of their own.
+	schedKubeConfig, schedClient, err := clients.client(schedulerShipped, "kube-scheduler/scheduler")
+	if err != nil {
+		return nil, err
+	}
+	_, eventClient, err := clients.client(schedulerShipped, "kube-scheduler/scheduler")
+	if err != nil {
+		return nil, err
+	}
+	schedInformers := scheduler.NewInformerFactory(schedClient, 0, nil)
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: eventClient.EventsV1()})
 	broadcaster.StartRecordingToSink(ctx.Done())
-	sched, err := scheduler.New(ctx, client, schedInformers, nil, profile.NewRecorderFactory(broadcaster),
-		scheduler.WithKubeConfig(cfg),
+	sched, err := scheduler.New(ctx, schedClient, schedInformers, nil, profile.NewRecorderFactory(broadcaster),
+		scheduler.WithKubeConfig(schedKubeConfig),
 		scheduler.WithProfiles(schedCfg.Profiles...),
 		scheduler.WithPercentageOfNodesToScore(schedCfg.PercentageOfNodesToScore),
 		// Pods that did not fit are retried soon: the demo and the tests
@@ -144,18 +251,31 @@ func startControllers(ctx context.Context, cfg *restclient.Config) (<-chan struc
 	}
 	run("scheduler", func(ctx context.Context) { sched.Run(ctx); broadcaster.Shutdown() })
 
-	// The controllers of kube-controller-manager that DRA needs.
-	factory := informers.NewSharedInformerFactory(client, 0)
-	claims, err := resourceclaim.NewController(logger, client,
+	// The controllers of kube-controller-manager that DRA needs, each with
+	// the client kube-controller-manager would give it.
+	_, informerClient, err := clients.controllerClient("shared-informers")
+	if err != nil {
+		return nil, err
+	}
+	factory := informers.NewSharedInformerFactory(informerClient, 0)
+	_, claimClient, err := clients.controllerClient("resource-claim-controller")
+	if err != nil {
+		return nil, err
+	}
+	claims, err := resourceclaim.NewController(logger, claimClient,
 		factory.Core().V1().Pods(), factory.Scheduling().V1beta1().PodGroups(),
 		factory.Resource().V1().ResourceClaims(), factory.Resource().V1().ResourceClaimTemplates())
 	if err != nil {
 		return nil, fmt.Errorf("create ResourceClaim controller: %w", err)
 	}
-	taints := devicetainteviction.New(client, factory.Core().V1().Pods(), factory.Resource().V1().ResourceClaims(),
+	_, taintClient, err := clients.controllerClient("device-taint-eviction-controller")
+	if err != nil {
+		return nil, err
+	}
+	taints := devicetainteviction.New(taintClient, factory.Core().V1().Pods(), factory.Resource().V1().ResourceClaims(),
 		factory.Resource().V1().ResourceSlices(), factory.Resource().V1().DeviceTaintRules(),
 		factory.Resource().V1().DeviceClasses(), "device-taint-eviction-controller")
-	gc, gcSync, err := newGarbageCollector(ctx, cfg, factory)
+	gc, gcSync, err := newGarbageCollector(ctx, clients, factory)
 	if err != nil {
 		return nil, err
 	}
@@ -182,10 +302,11 @@ func startControllers(ctx context.Context, cfg *restclient.Config) (<-chan struc
 
 // newGarbageCollector builds the garbage collector, which deletes the
 // claims generated for pods that are gone, and the loop that keeps its view
-// of the API's resources current.
-func newGarbageCollector(ctx context.Context, cfg *restclient.Config, factory informers.SharedInformerFactory) (*garbagecollector.GarbageCollector, func(context.Context), error) {
-	gcCfg := restclient.AddUserAgent(restclient.CopyConfig(cfg), "garbage-collector")
-	client, err := kubernetes.NewForConfig(gcCfg)
+// of the API's resources current. The clients are named as in
+// kube-controller-manager (cmd/kube-controller-manager/app/controllermanager.go,
+// CreateControllerContext; app/core.go, newGarbageCollectorController).
+func newGarbageCollector(ctx context.Context, clients controlPlaneClients, factory informers.SharedInformerFactory) (*garbagecollector.GarbageCollector, func(context.Context), error) {
+	gcCfg, client, err := clients.controllerClient("generic-garbage-collector")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -193,20 +314,32 @@ func newGarbageCollector(ctx context.Context, cfg *restclient.Config, factory in
 	if err != nil {
 		return nil, nil, err
 	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cacheddiscovery.NewMemCacheClient(client.Discovery()))
+	metadataInformerClient, err := metadata.NewForConfig(clients.config(controllerManagerShipped, "kube-controller-manager/metadata-informers"))
+	if err != nil {
+		return nil, nil, err
+	}
+	mapperDiscovery, err := clients.discoveryClient("controller-discovery")
+	if err != nil {
+		return nil, nil, err
+	}
+	gcDiscovery, err := clients.discoveryClient("generic-garbage-collector")
+	if err != nil {
+		return nil, nil, err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cacheddiscovery.NewMemCacheClient(mapperDiscovery.Discovery()))
 	mapper.Reset()
 	started := make(chan struct{})
 	close(started)
 	gc, err := garbagecollector.NewGarbageCollector(ctx, client, metadataClient, mapper,
 		garbagecollector.DefaultIgnoredResources(),
-		informerfactory.NewInformerFactory(factory, metadatainformer.NewSharedInformerFactory(metadataClient, 0)),
+		informerfactory.NewInformerFactory(factory, metadatainformer.NewSharedInformerFactory(metadataInformerClient, 0)),
 		started)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create garbage collector: %w", err)
 	}
 	sync := func(ctx context.Context) {
 		go wait.UntilWithContext(ctx, func(context.Context) { mapper.Reset() }, 5*time.Second)
-		gc.Sync(ctx, client.Discovery(), 5*time.Second)
+		gc.Sync(ctx, gcDiscovery.Discovery(), 5*time.Second)
 	}
 	return gc, sync, nil
 }

@@ -159,18 +159,6 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 
-	minors := filepath.Join(n.Dir, "mig-minors")
-	f, err := os.Create(minors)
-	if err != nil {
-		return nil, err
-	}
-	err = sim.WriteMigMinors(f, machine.Spec().GPUCount)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node %s: mig-minors: %w", opts.Name, err)
-	}
 	pluginClient, err := c.clientFor("gpudra-kubelet-plugin/" + opts.Name)
 	if err != nil {
 		return nil, err
@@ -180,8 +168,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	n.pluginCfg = plugin.Config{
 		NodeName: opts.Name, Backend: machine, Client: pluginClient,
 		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
-		Majors: plugin.SimulatedMajors, CapMinors: plugin.MigMinorsFromFile(minors), BootID: c.bootID,
-		FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl, TimeSlicer: machine,
+		// The machine is also the node's host: device majors, capability
+		// minors and the time slicer come from its Host.
+		BootID: c.bootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl,
 		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.

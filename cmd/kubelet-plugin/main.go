@@ -27,7 +27,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
-	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -96,8 +95,8 @@ func main() {
 	flag.StringVar(&f.procRoot, "proc-root", env("PROC_ROOT", "/proc"), "host /proc, for boot id, device majors and MIG minors (env PROC_ROOT)")
 	flag.StringVar(&f.podUID, "pod-uid", env("POD_UID", ""), "this pod's UID, from the downward API: enables rolling updates (env POD_UID)")
 	flag.StringVar(&f.metricsAddr, "metrics-address", env("METRICS_ADDRESS", ":9477"), "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables (env METRICS_ADDRESS)")
-	flag.Float64Var(&f.qps, "kube-api-qps", envNumber("KUBE_API_QPS", 50.0), "API client QPS: the helper reads every claim at prepare, so the default 5 would queue prepares (env KUBE_API_QPS)")
-	flag.IntVar(&f.burst, "kube-api-burst", int(envNumber("KUBE_API_BURST", 100.0)), "API client burst (env KUBE_API_BURST)")
+	flag.Float64Var(&f.qps, "kube-api-qps", envNumber("KUBE_API_QPS", 100.0), "API client QPS: a prepare makes one request (the claim read), two for a shared device; client-go's default of 5 would queue prepares (env KUBE_API_QPS)")
+	flag.IntVar(&f.burst, "kube-api-burst", int(envNumber("KUBE_API_BURST", 300.0)), "API client burst: covers a whole node's pods (110, two requests each) starting at once (env KUBE_API_BURST)")
 	flag.BoolVar(&f.fractional, "fractional-gpus", envBool("FRACTIONAL_GPUS"), "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS (env FRACTIONAL_GPUS)")
 	flag.StringVar(&f.mpsControl, "mps-control-binary", env("MPS_CONTROL_BINARY", ""), "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists (env MPS_CONTROL_BINARY)")
 	flag.StringVar(&f.mpsServerImage, "mps-server-image", env("MPS_SERVER_IMAGE", ""), "the gpudra image, for MPS server pods (one per GPU with MPS claims, independent of this container); empty: MPS servers run in this container and die with it (env MPS_SERVER_IMAGE)")
@@ -145,42 +144,30 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		return err
 	}
 	var backend nvdevice.Interface
-	pc := plugin.Config{NodeName: f.nodeName, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
-		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
-		MPSServerImage: f.mpsServerImage, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot,
-		CapMinors: plugin.MigMinorsFromFile(filepath.Join(f.procRoot, "driver/nvidia-caps/mig-minors"))}
 	switch f.backend {
 	case "nvml":
-		if backend, err = nvml.New(ctx, nvml.Options{DriverRoot: f.driverRoot}); err != nil {
-			return err
-		}
-		if pc.Majors, err = plugin.MajorsFromProc(filepath.Join(f.procRoot, "devices")); err != nil {
-			return err
-		}
 		smi, err := driverTool(tools, "nvidia-smi", f.nvidiaSMI, "nvidia-smi")
 		if err != nil {
 			return err
 		}
+		opts := nvml.Options{DriverRoot: f.driverRoot, ProcRoot: f.procRoot}
 		if smi != "" {
-			pc.TimeSlicer = sharing.NvidiaSMI{Runner: tools, Path: smi}
+			opts.ComputePolicy = drivertools.NvidiaSMI{Runner: tools, Path: smi}
+		}
+		if backend, err = nvml.New(ctx, opts); err != nil {
+			return err
 		}
 	case "sim":
-		m, err := sim.NewBuiltin(f.machine, f.nodeName)
-		if err != nil {
+		if backend, err = sim.NewBuiltin(f.machine, f.nodeName); err != nil {
 			return err
 		}
-		backend, pc.Majors, pc.TimeSlicer = m, plugin.SimulatedMajors, m
-		minors := filepath.Join(f.pluginDataDir, "sim-mig-minors")
-		if err := writeSimMinors(minors, m.Spec().GPUCount); err != nil {
-			return err
-		}
-		pc.CapMinors = plugin.MigMinorsFromFile(minors)
 	default:
 		return fmt.Errorf("--backend: unknown backend %q, want nvml or sim", f.backend)
 	}
 	defer backend.Close()
-	pc.Backend = backend
-	pc.Metrics = plugin.NewMetrics()
+	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
+		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
+		MPSServerImage: f.mpsServerImage, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics()}
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -202,21 +189,6 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		return cause
 	}
 	return nil
-}
-
-func writeSimMinors(path string, gpus int) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := sim.WriteMigMinors(f, gpus); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 func clientConfig(kubeconfig string) (*rest.Config, error) {

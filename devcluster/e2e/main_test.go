@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,8 +65,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	// Node,RBAC: the chart's RBAC and admission policy are tested for real.
-	cluster, err = devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl,
-		APIServerFlags: []string{"--authorization-mode=Node,RBAC"}})
+	opts := devcluster.Options{MPSControlBinary: mpsControl, APIServerFlags: []string{"--authorization-mode=Node,RBAC"}}
+	if err := controlPlaneLimitsFromEnv(&opts); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cluster, err = devcluster.Start(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start devcluster:", err, "(log:", logFile+")")
 		return 1
@@ -96,6 +101,28 @@ func run(m *testing.M) int {
 		fmt.Println("devcluster log kept at", logFile)
 	}
 	return code
+}
+
+// controlPlaneLimitsFromEnv tunes the scheduler's and the controllers'
+// client limits from DEVCLUSTER_CONTROL_PLANE_QPS and
+// DEVCLUSTER_CONTROL_PLANE_BURST, so that the suite and the benchmark run
+// at the shipped limits or at tuned ones without a code change.
+func controlPlaneLimitsFromEnv(opts *devcluster.Options) error {
+	if v := os.Getenv("DEVCLUSTER_CONTROL_PLANE_QPS"); v != "" {
+		qps, err := strconv.ParseFloat(v, 32)
+		if err != nil || qps < 0 {
+			return fmt.Errorf("DEVCLUSTER_CONTROL_PLANE_QPS=%q: not a QPS", v)
+		}
+		opts.ControlPlaneQPS = float32(qps)
+	}
+	if v := os.Getenv("DEVCLUSTER_CONTROL_PLANE_BURST"); v != "" {
+		burst, err := strconv.Atoi(v)
+		if err != nil || burst < 0 {
+			return fmt.Errorf("DEVCLUSTER_CONTROL_PLANE_BURST=%q: not a burst", v)
+		}
+		opts.ControlPlaneBurst = burst
+	}
+	return nil
 }
 
 // namespace creates a namespace for one test and deletes its pods at the

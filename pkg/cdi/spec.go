@@ -14,6 +14,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
@@ -23,14 +24,9 @@ const (
 	Class  = "claim"
 )
 
-// Major numbers of the NVIDIA character devices. nvidiactl and the GPUs use
-// 195; nvidia-uvm and nvidia-caps are allocated at module load, so a real
-// node reads them from /proc/devices.
-type Majors struct {
-	NVIDIA int64
-	UVM    int64
-	Caps   int64
-}
+// Majors are the major numbers of the NVIDIA character devices, as the
+// backend's nvdevice.Host gives them.
+type Majors = nvdevice.DeviceMajors
 
 // Claim is what one claim's spec is built from.
 type Claim struct {

@@ -57,6 +57,10 @@ type Interface interface {
 	Inventorier
 	MigManager
 	HealthWatcher
+	// Host returns what the plugin needs about the node beyond its GPUs:
+	// device majors, MIG capability minors and the compute policy. The
+	// plugin calls it once at start.
+	Host(ctx context.Context) (Host, error)
 	// Close releases the backend (NVML shutdown). It is safe to call twice.
 	Close() error
 }
@@ -83,12 +87,3 @@ var (
 	// (NVML_ERROR_IN_USE).
 	ErrInUse = errors.New("in use")
 )
-
-// ComputePolicy changes how a GPU schedules the processes that share it.
-// NVML has no call for the time slice, so the real implementation runs
-// nvidia-smi (pkg/sharing); the simulator records what was set.
-type ComputePolicy interface {
-	// SetTimeSlice sets the GPU's time slice: 0 (default) to 3 (long), the
-	// values of `nvidia-smi compute-policy --set-timeslice`.
-	SetTimeSlice(ctx context.Context, gpuUUID string, level int) error
-}

@@ -76,7 +76,7 @@ func startPluginWithMetrics(t testing.TB, e *env, metrics *Metrics, claims ...*r
 	p, err := Start(ctx, Config{
 		NodeName: pool, Backend: e.machine, Client: client,
 		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: e.cdiDir,
-		Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1", Metrics: metrics,
+		BootID: "boot-1", Metrics: metrics,
 	}, cancel)
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
@@ -137,7 +137,7 @@ func TestCorruptCheckpointAtStart(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	p, err := Start(ctx, Config{NodeName: pool, Backend: e.machine, Client: client, RegistrarDir: filepath.Join(sockets, "reg"),
-		PluginDataDir: data, CDIDir: e.cdiDir, Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1"}, cancel)
+		PluginDataDir: data, CDIDir: e.cdiDir, BootID: "boot-1"}, cancel)
 	require.NoError(t, err, "a corrupt checkpoint never stops the plugin")
 	defer p.Stop()
 	events, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})

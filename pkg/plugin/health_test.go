@@ -285,7 +285,7 @@ func TestHealthFileAtStart(t *testing.T) {
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
 			p, err := Start(ctx, Config{NodeName: pool, Backend: e.machine, Client: client, RegistrarDir: filepath.Join(sockets, "reg"),
-				PluginDataDir: data, CDIDir: e.cdiDir, Majors: majors, CapMinors: MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")), BootID: "boot-1"}, cancel)
+				PluginDataDir: data, CDIDir: e.cdiDir, BootID: "boot-1"}, cancel)
 			require.NoError(t, err, "the health file never stops the plugin")
 			defer p.Stop()
 			var taints map[string]string

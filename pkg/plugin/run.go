@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,8 +28,11 @@ import (
 // from flags.
 type Config struct {
 	NodeName string
-	Backend  nvdevice.Interface
-	Client   kubernetes.Interface
+	// Backend is the GPU model, and through its Host everything the plugin
+	// needs about the node besides: device majors, MIG capability minors,
+	// the compute policy that sets time slices.
+	Backend nvdevice.Interface
+	Client  kubernetes.Interface
 	// RegistrarDir is the kubelet's plugin registry
 	// (/var/lib/kubelet/plugins_registry).
 	RegistrarDir string
@@ -36,8 +40,6 @@ type Config struct {
 	// (/var/lib/kubelet/plugins/gpu.gpudra.dev).
 	PluginDataDir string
 	CDIDir        string
-	Majors        cdi.Majors
-	CapMinors     CapMinors
 	BootID        string
 	// Metrics receive the plugin's measurements; nil disables them.
 	Metrics *Metrics
@@ -61,9 +63,6 @@ type Config struct {
 	// DriverTools runs the driver's tools (nvidia-cuda-mps-control) from
 	// the driver root, with the host's own loader and libraries.
 	DriverTools drivertools.Runner
-	// TimeSlicer sets GPU time slices (the simulator, or nvidia-smi);
-	// nil: time-sliced claims are refused.
-	TimeSlicer sharing.TimeSlicer
 	// UnhealthyTaintEffect is NoSchedule (default) or NoExecute (pods on an
 	// unhealthy GPU are evicted).
 	UnhealthyTaintEffect resourceapi.DeviceTaintEffect
@@ -77,10 +76,20 @@ type Plugin struct {
 	Sockets []string
 }
 
-// Start starts the plugin: node state from the checkpoint, the gRPC
-// services on their sockets, and the first publication of the slices.
+// Start starts the plugin: the host's facts from the backend, node state
+// from the checkpoint, the gRPC services on their sockets, and the first
+// publication of the slices.
 func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Plugin, error) {
 	logger := klog.FromContext(ctx)
+	// Device majors, capability minors and the compute policy come from
+	// the backend, once: the simulator stands in for all of them.
+	host, err := cfg.Backend.Host(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("host facts from the GPU backend: %w", err)
+	}
+	if host.CapMinors == nil {
+		return nil, errors.New("host facts from the GPU backend: no MIG capability minors")
+	}
 	for _, dir := range []string{cfg.PluginDataDir, cfg.RegistrarDir} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return nil, fmt.Errorf("plugin directory: %w", err)
@@ -90,12 +99,12 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err != nil {
 		return nil, err
 	}
-	sharer, err := newSharing(ctx, cfg)
+	sharer, err := newSharing(ctx, cfg, host.ComputePolicy)
 	if err != nil {
 		return nil, err
 	}
 	state, err := NewNodeState(ctx, StateOptions{
-		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: cfg.Majors, CapMinors: cfg.CapMinors,
+		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: host.Majors, CapMinors: host.CapMinors,
 		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID, Sharing: sharer,
 		Claims: ClaimsOfPool(func(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
 			list, err := cfg.Client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
@@ -166,12 +175,13 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	return &Plugin{Driver: d, Helper: helper, Sockets: sockets}, nil
 }
 
-// newSharing builds the sharing strategies; an MPS daemon that had to be
-// started again is logged and counted.
-func newSharing(ctx context.Context, cfg Config) (*sharing.Manager, error) {
+// newSharing builds the sharing strategies, time-slicing through the host's
+// compute policy; an MPS daemon that had to be started again is logged and
+// counted.
+func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer) (*sharing.Manager, error) {
 	logger := klog.FromContext(ctx)
 	root := filepath.Join(cfg.PluginDataDir, "sharing")
-	opts := sharing.Options{Root: root, Policy: cfg.TimeSlicer,
+	opts := sharing.Options{Root: root, Policy: policy,
 		OnDaemonRestart: func(s sharing.MPSServer, err error) {
 			cfg.Metrics.mpsRestart(err)
 			if err != nil {

@@ -27,8 +27,6 @@ import (
 
 const pool = "node-a"
 
-var majors = cdi.Majors{NVIDIA: 195, UVM: 508, Caps: 511}
-
 type env struct {
 	t       testing.TB
 	machine *sim.Machine
@@ -50,10 +48,6 @@ func newEnv(t testing.TB) *env {
 	m, err := sim.New(spec, pool)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, "mig-minors"))
-	require.NoError(t, err)
-	require.NoError(t, sim.WriteMigMinors(f, 8))
-	require.NoError(t, f.Close())
 	return &env{t: t, machine: m, dir: dir, cdiDir: filepath.Join(dir, "cdi")}
 }
 
@@ -64,12 +58,14 @@ func (e *env) start() *NodeState {
 	require.NoError(e.t, err)
 	standIn, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
 	require.NoError(e.t, err)
-	sharer, err := sharing.NewManager(sharing.Options{Root: filepath.Join(e.dir, "sharing"), Policy: e.machine,
+	// The simulator's host facts, as Start takes them from the backend.
+	host, err := e.machine.Host(context.Background())
+	require.NoError(e.t, err)
+	sharer, err := sharing.NewManager(sharing.Options{Root: filepath.Join(e.dir, "sharing"), Policy: host.ComputePolicy,
 		MPSControl: sharing.ExecMPSControl{Path: standIn}})
 	require.NoError(e.t, err)
 	s, err := NewNodeState(context.Background(), StateOptions{
-		Pool: pool, Backend: e.machine, CDI: w, Majors: majors,
-		CapMinors:      MigMinorsFromFile(filepath.Join(e.dir, "mig-minors")),
+		Pool: pool, Backend: e.machine, CDI: w, Majors: host.Majors, CapMinors: host.CapMinors,
 		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
 		Sharing: sharer, Claims: e.claims,
 		OnRebuild: func(_ context.Context, r RebuildReport) {

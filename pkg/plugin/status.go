@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -95,13 +97,17 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 }
 
 // writeDeviceStatus applies the claim's device statuses with server-side
-// apply, so that it owns only its own entries.
+// apply, so that it owns only its own entries. claim is what the kubelet
+// plugin helper read from the API for this prepare: when its status already
+// says the same (a repeat prepare, a restart), nothing is written, and a
+// condition's transition time moves only when its status does.
 func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldManager string, claim *resourceapi.ResourceClaim, c prepared.Claim) error {
 	statuses := sharingStatuses(c)
 	if len(statuses) == 0 || client == nil {
 		return nil
 	}
 	status := resourceapply.ResourceClaimStatus()
+	upToDate := true
 	for i, st := range statuses {
 		d := c.Devices[i]
 		data, err := json.Marshal(st)
@@ -114,17 +120,64 @@ func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldMa
 				condStatus, reason = metav1.ConditionFalse, "NotAllEnforced"
 			}
 		}
+		message := fmt.Sprintf("%s sharing; see data.enforced", st.Strategy)
+		transition := metav1.Now()
+		existing := existingDeviceStatus(claim, d)
+		var cond *metav1.Condition
+		if existing != nil {
+			cond = meta.FindStatusCondition(existing.Conditions, conditionSharingEnforced)
+		}
+		if cond != nil && cond.Status == condStatus {
+			transition = cond.LastTransitionTime
+		}
+		if existing == nil || !sameData(existing.Data, st) || cond == nil || cond.Status != condStatus ||
+			cond.Reason != reason || cond.Message != message || cond.ObservedGeneration != claim.Generation ||
+			ptrValue(existing.ShareID) != st.ShareID {
+			upToDate = false
+		}
 		dev := resourceapply.AllocatedDeviceStatus().WithDriver(slicebuilder.DriverName).WithPool(d.Pool).WithDevice(d.Device).
 			WithData(runtime.RawExtension{Raw: data}).
 			WithConditions(metav1apply.Condition().WithType(conditionSharingEnforced).WithStatus(condStatus).WithReason(reason).
-				WithMessage(fmt.Sprintf("%s sharing; see data.enforced", st.Strategy)).WithLastTransitionTime(metav1.Now()).
-				WithObservedGeneration(claim.Generation))
+				WithMessage(message).WithLastTransitionTime(transition).WithObservedGeneration(claim.Generation))
 		if st.ShareID != "" {
 			dev = dev.WithShareID(st.ShareID)
 		}
 		status = status.WithDevices(dev)
 	}
+	if upToDate {
+		return nil
+	}
 	apply := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
 	_, err := client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	return err
+}
+
+// sameData says whether the status data holds st. The API server stores it
+// re-encoded (server-side apply sorts the keys), so it is compared decoded.
+func sameData(raw *runtime.RawExtension, st SharingStatus) bool {
+	if raw == nil {
+		return false
+	}
+	var have SharingStatus
+	return json.Unmarshal(raw.Raw, &have) == nil && reflect.DeepEqual(have, st)
+}
+
+// existingDeviceStatus is the claim's status entry for the device, if any.
+func existingDeviceStatus(claim *resourceapi.ResourceClaim, d prepared.Device) *resourceapi.AllocatedDeviceStatus {
+	for i := range claim.Status.Devices {
+		e := &claim.Status.Devices[i]
+		if e.Driver == slicebuilder.DriverName && e.Pool == d.Pool && e.Device == d.Device &&
+			(d.Share == nil || ptrValue(e.ShareID) == d.Share.ID) {
+			return e
+		}
+	}
+	return nil
+}
+
+func ptrValue[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,7 +62,7 @@ func TestRecycledPIDIsNeitherAdoptedNorKilled(t *testing.T) {
 			require.NoError(t, err)
 			assert.Contains(t, id.Cmdline, "fake-nvidia-cuda-mps-control", "a real daemon was started for the claim, not the foreign process adopted")
 			require.NoError(t, m.Unprepare(ctx, kept, nil))
-			assert.False(t, alive(daemon), "the claim's own daemon is stopped at unprepare")
+			assert.Eventually(t, func() bool { return !alive(daemon) }, 5*time.Second, 20*time.Millisecond, "the claim's own daemon is stopped at unprepare")
 			assert.NoDirExists(t, filepath.Join(MPSRoot(root), "unknown-claim"))
 		})
 	}

@@ -9,13 +9,13 @@ import (
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
-// TimeSlicer sets a GPU's time slice (nvdevice.ComputePolicy).
-type TimeSlicer interface {
-	SetTimeSlice(ctx context.Context, gpuUUID string, level int) error
-}
+// TimeSlicer sets a GPU's time slice: the backend's compute policy
+// (nvdevice.Host).
+type TimeSlicer = nvdevice.ComputePolicy
 
 // TimeSliceLevel is nvidia-smi's number for an interval.
 func TimeSliceLevel(i gpuapi.TimeSliceInterval) (int, error) {

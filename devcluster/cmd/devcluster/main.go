@@ -30,6 +30,8 @@ type options struct {
 	fractional bool
 	mpsControl string
 	timeout    time.Duration
+	cpQPS      float64
+	cpBurst    int
 }
 
 type stringList []string
@@ -54,6 +56,8 @@ func main() {
 	fs.StringVar(&o.logFile, "log-file", "devcluster.log", "the control plane's and the plugins' logs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the cluster running until interrupted")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
+	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
+	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.Func("v", "log verbosity (in the log file)", func(v string) error { return klogFlags.Set("v", v) })
@@ -88,13 +92,20 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 	step("starting etcd, kube-apiserver, kube-scheduler and the DRA controllers (logs: %s)", o.logFile)
+	if o.cpQPS < 0 || o.cpBurst < 0 {
+		return fmt.Errorf("--control-plane-qps and --control-plane-burst cannot be negative")
+	}
 	mpsControl, err := filepath.Abs(o.mpsControl)
 	if err != nil {
 		return err
 	}
-	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl})
+	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl,
+		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst})
 	if err != nil {
 		return err
+	}
+	if o.cpQPS > 0 || o.cpBurst > 0 {
+		step("control plane clients: %s", c.ControlPlaneClients)
 	}
 	defer func() {
 		step("stopping the cluster")

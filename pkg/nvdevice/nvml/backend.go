@@ -37,6 +37,9 @@ type Backend struct {
 	tracker *recoveryTracker
 	// eventWait bounds one wait on the event set (defaultEventWait if zero).
 	eventWait time.Duration
+	// opts are what New was given: Host reads its ProcRoot and
+	// ComputePolicy.
+	opts Options
 }
 
 var _ nvdevice.Interface = (*Backend)(nil)
@@ -58,7 +61,9 @@ func New(ctx context.Context, opts Options) (nvdevice.Interface, error) {
 		return nil, fmt.Errorf("initialise NVML from %s: %w", path, &nvmlError{op: "nvmlInit", ret: ret})
 	}
 	klog.FromContext(ctx).V(2).Info("NVML initialised", "library", path)
-	return newBackend(lib, "/sys", device.New(lib)), nil
+	b := newBackend(lib, "/sys", device.New(lib))
+	b.opts = opts
+	return b, nil
 }
 
 func newBackend(lib nvml.Interface, sysfs string, devlib device.Interface) *Backend {
@@ -67,6 +72,13 @@ func newBackend(lib nvml.Interface, sysfs string, devlib device.Interface) *Back
 		health:  nvdevice.NewHealthBroadcaster(),
 		symbols: map[string]bool{},
 	}
+}
+
+// Host reads the node's device majors from the proc root now, and its MIG
+// capability minors from there at every call; the compute policy is the
+// one New was given. It does not call NVML.
+func (b *Backend) Host(context.Context) (nvdevice.Host, error) {
+	return hostOf(b.opts)
 }
 
 // Close stops the health event loop, ends every watcher and shuts NVML down.

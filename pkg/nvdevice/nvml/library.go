@@ -26,6 +26,13 @@ type Options struct {
 	DriverRoot string
 	// LibraryPath overrides the search for libnvidia-ml.so.1.
 	LibraryPath string
+	// ProcRoot is the host's /proc, where the backend's Host reads the
+	// device majors and the MIG capability minors; empty: "/proc".
+	ProcRoot string
+	// ComputePolicy is the Host's compute policy: NVML cannot set time
+	// slices, so the caller supplies what can (drivertools.NvidiaSMI).
+	// Nil: time-sliced claims are refused.
+	ComputePolicy nvdevice.ComputePolicy
 }
 
 // librarySearchDirs are the places distributions, the .run installer and the

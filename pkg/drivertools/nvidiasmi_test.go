@@ -1,4 +1,4 @@
-package sharing
+package drivertools
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/gpudra/gpudra/pkg/drivertools"
 )
 
 // fakeSMI writes a stand-in nvidia-smi at bin that records its arguments
@@ -27,7 +25,7 @@ func TestNvidiaSMISetTimeSlice(t *testing.T) {
 	fakeSMI(t, bin, args)
 	t.Setenv("LD_LIBRARY_PATH", "/run/nvidia/driver/usr/lib64")
 
-	smi := NvidiaSMI{Runner: drivertools.Runner{Root: "/"}, Path: bin}
+	smi := NvidiaSMI{Runner: Runner{Root: "/"}, Path: bin}
 	require.NoError(t, smi.SetTimeSlice(context.Background(), "GPU-1", 3))
 	got, err := os.ReadFile(args)
 	require.NoError(t, err)
@@ -43,13 +41,13 @@ func TestNvidiaSMIFromTheDriverRoot(t *testing.T) {
 	args := filepath.Join(t.TempDir(), "args")
 	fakeSMI(t, filepath.Join(root, "usr/bin/nvidia-smi"), args)
 
-	smi := NvidiaSMI{Runner: drivertools.Runner{Root: root}}
+	smi := NvidiaSMI{Runner: Runner{Root: root}}
 	require.NoError(t, smi.SetTimeSlice(context.Background(), "GPU-1", 2))
 	got, err := os.ReadFile(args)
 	require.NoError(t, err)
 	assert.Equal(t, "compute-policy -i GPU-1 --set-timeslice 2 lib=\n", string(got), "usr/bin/nvidia-smi under the driver root")
 
-	err = NvidiaSMI{Runner: drivertools.Runner{Root: t.TempDir()}}.SetTimeSlice(context.Background(), "GPU-1", 2)
+	err = NvidiaSMI{Runner: Runner{Root: t.TempDir()}}.SetTimeSlice(context.Background(), "GPU-1", 2)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "setting the time slice of GPU-1: driver tool nvidia-smi: not found at ")
 }

@@ -1,19 +1,18 @@
-package sharing
+package drivertools
 
 import (
 	"context"
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/gpudra/gpudra/pkg/drivertools"
 )
 
-// NvidiaSMI sets time slices with nvidia-smi: NVML has no call for it.
+// NvidiaSMI sets time slices with nvidia-smi: NVML has no call for it. It
+// is the NVML backend's nvdevice.ComputePolicy.
 type NvidiaSMI struct {
 	// Runner runs it from the driver root, through the root's own loader.
-	Runner drivertools.Runner
-	// Path is nvidia-smi as drivertools.Runner.Path takes it; empty:
+	Runner Runner
+	// Path is nvidia-smi as Runner.Path takes it; empty:
 	// "nvidia-smi" (usr/bin/nvidia-smi under the driver root).
 	Path string
 }

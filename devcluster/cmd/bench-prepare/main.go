@@ -1,0 +1,32 @@
+// Command bench-prepare measures the kubelet plugin's prepare and unprepare
+// latency and peak memory against a real API server (make bench-prepare);
+// its last line is the summary.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/gpudra/gpudra/devcluster/prepbench"
+)
+
+func main() {
+	var cfg prepbench.Config
+	var pluginArgs string
+	flag.StringVar(&cfg.PluginBinary, "plugin-binary", "bin/gpudra-kubelet-plugin", "gpudra-kubelet-plugin, as built by make build")
+	flag.IntVar(&cfg.Claims, "claims", 200, "1-GPU claims, prepared and unprepared one after the other")
+	flag.StringVar(&cfg.Machine, "sim-machine", "dgx-h100-nomig", "the plugin's simulated machine")
+	flag.IntVar(&cfg.Devices, "devices", 8, "claims go round-robin over gpu-0..gpu-<devices-1>")
+	flag.StringVar(&pluginArgs, "plugin-args", "", "space-separated flags added to the plugin's (e.g. --kube-api-qps=1000)")
+	flag.Parse()
+	cfg.PluginArgs = strings.Fields(pluginArgs)
+	res, err := prepbench.Run(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-prepare:", err)
+		os.Exit(1)
+	}
+	fmt.Println(res.Line())
+}
