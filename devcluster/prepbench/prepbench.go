@@ -57,6 +57,13 @@ type Config struct {
 // Result are the measurements of a run.
 type Result struct {
 	Prepare, Unprepare []time.Duration
+	// ClaimRead is the latency of the same claim read the plugin makes at
+	// prepare, made by the benchmark just before each prepare: the API
+	// server's share of a prepare.
+	ClaimRead []time.Duration
+	// Memory is the plugin's /proc status memory lines at the end (VmHWM,
+	// VmRSS, RssAnon, RssFile): file-backed pages are the binary's.
+	Memory string
 	// PeakRSS is the plugin's VmHWM at the end, in bytes.
 	PeakRSS int64
 }
@@ -165,6 +172,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var res Result
 	for _, c := range claims {
 		req := []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}
+		readStart := time.Now()
+		if _, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{}); err != nil {
+			return res, err
+		}
+		res.ClaimRead = append(res.ClaimRead, time.Since(readStart))
 		start := time.Now()
 		prep, err := dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: req})
 		if err != nil {
@@ -183,7 +195,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		res.Prepare, res.Unprepare = append(res.Prepare, mid.Sub(start)), append(res.Unprepare, time.Since(mid))
 	}
-	res.PeakRSS, err = peakRSS(plugin.Process.Pid)
+	res.PeakRSS, res.Memory, err = memory(plugin.Process.Pid)
 	return res, err
 }
 
@@ -233,19 +245,33 @@ func createClaims(ctx context.Context, client kubernetes.Interface, cfg Config) 
 	return out, nil
 }
 
-// peakRSS is the process's VmHWM in bytes.
-func peakRSS(pid int) (int64, error) {
+// memory is the process's VmHWM in bytes, and its memory lines.
+func memory(pid int) (int64, string, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer f.Close()
+	var hwm int64 = -1
+	var lines []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
+		name, v, _ := strings.Cut(sc.Text(), ":")
+		v = strings.TrimSpace(v)
+		switch name {
+		case "VmHWM":
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
+			if err != nil {
+				return 0, "", fmt.Errorf("VmHWM %q: %w", v, err)
+			}
+			hwm = kb << 10
+			fallthrough
+		case "VmRSS", "RssAnon", "RssFile":
+			lines = append(lines, name+"="+strings.ReplaceAll(v, " ", ""))
 		}
 	}
-	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+	if hwm < 0 {
+		return 0, "", errors.New("no VmHWM in /proc/<pid>/status")
+	}
+	return hwm, strings.Join(lines, " "), nil
 }

@@ -28,5 +28,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-prepare:", err)
 		os.Exit(1)
 	}
+	fmt.Printf("claim read (the API server's share) p50=%.2f p99=%.2f ms; plugin memory %s\n",
+		float64(prepbench.Percentile(res.ClaimRead, 0.5).Microseconds())/1000, float64(prepbench.Percentile(res.ClaimRead, 0.99).Microseconds())/1000, res.Memory)
 	fmt.Println(res.Line())
 }
