@@ -44,14 +44,22 @@ func KillContainerProcesses(id string) (int, error) {
 		return 0, errors.New("kill container processes: empty container id")
 	}
 	killed := map[int]bool{}
+	// Done after two empty scans in a row: a process between two execs
+	// reads with an empty environment for a moment, and one scan may miss it.
+	empty := 0
 	for round := 0; round < killRounds; round++ {
 		pids, err := ContainerProcesses(id)
 		if err != nil {
 			return len(killed), err
 		}
 		if len(pids) == 0 {
-			return len(killed), nil
+			if empty++; empty == 2 {
+				return len(killed), nil
+			}
+			time.Sleep(killRoundWait)
+			continue
 		}
+		empty = 0
 		for _, pid := range pids {
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 				return len(killed), fmt.Errorf("kill process %d of container %s: %w", pid, id, err)

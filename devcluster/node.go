@@ -19,6 +19,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -159,7 +160,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 
-	pluginClient, err := c.clientFor("gpudra-kubelet-plugin/" + opts.Name)
+	// The plugin's own client (core and resource groups only), as the
+	// binary builds it, so that a call to any other group fails here.
+	pluginCfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), "gpudra-kubelet-plugin/"+opts.Name)
+	pluginCfg.QPS, pluginCfg.Burst = 100, 300
+	pluginClient, err := kubeclient.NewForConfig(pluginCfg)
 	if err != nil {
 		return nil, err
 	}

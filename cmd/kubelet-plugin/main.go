@@ -14,8 +14,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -132,7 +132,7 @@ func run(ctx context.Context, f flags, cancel context.CancelCauseFunc) error {
 		return err
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("API client: %w", err)
 	}

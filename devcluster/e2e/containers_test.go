@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -202,11 +203,19 @@ func TestPluginContainerKillSparesProcessPods(t *testing.T) {
 		pids[what] = pid
 		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 	}
-	listed, err := devcluster.ContainerProcesses(inst.ContainerID)
-	require.NoError(t, err)
-	for what, pid := range pids {
-		require.Contains(t, listed, pid, "%s is one of the container's processes", what)
-	}
+	// A process between two execs (sh, setsid, sleep) reads with an empty
+	// environment for a moment: wait until every one has shown up.
+	var listed []int
+	require.Eventually(t, func() bool {
+		listed, err = devcluster.ContainerProcesses(inst.ContainerID)
+		require.NoError(t, err)
+		for _, pid := range pids {
+			if !slices.Contains(listed, pid) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 20*time.Millisecond, "every process is one of the container's: %v listed, want %v", listed, pids)
 
 	killed, err := node.KillPluginContainer()
 	require.NoError(t, err)
