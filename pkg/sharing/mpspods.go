@@ -90,6 +90,13 @@ func (p *PodServers) Ensure(ctx context.Context, s MPSServer) (bool, error) {
 		if err := p.waitGone(ctx, name, pod.UID); err != nil {
 			return false, err
 		}
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		// Evicted, or its node rebooted under it: a pod that ended does
+		// not restart. Replace it.
+		klog.FromContext(ctx).Info("MPS server pod has ended; replacing it", "pod", klog.KObj(pod), "phase", pod.Status.Phase, "reason", pod.Status.Reason)
+		if err := p.Stop(ctx, s); err != nil {
+			return false, err
+		}
 	case pod.Annotations[annotationDevices] != strings.Join(s.Devices, ","):
 		return false, fmt.Errorf("pod %s/%s serves devices %q, not %q", p.Namespace, name, pod.Annotations[annotationDevices], strings.Join(s.Devices, ","))
 	default:

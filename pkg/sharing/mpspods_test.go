@@ -59,6 +59,17 @@ func TestMPSServerPod(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, listed)
 
+	// An evicted server pod does not come back by itself: it is replaced.
+	pod.Status.Phase, pod.Status.Reason = corev1.PodFailed, "Evicted"
+	_, err = client.CoreV1().Pods("gpudra").UpdateStatus(ctx, &pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	started, err = p.Ensure(ctx, s)
+	require.NoError(t, err)
+	assert.True(t, started, "replaced")
+	replaced, err := client.CoreV1().Pods("gpudra").Get(ctx, pod.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, replaced.Status.Phase, "a new pod, not the evicted one")
+
 	require.NoError(t, p.Stop(ctx, s))
 	listed, err = p.List(ctx)
 	require.NoError(t, err)
