@@ -43,15 +43,23 @@ type Config struct {
 	Claims int
 	// Machine is the simulated machine (--sim-machine).
 	Machine string
-	// Device names the claims' devices: Device%d with the claim's index
-	// modulo Devices.
-	Devices int
+	// DeviceFormat names a claim's device from its index modulo Devices
+	// (fmt verb %d); empty: "gpu-%d", a whole GPU.
+	DeviceFormat string
+	Devices      int
 	// PluginArgs are added to the plugin's flags (for example
 	// --kube-api-qps to compare client settings).
 	PluginArgs []string
 	// Dir is where the cluster and the plugin keep their files; empty: a
 	// temporary directory.
 	Dir string
+}
+
+func (c Config) deviceFormat() string {
+	if c.DeviceFormat == "" {
+		return "gpu-%d"
+	}
+	return c.DeviceFormat
 }
 
 // Result are the measurements of a run.
@@ -232,7 +240,7 @@ func createClaims(ctx context.Context, client kubernetes.Interface, cfg Config) 
 		}
 		c.Status.Allocation = &resourceapi.AllocationResult{
 			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-				Request: "gpu", Driver: driver, Pool: node, Device: fmt.Sprintf("gpu-%d", i%cfg.Devices)}}},
+				Request: "gpu", Driver: driver, Pool: node, Device: fmt.Sprintf(cfg.deviceFormat(), i%cfg.Devices)}}},
 			NodeSelector: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{
 				Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}},
 		}
