@@ -196,11 +196,10 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	if setup {
 		record.Sharing = shareCfg
 	}
-	if createsMig(plan) || setup {
-		if err := s.recordLocked(cp, &record, "after-intent"); err != nil {
-			return prepared.Claim{}, err
-		}
-	}
+	// Not stored yet: every side effect below is preceded by a store of
+	// the record that names it (the MIG placement before the creation, the
+	// devices before sharing), so a store here would only add an fsync.
+	s.noteLocked(cp, &record, "after-intent")
 	if err := s.executeLocked(ctx, cp, &record, plan); err != nil {
 		if rbErr := s.rollbackLocked(ctx, cp, uid); rbErr != nil {
 			err = errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
@@ -294,9 +293,11 @@ func (s *NodeState) createMigLocked(ctx context.Context, cp *checkpoint.Checkpoi
 	s.crash("after-mig-create")
 	d.CreatedMig.GPUInstanceID, d.CreatedMig.ComputeInstanceID, d.CreatedMig.UUID = created.GPUInstanceID, created.ComputeInstanceID, created.UUID
 	record.Devices[len(record.Devices)-1] = *d
-	if err := s.recordLocked(cp, record, "after-mig-record"); err != nil {
-		return nil, err
-	}
+	// The instance ids are stored with the next record (the next device's
+	// placement, or the completed claim). A kill before that leaves the
+	// placement on disk, and the rollback finds the instances by placement
+	// and profile: the ids are a convenience, not what makes it safe.
+	s.noteLocked(cp, record, "after-mig-record")
 	if err := s.markers.put(record.UID, *d.CreatedMig); err != nil {
 		return nil, err
 	}
@@ -415,6 +416,13 @@ func (s *NodeState) recordLocked(cp *checkpoint.Checkpoint, record *prepared.Cla
 	}
 	s.crash(step)
 	return nil
+}
+
+// noteLocked puts the claim's record into the checkpoint in memory without
+// storing it (the next store carries it), then passes a crash point.
+func (s *NodeState) noteLocked(cp *checkpoint.Checkpoint, record *prepared.Claim, step string) {
+	cp.Put(*record)
+	s.crash(step)
 }
 
 // crash is a test hook: it lets a test kill the plugin at a named step.
