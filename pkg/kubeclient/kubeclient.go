@@ -18,6 +18,7 @@ import (
 	resourcev1beta1 "k8s.io/client-go/kubernetes/typed/resource/v1beta1"
 	resourcev1beta2 "k8s.io/client-go/kubernetes/typed/resource/v1beta2"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // Clientset serves the core group, resource.k8s.io (v1 and the betas the
@@ -50,7 +51,9 @@ func NewForConfig(c *rest.Config) (*Clientset, error) {
 		if burst <= 0 {
 			return nil, fmt.Errorf("burst is required to be greater than 0 when RateLimiter is not set and QPS is set to greater than 0")
 		}
-		cfg.RateLimiter = flowcontrolLimiter(cfg.QPS, burst)
+		// One token bucket for every group, as kubernetes.NewForConfig
+		// installs: the plugin's QPS and burst are for all its requests.
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, burst)
 	}
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // These tests put the node state where a real node puts it: two plugin
@@ -313,4 +314,42 @@ func TestFailedStartupRollbackIsRetried(t *testing.T) {
 	for _, d := range e.migDevices() {
 		assert.NotEqual(t, gpu0, d.ParentUUID, "the interrupted prepare's instance is gone")
 	}
+}
+
+// TestSupervisionDoesNotReviveAServerTheOtherInstanceStopped: during a
+// rolling update the instance that prepared an MPS claim keeps supervising
+// servers while the other instance unprepares the claim. Supervision reads
+// the claims from the checkpoint under the node lock, so it does not start
+// the stopped server again (it did when it ran from the preparing instance's
+// memory).
+func TestSupervisionDoesNotReviveAServerTheOtherInstanceStopped(t *testing.T) {
+	e := newEnv(t)
+	old := e.start()
+	devs, err := prep(old, claim("m", []string{"gpu-2"}, mpsConfig))
+	require.NoError(t, err)
+	server := serverOf(devs)
+	require.Contains(t, e.daemonPIDs(), server)
+
+	updated := e.start()
+	_, err = updated.Unprepare(context.Background(), "m")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(e.daemonPIDs()) == 0 }, 5*time.Second, 20*time.Millisecond)
+
+	old.SuperviseSharing(context.Background())
+	updated.SuperviseSharing(context.Background())
+	time.Sleep(200 * time.Millisecond)
+	assert.Empty(t, e.daemonPIDs(), "no instance started the unprepared claim's server again")
+
+	// And a server that died while its claim is prepared is started again
+	// by either instance.
+	devs, err = prep(updated, claim("n", []string{"gpu-2"}, mpsConfig))
+	require.NoError(t, err)
+	pid := e.daemonPIDs()[serverOf(devs)]
+	require.NotZero(t, pid)
+	require.NoError(t, sharing.ExecMPSControl{}.Kill(pid))
+	require.Eventually(t, func() bool { return len(e.daemonPIDs()) == 0 }, 5*time.Second, 20*time.Millisecond)
+	old.SuperviseSharing(context.Background())
+	require.Eventually(t, func() bool { p := e.daemonPIDs()[serverOf(devs)]; return p != 0 && p != pid }, 5*time.Second, 20*time.Millisecond)
+	_, err = old.Unprepare(context.Background(), "n")
+	require.NoError(t, err)
 }

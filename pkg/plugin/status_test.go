@@ -14,16 +14,22 @@ import (
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
+// timeSlicedClaim is a claim in a fake API server with no status yet, and
+// its prepared record: a time-sliced GPU, which has a device status.
+func timeSlicedClaim() (*resourceapi.ResourceClaim, *fake.Clientset, prepared.Claim) {
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "ts", Namespace: "ns", UID: "uid-ts", Generation: 1}}
+	rec := prepared.Claim{UID: "uid-ts", Namespace: "ns", Name: "ts",
+		Devices: []prepared.Device{{Pool: "node", Device: "gpu-0", UUID: "GPU-0", MemoryBytes: 80 << 30}},
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing}}
+	return claim, fake.NewClientset(claim), rec
+}
+
 // A repeat prepare (a kubelet retry, a plugin restart) writes no device
 // status when the claim already has it, and a condition's transition time
 // stays put while its status does.
 func TestDeviceStatusWrittenOnlyWhenItChanges(t *testing.T) {
 	ctx := context.Background()
-	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "ts", Namespace: "ns", UID: "uid-ts", Generation: 1}}
-	client := fake.NewClientset(claim)
-	rec := prepared.Claim{UID: "uid-ts", Namespace: "ns", Name: "ts",
-		Devices: []prepared.Device{{Pool: "node", Device: "gpu-0", UUID: "GPU-0", MemoryBytes: 80 << 30}},
-		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing}}
+	claim, client, rec := timeSlicedClaim()
 	patches := func() int {
 		n := 0
 		for _, a := range client.Actions() {
@@ -61,11 +67,7 @@ func TestDeviceStatusWrittenOnlyWhenItChanges(t *testing.T) {
 // compared, no API call.
 func BenchmarkDeviceStatusUpToDate(b *testing.B) {
 	ctx := context.Background()
-	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "ts", Namespace: "ns", UID: "uid-ts", Generation: 1}}
-	client := fake.NewClientset(claim)
-	rec := prepared.Claim{UID: "uid-ts", Namespace: "ns", Name: "ts",
-		Devices: []prepared.Device{{Pool: "node", Device: "gpu-0", UUID: "GPU-0", MemoryBytes: 80 << 30}},
-		Sharing: &gpuapi.Sharing{Strategy: gpuapi.TimeSlicing}}
+	claim, client, rec := timeSlicedClaim()
 	if err := writeDeviceStatus(ctx, client, "gpu.gpudra.dev/node", claim, rec); err != nil {
 		b.Fatal(err)
 	}

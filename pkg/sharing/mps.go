@@ -285,9 +285,3 @@ func (m *MPS) Supervise(ctx context.Context, claims []prepared.Claim) error {
 	}
 	return errors.Join(errs...)
 }
-
-// MPSServerFor is the server of a set of devices under root (the plugin's
-// sharing/mps directory).
-func MPSServerFor(root string, uuids []string) MPSServer {
-	return newMPSServer(root, uuids)
-}

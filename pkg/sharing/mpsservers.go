@@ -26,8 +26,9 @@ type MPSServer struct {
 	Dir string
 }
 
-// newMPSServer is the server of a set of devices under root.
-func newMPSServer(root string, uuids []string) MPSServer {
+// MPSServerFor is the server of a set of devices under root (the plugin's
+// sharing/mps directory).
+func MPSServerFor(root string, uuids []string) MPSServer {
 	devs := slices.Clone(uuids)
 	slices.Sort(devs)
 	devs = slices.Compact(devs)

@@ -47,9 +47,14 @@ func readProcIdentity(procRoot string, pid int) (procIdentity, error) {
 		return procIdentity{}, fmt.Errorf("%s/stat: start time %q: %w", dir, fields[19], err)
 	}
 	// The command line reads empty while the process is between two execs
-	// (env, then a shell, then the daemon): read it again briefly.
+	// (env, then a shell, then the daemon): read it again briefly. A zombie's
+	// stays empty: no wait for it.
 	var cmdline []byte
-	for attempt := 0; attempt < 100; attempt++ {
+	attempts := 100
+	if fields[0] == "Z" || fields[0] == "X" {
+		attempts = 1
+	}
+	for attempt := 0; attempt < attempts; attempt++ {
 		if cmdline, err = os.ReadFile(filepath.Join(dir, "cmdline")); err != nil {
 			return procIdentity{}, err
 		}
