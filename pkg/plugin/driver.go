@@ -56,7 +56,6 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	changed := false
 	for _, c := range claims {
 		start := time.Now()
 		rec, err := d.state.Prepare(ctx, c)
@@ -71,31 +70,27 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			res.Devices = append(res.Devices, kubeletplugin.Device{
 				Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs,
 			})
-			changed = changed || pd.CreatedMig != nil
 		}
 		out[c.UID] = res
 		if err := writeDeviceStatus(ctx, d.client, slicebuilder.DriverName+"/"+d.pool, c, rec); err != nil {
 			logger.Error(err, "Writing the claim's device status failed", "claim", klog.KObj(c))
 		}
 	}
-	if changed {
-		d.republish(ctx)
-	}
+	// No republish, even when a MIG device was created: the slices already
+	// offer every placement and account for the driver's own MIG devices
+	// through the counters, so they do not change (TestManagedMigChangesPublishNothing).
 	return out, nil
 }
 
-// UnprepareResourceClaims undoes prepares; unknown claims succeed.
+// UnprepareResourceClaims undoes prepares; unknown claims succeed. Like a
+// prepare, destroying the driver's MIG devices changes nothing published.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
-	changed := false
 	for _, c := range claims {
 		start := time.Now()
-		destroyed, err := d.state.Unprepare(ctx, string(c.UID))
+		_, err := d.state.Unprepare(ctx, string(c.UID))
 		d.metrics.observe("unprepare", start, err)
-		out[c.UID], changed = err, changed || destroyed
-	}
-	if changed {
-		d.republish(ctx)
+		out[c.UID] = err
 	}
 	return out, nil
 }

@@ -379,7 +379,8 @@ func checkConflicts(cp *checkpoint.Checkpoint, uid string, plan []PlannedDevice,
 }
 
 func (s *NodeState) indexLocked(inv *nvdevice.Inventory) map[string]PlannedDevice {
-	if fp := fingerprint(inv); fp != s.indexFingerprint || s.index == nil {
+	// Every MIG device counts here: the plans name the ones that exist.
+	if fp := fingerprint(inv, nil); fp != s.indexFingerprint || s.index == nil {
 		s.index, s.indexFingerprint = deviceIndex(inv), fp
 	}
 	return s.index

@@ -16,13 +16,17 @@ import (
 // (someone ran nvidia-smi mig, a GPU vanished without an event).
 const inventoryPoll = 15 * time.Second
 
-// fingerprint captures what in an inventory changes the published devices.
-func fingerprint(inv *nvdevice.Inventory) string {
+// fingerprint captures what in an inventory changes the published devices:
+// the GPUs, their MIG mode and the MIG devices someone else made. The
+// driver's own MIG devices (managed) change nothing published.
+func fingerprint(inv *nvdevice.Inventory, managed map[string]bool) string {
 	var parts []string
 	for _, g := range inv.GPUs {
 		parts = append(parts, fmt.Sprintf("%s/mig=%t", g.UUID, g.MIG.Enabled))
 		for _, d := range g.MIG.Devices {
-			parts = append(parts, fmt.Sprintf("%s/%s@%d", g.UUID, d.UUID, d.Placement.Start))
+			if !managed[d.UUID] {
+				parts = append(parts, fmt.Sprintf("%s/%s@%d", g.UUID, d.UUID, d.Placement.Start))
+			}
 		}
 	}
 	sort.Strings(parts)
@@ -36,7 +40,12 @@ func (d *Driver) checkInventory(ctx context.Context, last *string) {
 		klog.FromContext(ctx).Error(err, "Reading GPUs failed")
 		return
 	}
-	if fp := fingerprint(inv); fp != *last {
+	managed, err := d.state.ManagedMigDevices(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading the driver's MIG devices failed")
+		return
+	}
+	if fp := fingerprint(inv, managed); fp != *last {
 		if *last != "" {
 			klog.FromContext(ctx).Info("GPUs changed outside the driver; republishing")
 			d.republish(ctx)
