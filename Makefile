@@ -6,7 +6,8 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/gpudra/gpudra/internal/version.Version=$(VERSION)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/gpudra/gpudra/internal/version.Version=$(VERSION) -X github.com/gpudra/gpudra/internal/version.Commit=$(COMMIT)
 BIN := bin
 
 # Everything but the NVML backend builds and tests without cgo.

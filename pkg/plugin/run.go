@@ -66,6 +66,9 @@ type Config struct {
 	// UnhealthyTaintEffect is NoSchedule (default) or NoExecute (pods on an
 	// unhealthy GPU are evicted).
 	UnhealthyTaintEffect resourceapi.DeviceTaintEffect
+	// HealthIgnoredXIDs are the XIDs that count as application errors and
+	// leave the GPU healthy; nil: nvdevice.ApplicationXIDs.
+	HealthIgnoredXIDs []uint64
 }
 
 // Plugin is a running kubelet plugin.
