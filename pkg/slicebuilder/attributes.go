@@ -24,15 +24,17 @@ func commonAttributes(g *nvdevice.GPU) map[resourceapi.QualifiedName]resourceapi
 	setVersion(attrs, "cudaComputeCapability", g.CUDAComputeCapability)
 	setVersion(attrs, "driverVersion", g.DriverVersion)
 	setVersion(attrs, "cudaDriverVersion", g.CUDADriverVersion)
-	if g.PCI.BusID != "" {
-		attrs[deviceattribute.StandardDeviceAttributePCIBusID] = str(g.PCI.BusID)
+	// The standard attributes come from their owner, which also refuses
+	// what the standard does not allow (a bus id outside the BDF form, a
+	// NUMA node of a device without NUMA affinity): those are left out.
+	if a, err := deviceattribute.GetPCIBusIDAttribute(g.PCI.BusID); err == nil {
+		attrs[a.Name] = a.Value
 	}
 	if g.PCI.PCIeRoot != "" {
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCI.PCIeRoot)
 	}
-	// The standard says a device without NUMA affinity must not publish it.
-	if g.NUMANode >= 0 {
-		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.NUMANode))}
+	if a, err := deviceattribute.GetNUMANodeAttribute(g.NUMANode, deviceattribute.ScalarAttribute); err == nil {
+		attrs[a.Name] = a.Value
 	}
 	return attrs
 }

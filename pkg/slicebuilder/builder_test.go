@@ -626,3 +626,32 @@ func TestFractionalGPUs(t *testing.T) {
 		}
 	}
 }
+
+// What the standard forbids is left out: a NUMA node of a GPU without NUMA
+// affinity, and a bus id outside the BDF form (a VMD domain).
+func TestStandardAttributesLeftOutWhenTheStandardForbidsThem(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		busID           string
+		numa            int
+		wantBus, wantNUMA bool
+	}{
+		{"plain", "0000:18:00.0", 1, true, true},
+		{"no NUMA affinity", "0000:18:00.0", -1, true, false},
+		{"VMD domain", "10000:e1:00.0", 0, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, inv := machine(t, "dgx-h100-nomig", "node-a")
+			g := inv.GPUs[0]
+			g.PCI.BusID, g.NUMANode = tc.busID, tc.numa
+			attrs := commonAttributes(&g)
+			_, hasBus := attrs["resource.kubernetes.io/pciBusID"]
+			numa, hasNUMA := attrs["resource.kubernetes.io/numaNode"]
+			assert.Equal(t, tc.wantBus, hasBus, "pciBusID published")
+			assert.Equal(t, tc.wantNUMA, hasNUMA, "numaNode published")
+			if hasNUMA {
+				assert.Equal(t, int64(tc.numa), *numa.IntValue)
+			}
+		})
+	}
+}

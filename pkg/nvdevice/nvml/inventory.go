@@ -6,12 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -259,38 +258,26 @@ func normalizeBusID(raw []int8) string {
 	return fmt.Sprintf("%04x:%s", d, rest)
 }
 
-// pcieRoot resolves /sys/bus/pci/devices/<busID> to the root complex it
-// hangs off ("pci0000:15"), as the resourceslice standard attribute
-// resource.kubernetes.io/pcieRoot defines it. Empty when unknown.
+// pcieRoot is the root complex the GPU hangs off ("pci0000:15"), from the
+// owner of the standard attribute resource.kubernetes.io/pcieRoot (its
+// deviceattribute package walks sysfs as the standard defines). Empty when
+// unknown; the package refuses a bus id outside the 4-digit-domain BDF form
+// (a VMD domain such as "10000:e1:00.0"), and such a GPU publishes no root.
 func (b *Backend) pcieRoot(busID string) string {
-	link := filepath.Join(b.sysfs, "bus/pci/devices", busID)
-	target, err := os.Readlink(link)
-	if err != nil {
+	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, deviceattribute.WithFSFromRoot(b.sysfs))
+	if err != nil || attr.Value.StringValue == nil {
 		return ""
 	}
-	if !filepath.IsAbs(target) {
-		target = filepath.Join(filepath.Dir(link), target)
-	}
-	rel, err := filepath.Rel(filepath.Join(b.sysfs, "devices"), target)
-	if err != nil || filepath.Base(target) != busID {
-		return ""
-	}
-	root, _, _ := strings.Cut(rel, string(filepath.Separator))
-	if !strings.HasPrefix(root, "pci") || !strings.Contains(root, ":") {
-		return ""
-	}
-	return root
+	return *attr.Value.StringValue
 }
 
-// numaNode reads the GPU's NUMA node from sysfs, -1 when unknown.
+// numaNode is the GPU's NUMA node, -1 when unknown or when the GPU has no
+// NUMA affinity (the standard attribute must not be published then), from
+// the same package.
 func (b *Backend) numaNode(busID string) int {
-	data, err := os.ReadFile(filepath.Join(b.sysfs, "bus/pci/devices", busID, "numa_node"))
-	if err != nil {
+	attr, err := deviceattribute.GetNUMANodeAttributeByPCIBusID(busID, deviceattribute.ScalarAttribute, deviceattribute.WithFSFromRoot(b.sysfs))
+	if err != nil || attr.Value.IntValue == nil {
 		return -1
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || n < 0 {
-		return -1
-	}
-	return n
+	return int(*attr.Value.IntValue)
 }
