@@ -631,9 +631,9 @@ func TestFractionalGPUs(t *testing.T) {
 // affinity, and a bus id outside the BDF form (a VMD domain).
 func TestStandardAttributesLeftOutWhenTheStandardForbidsThem(t *testing.T) {
 	for _, tc := range []struct {
-		name            string
-		busID           string
-		numa            int
+		name              string
+		busID             string
+		numa              int
 		wantBus, wantNUMA bool
 	}{
 		{"plain", "0000:18:00.0", 1, true, true},
