@@ -5,12 +5,15 @@
 # ghcr.io/gpudra/gpudra:<appVersion>; test/kind builds this file as
 # ghcr.io/gpudra/gpudra:dev.
 #
-#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) -t ghcr.io/gpudra/gpudra:dev .
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg COMMIT=$(git rev-parse HEAD) -t ghcr.io/gpudra/gpudra:dev .
 
 # The build stage is bookworm, like the runtime stage, so the binaries need no
 # newer glibc than the runtime image has.
 FROM golang:1.26-bookworm AS build
 ARG VERSION=dev
+# The commit every binary prints with --version and logs at start.
+ARG COMMIT=unknown
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
@@ -23,9 +26,10 @@ COPY pkg ./pkg
 # NVML is reached through cgo (dlopen of the host's libnvidia-ml.so.1 at run
 # time); go-nvml's header marks many functions deprecated, hence the flag.
 ENV CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations"
-RUN go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra-kubelet-plugin ./cmd/kubelet-plugin && \
-    go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra ./cmd/gpudra && \
-    CGO_ENABLED=0 go build -ldflags "-X github.com/gpudra/gpudra/internal/version.Version=${VERSION}" -o /out/gpudra-mps-server ./cmd/mps-server
+ENV LDFLAGS="-X github.com/gpudra/gpudra/internal/version.Version=${VERSION} -X github.com/gpudra/gpudra/internal/version.Commit=${COMMIT}"
+RUN go build -ldflags "${LDFLAGS}" -o /out/gpudra-kubelet-plugin ./cmd/kubelet-plugin && \
+    go build -ldflags "${LDFLAGS}" -o /out/gpudra ./cmd/gpudra && \
+    CGO_ENABLED=0 go build -ldflags "${LDFLAGS}" -o /out/gpudra-mps-server ./cmd/mps-server
 
 # glibc is needed to dlopen the driver's library. No NVIDIA library is in the
 # image: NVML, nvidia-smi and nvidia-cuda-mps-control come from the host's

@@ -3,7 +3,6 @@ package devcluster
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"path"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/mpsserver"
 )
 
@@ -35,32 +35,21 @@ var processCommands = map[string]func(ctx context.Context, args, env []string) e
 	MPSServerCommand: runMPSServer,
 }
 
-// runMPSServer is gpudra-mps-server's main, minus signals: ctx ends when
-// the pod is deleted.
+// runMPSServer is gpudra-mps-server's main, minus signals and logging
+// (this process's own): ctx ends when the pod is deleted. The flags are the
+// binary's, logging flags included, so that what the plugin passes is parsed
+// as the image would.
 func runMPSServer(ctx context.Context, args, env []string) error {
-	fs := flag.NewFlagSet(MPSServerCommand, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cfg := mpsserver.AddFlags(fs)
-	ignoreKlogFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	c := component.New(MPSServerCommand)
+	c.Flags.SetOutput(io.Discard)
+	cfg := mpsserver.AddFlags(c.Flags)
+	// The container's environment is not this process's.
+	noEnv := func(string) (string, bool) { return "", false }
+	if err := c.Parse(args, noEnv); err != nil {
 		return fmt.Errorf("%s: %w", MPSServerCommand, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected arguments %q", MPSServerCommand, fs.Args())
 	}
 	cfg.Tools.Env = append(cfg.Tools.Env, env...)
 	return mpsserver.Run(ctx, *cfg)
-}
-
-// ignoreKlogFlags accepts klog's flags (the image's main registers them)
-// without touching this process's own klog settings.
-func ignoreKlogFlags(fs *flag.FlagSet) {
-	for _, name := range []string{"logtostderr", "alsologtostderr", "add_dir_header", "skip_headers", "skip_log_headers", "one_output"} {
-		fs.Bool(name, false, "ignored")
-	}
-	for _, name := range []string{"v", "vmodule", "stderrthreshold", "log_dir", "log_file", "log_file_max_size", "log_backtrace_at"} {
-		fs.String(name, "", "ignored")
-	}
 }
 
 // processCommand returns the runner of the pod's one container, or nil

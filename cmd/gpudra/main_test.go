@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/internal/version"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
@@ -82,5 +83,16 @@ func TestErrors(t *testing.T) {
 		require.Error(t, err, tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 		assert.NotContains(t, err.Error(), "\n")
+	}
+}
+
+func TestVersion(t *testing.T) {
+	oldVersion, oldCommit := version.Version, version.Commit
+	version.Version, version.Commit = "v9.9.9", "0123abc"
+	t.Cleanup(func() { version.Version, version.Commit = oldVersion, oldCommit })
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out, err := run(t, args...)
+		require.NoError(t, err, args)
+		assert.Regexp(t, `^gpudra v9\.9\.9 \(commit 0123abc, go\S+ \w+/\w+\)\n$`, out, args)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpudra/gpudra/internal/version"
+	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -27,7 +28,8 @@ func (b *backendFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.backend, "backend", "nvml", "GPU backend: nvml (the real driver) or sim (a simulated machine)")
 	fs.StringVar(&b.machine, "machine", "dgx-h100", fmt.Sprintf("simulated machine for --backend sim: one of %v or a YAML file", sim.BuiltinMachines()))
 	fs.StringVar(&b.driverRoot, "driver-root", nvml.DefaultDriverRoot, "where the NVIDIA driver is installed (for --backend nvml)")
-	fs.StringVar(&b.nodeName, "node-name", envOr("NODE_NAME", hostname), "node name: names the pool and seeds simulated UUIDs")
+	fs.StringVar(&b.nodeName, "node-name", hostname, "node name: names the pool and seeds simulated UUIDs")
+	component.EnvVar(fs, "node-name", "NODE_NAME")
 }
 
 func (b *backendFlags) open(ctx context.Context) (nvdevice.Interface, error) {
@@ -50,24 +52,25 @@ func (b *backendFlags) inventory(ctx context.Context) (*nvdevice.Inventory, erro
 	return backend.Inventory(ctx)
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
-
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "gpudra",
 		Short:         "Inspect NVIDIA GPU nodes for the gpudra DRA driver",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Flags with an environment variable take it when they are not on
+		// the command line, parsed as strictly as the flag.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return component.ApplyEnv(cmd.Flags(), os.LookupEnv)
+		},
+		// --version, as every gpudra binary has it.
+		Version: version.Version,
 	}
+	root.SetVersionTemplate(version.String("gpudra") + "\n")
 	root.AddCommand(newInventoryCommand(), newSlicesCommand(), &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
-		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.Version) },
+		Short: "Print the version and commit",
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.String("gpudra")) },
 	})
 	return root
 }

@@ -6,25 +6,13 @@ package main
 
 import (
 	"context"
-	"flag"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"k8s.io/klog/v2"
-
+	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/mpsserver"
 )
 
 func main() {
-	klog.InitFlags(nil)
-	cfg := mpsserver.AddFlags(flag.CommandLine)
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := mpsserver.Run(ctx, *cfg); err != nil {
-		klog.FromContext(ctx).Error(err, "gpudra-mps-server failed")
-		klog.Flush()
-		os.Exit(1)
-	}
+	c := component.New("gpudra-mps-server")
+	cfg := mpsserver.AddFlags(c.Flags)
+	c.Main(func(ctx context.Context) error { return mpsserver.Run(ctx, *cfg) })
 }

@@ -3,9 +3,20 @@
 // -X github.com/gpudra/gpudra/internal/version.Commit=...".
 package version
 
+import (
+	"fmt"
+	"runtime"
+)
+
 var (
 	// Version is the release or git describe of the build.
 	Version = "dev"
 	// Commit is the git commit the build was made from.
 	Commit = "unknown"
 )
+
+// String is the line every binary prints for --version: the name, the
+// version, the commit, and the Go toolchain and platform it was built for.
+func String(name string) string {
+	return fmt.Sprintf("%s %s (commit %s, %s %s/%s)", name, Version, Commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}

@@ -1,6 +1,6 @@
 // Package kubeclient is the Kubernetes client of the kubelet plugin: a
 // kubernetes.Interface with only the API groups the plugin and the
-// kubeletplugin helper call (core and resource.k8s.io).
+// kubeletplugin helper call (core, resource.k8s.io and events.k8s.io).
 //
 // Why not kubernetes.NewForConfig: it builds a typed client for every API
 // group, which links every group's client and apply configurations into the
@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	eventsv1 "k8s.io/client-go/kubernetes/typed/events/v1"
 	resourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1"
 	resourcev1beta1 "k8s.io/client-go/kubernetes/typed/resource/v1beta1"
 	resourcev1beta2 "k8s.io/client-go/kubernetes/typed/resource/v1beta2"
@@ -22,7 +23,8 @@ import (
 )
 
 // Clientset serves the core group, resource.k8s.io (v1 and the betas the
-// kubeletplugin helper falls back to) and discovery.
+// kubeletplugin helper falls back to), events.k8s.io/v1 (the plugin's
+// Events on its Node, through client-go's event recorder) and discovery.
 // Any other group's method panics with a message that names this package:
 // the embedded Interface is nil on purpose.
 type Clientset struct {
@@ -34,6 +36,7 @@ type Clientset struct {
 	// server that lacks v1.
 	resourceBeta1 resourcev1beta1.ResourceV1beta1Interface
 	resourceBeta2 resourcev1beta2.ResourceV1beta2Interface
+	events        eventsv1.EventsV1Interface
 	discovery     *discovery.DiscoveryClient
 }
 
@@ -72,6 +75,9 @@ func NewForConfig(c *rest.Config) (*Clientset, error) {
 	if cs.resourceBeta2, err = resourcev1beta2.NewForConfigAndClient(cfg, httpClient); err != nil {
 		return nil, err
 	}
+	if cs.events, err = eventsv1.NewForConfigAndClient(cfg, httpClient); err != nil {
+		return nil, err
+	}
 	if cs.discovery, err = discovery.NewDiscoveryClientForConfigAndClient(cfg, httpClient); err != nil {
 		return nil, err
 	}
@@ -86,4 +92,5 @@ func (c *Clientset) ResourceV1beta1() resourcev1beta1.ResourceV1beta1Interface {
 func (c *Clientset) ResourceV1beta2() resourcev1beta2.ResourceV1beta2Interface {
 	return c.resourceBeta2
 }
+func (c *Clientset) EventsV1() eventsv1.EventsV1Interface     { return c.events }
 func (c *Clientset) Discovery() discovery.DiscoveryInterfaces { return c.discovery }

@@ -11,7 +11,6 @@ package mpsserver
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/drivertools"
@@ -50,9 +50,10 @@ type Config struct {
 	QuitTimeout time.Duration
 }
 
-// AddFlags registers the server's flags on fs and returns the Config they
-// fill in.
-func AddFlags(fs *flag.FlagSet) *Config {
+// AddFlags registers the server's flags on fs (gpudra-mps-server's, or
+// devcluster's stand-in for its container) and returns the Config they fill
+// in.
+func AddFlags(fs *pflag.FlagSet) *Config {
 	cfg := &Config{}
 	fs.StringVar(&cfg.Tools.Root, "driver-root", "/driver-root", "where the NVIDIA driver is installed, as this container sees it")
 	fs.StringVar(&cfg.ControlBinary, "control-binary", "", "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it (default usr/bin/nvidia-cuda-mps-control)")

@@ -2,7 +2,6 @@ package mpsserver
 
 import (
 	"context"
-	"flag"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -22,7 +22,7 @@ func standIn(t *testing.T) string {
 }
 
 func TestFlags(t *testing.T) {
-	fs := flag.NewFlagSet("gpudra-mps-server", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("gpudra-mps-server", pflag.ContinueOnError)
 	cfg := AddFlags(fs)
 	require.NoError(t, fs.Parse([]string{"--driver-root=/run/nvidia/driver", "--dir=/var/lib/x", "--devices=GPU-a, GPU-b", "--control-binary=usr/bin/mps"}))
 	assert.Equal(t, "/run/nvidia/driver", cfg.Tools.Root)

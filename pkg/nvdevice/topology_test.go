@@ -70,23 +70,35 @@ func TestAssignNVLinkDomains(t *testing.T) {
 	}
 }
 
-func TestHealthEventCritical(t *testing.T) {
+func TestXIDPolicyCritical(t *testing.T) {
+	xid := func(x uint64) HealthEvent { return HealthEvent{Kind: HealthXID, XID: x} }
 	for _, tc := range []struct {
-		ev   HealthEvent
-		want bool
+		name   string
+		policy XIDPolicy
+		ev     HealthEvent
+		want   bool
 	}{
-		{HealthEvent{Kind: HealthXID, XID: 13}, false},
-		{HealthEvent{Kind: HealthXID, XID: 31}, false},
-		{HealthEvent{Kind: HealthXID, XID: 43}, false},
-		{HealthEvent{Kind: HealthXID, XID: 45}, false},
-		{HealthEvent{Kind: HealthXID, XID: 68}, false},
-		{HealthEvent{Kind: HealthXID, XID: 109}, false},
-		{HealthEvent{Kind: HealthXID, XID: 48}, true},
-		{HealthEvent{Kind: HealthXID, XID: 79}, true},
-		{HealthEvent{Kind: HealthGPULost}, true},
-		{HealthEvent{Kind: HealthRecovered}, false},
+		{"default: application XID 13", DefaultXIDPolicy, xid(13), false},
+		{"default: application XID 31", DefaultXIDPolicy, xid(31), false},
+		{"default: application XID 43", DefaultXIDPolicy, xid(43), false},
+		{"default: application XID 45", DefaultXIDPolicy, xid(45), false},
+		{"default: application XID 68", DefaultXIDPolicy, xid(68), false},
+		{"default: application XID 109", DefaultXIDPolicy, xid(109), false},
+		{"default: double-bit ECC XID 48", DefaultXIDPolicy, xid(48), true},
+		{"default: fallen off the bus XID 79", DefaultXIDPolicy, xid(79), true},
+		{"default: lost GPU", DefaultXIDPolicy, HealthEvent{Kind: HealthGPULost}, true},
+		{"default: recovery", DefaultXIDPolicy, HealthEvent{Kind: HealthRecovered}, false},
+		{"nil list is the default", NewXIDPolicy(nil), xid(13), false},
+		{"nil list is the default: 48", NewXIDPolicy(nil), xid(48), true},
+		{"an ignored XID", NewXIDPolicy([]uint64{13, 94}), xid(94), false},
+		{"a configured list replaces the default", NewXIDPolicy([]uint64{94}), xid(13), true},
+		{"an empty list ignores none", NewXIDPolicy([]uint64{}), xid(13), true},
+		{"a lost GPU cannot be ignored", NewXIDPolicy([]uint64{79}), HealthEvent{Kind: HealthGPULost}, true},
+		{"a recovery is never critical", NewXIDPolicy([]uint64{}), HealthEvent{Kind: HealthRecovered}, false},
 	} {
-		assert.Equal(t, tc.want, tc.ev.Critical(), "%+v", tc.ev)
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, tc.policy.Critical(tc.ev), "%+v", tc.ev)
+		})
 	}
 }
 

@@ -211,16 +211,52 @@ type HealthEvent struct {
 }
 
 // ApplicationXIDs are XIDs caused by the application, not the GPU (the
-// device plugins' common ignore list): they do not make a device unhealthy.
+// device plugins' common ignore list): the default XIDPolicy ignores them.
 var ApplicationXIDs = map[uint64]bool{13: true, 31: true, 43: true, 45: true, 68: true, 109: true}
 
-// Critical reports whether the event should mark the device unhealthy.
-func (e HealthEvent) Critical() bool {
+// XIDPolicy says which health events make a GPU unhealthy. It is a value
+// the caller passes, not a global, because which XIDs an admin counts as
+// the application's fault is configuration (--health-ignored-xids). The
+// zero value is the default: it ignores ApplicationXIDs.
+type XIDPolicy struct {
+	// ignored are the XIDs that leave a GPU healthy; nil: ApplicationXIDs.
+	ignored map[uint64]bool
+}
+
+// DefaultXIDPolicy ignores ApplicationXIDs; the backends track recovery
+// with it (a plugin with another policy hands them what it adds through
+// UnhealthyTracker).
+var DefaultXIDPolicy = XIDPolicy{}
+
+// NewXIDPolicy ignores the given XIDs: nil is the default
+// (ApplicationXIDs), an empty list ignores none.
+func NewXIDPolicy(ignored []uint64) XIDPolicy {
+	if ignored == nil {
+		return DefaultXIDPolicy
+	}
+	p := XIDPolicy{ignored: make(map[uint64]bool, len(ignored))}
+	for _, x := range ignored {
+		p.ignored[x] = true
+	}
+	return p
+}
+
+// Ignores reports whether an XID leaves the GPU healthy.
+func (p XIDPolicy) Ignores(xid uint64) bool {
+	if p.ignored == nil {
+		return ApplicationXIDs[xid]
+	}
+	return p.ignored[xid]
+}
+
+// Critical reports whether the event makes its GPU unhealthy: a lost GPU
+// always does, an XID unless the policy ignores it, a recovery never.
+func (p XIDPolicy) Critical(e HealthEvent) bool {
 	switch e.Kind {
 	case HealthGPULost:
 		return true
 	case HealthXID:
-		return !ApplicationXIDs[e.XID]
+		return !p.Ignores(e.XID)
 	default:
 		return false
 	}

@@ -11,11 +11,12 @@ import (
 
 // benchPrepare measures NodePrepareResources + NodeUnprepareResources of one
 // claim through the DRA socket, as the kubelet calls them, and reports the
-// p50 and p99 of the round trip.
+// p50 and p99 of the round trip. Metrics are on, as in the plugin binary, so
+// that their cost shows.
 func benchPrepare(b *testing.B, device string) {
 	e := newEnv(b)
 	c := claim("bench", []string{device})
-	kubelet, _ := startPlugin(b, e, c)
+	kubelet, _, _ := startPluginWithMetrics(b, e, NewMetrics(), c)
 	req := []*drapb.Claim{{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}}
 	ctx := context.Background()
 	var prep, unprep []time.Duration

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,10 +42,18 @@ type Driver struct {
 	// healthStore keeps the unhealthy GPUs across restarts (set before the
 	// health watch starts, then read by it only).
 	healthStore *healthStore
+	// xidPolicy says which XIDs make a GPU unhealthy (zero: the default).
+	xidPolicy nvdevice.XIDPolicy
+	// events records Events on the Node (nil: none).
+	events *nodeEvents
+	// repub runs republishes, retried until they succeed (republish.go).
+	repub *republisher
 
 	mu      sync.Mutex
 	health  map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
 	changed chan struct{}                   // closed on a health change
+	// gpuNames: GPU UUID -> device name, of every GPU published so far.
+	gpuNames map[string]string
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -57,11 +64,12 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	logger := klog.FromContext(ctx)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
-		start := time.Now()
+		start := d.metrics.begin(opPrepare)
 		rec, err := d.state.Prepare(ctx, c)
-		d.metrics.observe("prepare", start, err)
+		d.metrics.observe(opPrepare, start, err)
 		if err != nil {
 			logger.Error(err, "Prepare failed", "claim", klog.KObj(c))
+			d.events.prepareFailed(c, err)
 			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
@@ -87,9 +95,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		start := time.Now()
+		start := d.metrics.begin(opUnprepare)
 		_, err := d.state.Unprepare(ctx, string(c.UID))
-		d.metrics.observe("unprepare", start, err)
+		d.metrics.observe(opUnprepare, start, err)
 		out[c.UID] = err
 	}
 	return out, nil
@@ -101,15 +109,6 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	runtime.HandleErrorWithContext(ctx, err, msg)
 	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.cancel != nil {
 		d.cancel(fmt.Errorf("fatal background error: %s: %w", msg, err))
-	}
-}
-
-func (d *Driver) republish(ctx context.Context) {
-	if d.publish == nil {
-		return
-	}
-	if err := d.publish(ctx); err != nil {
-		klog.FromContext(ctx).Error(err, "Republishing ResourceSlices failed")
 	}
 }
 

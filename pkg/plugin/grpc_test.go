@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -140,14 +141,21 @@ func TestCorruptCheckpointAtStart(t *testing.T) {
 		PluginDataDir: data, CDIDir: e.cdiDir, BootID: "boot-1"}, cancel)
 	require.NoError(t, err, "a corrupt checkpoint never stops the plugin")
 	defer p.Stop()
-	events, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
+	// Recorded in the background (events.k8s.io/v1, client-go's recorder).
+	var events *eventsv1.EventList
+	require.Eventually(t, func() bool {
+		events, err = client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		return err == nil && len(events.Items) > 0
+	}, 10*time.Second, 20*time.Millisecond)
 	require.Len(t, events.Items, 1)
 	ev := events.Items[0]
-	assert.Equal(t, "CheckpointCorrupt", ev.Reason)
-	assert.Equal(t, "Node", ev.InvolvedObject.Kind)
-	assert.Contains(t, ev.Message, "checkpoint is corrupt: checksum 00000001")
-	assert.Contains(t, ev.Message, "checkpoint.json.corrupt-")
+	assert.Equal(t, ReasonCheckpointCorrupt, ev.Reason)
+	assert.Equal(t, v1.EventTypeWarning, ev.Type)
+	assert.Equal(t, "Node", ev.Regarding.Kind)
+	assert.Equal(t, pool, ev.Regarding.Name)
+	assert.Equal(t, EventsReportingController, ev.ReportingController)
+	assert.Contains(t, ev.Note, "checkpoint is corrupt: checksum 00000001")
+	assert.Contains(t, ev.Note, "checkpoint.json.corrupt-")
 }
 
 // fakeClient is a client-go fake that names ResourceSlices from their

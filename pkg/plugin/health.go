@@ -32,7 +32,7 @@ func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 	}
 	prev, was := d.health[ev.GPUUUID]
 	switch {
-	case ev.Critical():
+	case d.xidPolicy.Critical(ev):
 		if was && ev.Recovery() <= prev.Recovery() {
 			return false
 		}
@@ -42,7 +42,7 @@ func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 		delete(d.health, ev.GPUUUID)
 		return was
 	}
-	return false // application XIDs do not make a device unhealthy
+	return false // XIDs the policy ignores do not make a device unhealthy
 }
 
 // restoreHealth has the driver keep its unhealthy GPUs in the file at path
@@ -51,7 +51,7 @@ func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 // stale or corrupt file gives none; it never fails.
 func (d *Driver) restoreHealth(ctx context.Context, path, bootID string) {
 	logger := klog.FromContext(ctx)
-	s := &healthStore{path: path, bootID: bootID}
+	s := &healthStore{path: path, bootID: bootID, policy: d.xidPolicy}
 	d.healthStore = s
 	restored := s.load(logger)
 	if len(restored) == 0 {
@@ -133,15 +133,56 @@ func (d *Driver) watchHealth(ctx context.Context) error {
 	}
 	go func() {
 		for ev := range events {
-			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", ev.Critical(), "message", ev.Message)
+			critical := d.xidPolicy.Critical(ev)
+			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", critical, "message", ev.Message)
+			if critical && !nvdevice.DefaultXIDPolicy.Critical(ev) {
+				d.trackForRecovery(ctx, ev)
+			}
 			if d.observe(ev) {
 				d.persistHealth(ctx)
 				d.republish(ctx)
 				d.notifyHealthChanged()
+				d.recordHealthEvent(ev)
 			}
 		}
 	}()
 	return nil
+}
+
+// trackForRecovery hands the backend an event the driver's policy counts
+// and the backend's default ignores: the backend decides recovery by the
+// default policy, and would never report a GPU it does not think
+// unhealthy as recovered.
+func (d *Driver) trackForRecovery(ctx context.Context, ev nvdevice.HealthEvent) {
+	logger := klog.FromContext(ctx)
+	tracker, ok := d.backend.(nvdevice.UnhealthyTracker)
+	if !ok {
+		logger.Info("The GPU backend does not check unhealthy GPUs for recovery: the GPU stays tainted until the node reboots", "gpu", ev.GPUUUID, "xid", ev.XID)
+		return
+	}
+	if err := tracker.TrackUnhealthy(ev); err != nil {
+		logger.Error(err, "Could not have the backend check an unhealthy GPU for recovery; it stays tainted", "gpu", ev.GPUUUID, "xid", ev.XID)
+	}
+}
+
+// recordHealthEvent records an Event on the Node for a GPU whose health
+// changed (after observe said it did).
+func (d *Driver) recordHealthEvent(ev nvdevice.HealthEvent) {
+	if d.events == nil {
+		return
+	}
+	d.mu.Lock()
+	device := d.gpuNames[ev.GPUUUID]
+	cause, unhealthy := d.health[ev.GPUUUID]
+	d.mu.Unlock()
+	if device == "" {
+		device = ev.GPUUUID
+	}
+	if !unhealthy {
+		d.events.gpuHealth(ev, device, "")
+		return
+	}
+	d.events.gpuHealth(cause, device, fmt.Sprintf("%s=%s:%s", UnhealthyTaintKey, healthValue(cause), d.effect()))
 }
 
 // taints are the device taints of unhealthy GPUs: the full GPU and every MIG
@@ -150,16 +191,17 @@ func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.Device
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string][]resourceapi.DeviceTaint{}
+	if d.gpuNames == nil {
+		d.gpuNames = map[string]string{}
+	}
 	for _, g := range inv.GPUs {
+		// Remembered for the Events of a GPU that is gone by then.
+		d.gpuNames[g.UUID] = slicebuilder.GPUDeviceName(&g)
 		ev, bad := d.health[g.UUID]
 		if !bad {
 			continue
 		}
-		effect := d.taintEffect
-		if effect == "" {
-			effect = resourceapi.DeviceTaintEffectNoSchedule
-		}
-		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: effect}}
+		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: d.effect()}}
 		out[slicebuilder.GPUDeviceName(&g)] = taint
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {
@@ -168,6 +210,14 @@ func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.Device
 		}
 	}
 	return out
+}
+
+// effect is the effect of the taints on an unhealthy GPU's devices.
+func (d *Driver) effect() resourceapi.DeviceTaintEffect {
+	if d.taintEffect == "" {
+		return resourceapi.DeviceTaintEffectNoSchedule
+	}
+	return d.taintEffect
 }
 
 func healthValue(ev nvdevice.HealthEvent) string {

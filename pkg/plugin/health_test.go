@@ -27,6 +27,7 @@ func TestHealthReportsAndTaints(t *testing.T) {
 	d.publish = func(context.Context) error { published <- struct{}{}; return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	d.startRepublishing(ctx)
 	require.NoError(t, d.watchHealth(ctx))
 	reports := make(chan kubeletplugin.DeviceHealthReport)
 	done := make(chan error)
@@ -97,6 +98,7 @@ func TestHealthTaintsWithoutAHealthStream(t *testing.T) {
 	d.publish = func(context.Context) error { published <- struct{}{}; return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	d.startRepublishing(ctx)
 	require.NoError(t, d.watchHealth(ctx))
 	inv, err := e.machine.Inventory(ctx)
 	require.NoError(t, err)
@@ -169,6 +171,7 @@ func TestHealthSurvivesARestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	d.restoreHealth(ctx, path, "boot-1")
 	assert.Empty(t, taintsOf(t, d), "no file yet: nothing tainted")
+	d.startRepublishing(ctx)
 	require.NoError(t, d.watchHealth(ctx))
 	inv, err := e.machine.Inventory(ctx)
 	require.NoError(t, err)
@@ -194,6 +197,7 @@ func TestHealthSurvivesARestart(t *testing.T) {
 	assert.Equal(t, "xid-48", taints["gpu-3"], "tainted again before any event")
 	assert.Len(t, taints, 1)
 
+	d2.startRepublishing(ctx2)
 	require.NoError(t, d2.watchHealth(ctx2))
 	require.ErrorIs(t, e2.machine.RecoverGPU(bad), sim.ErrResetRequired, "the backend was told the GPU needs a reset")
 	require.NoError(t, e2.machine.ResetGPU(bad))

@@ -35,6 +35,9 @@ type healthRecord struct {
 type healthStore struct {
 	path   string
 	bootID string
+	// policy says which entries can make a GPU unhealthy: one an admin
+	// has since made ignorable is dropped.
+	policy nvdevice.XIDPolicy
 }
 
 // load returns the unhealthy GPUs the file holds for this boot. It never
@@ -65,7 +68,7 @@ func (s *healthStore) load(logger klog.Logger) map[string]nvdevice.HealthEvent {
 		if ev.GPUUUID == "" {
 			ev.GPUUUID = uuid
 		}
-		if uuid == "" || ev.GPUUUID != uuid || !ev.Critical() {
+		if uuid == "" || ev.GPUUUID != uuid || !s.policy.Critical(ev) {
 			logger.Info("Ignoring an entry of the health file that cannot make a GPU unhealthy", "path", s.path, "gpu", uuid, "kind", ev.Kind, "xid", ev.XID)
 			continue
 		}

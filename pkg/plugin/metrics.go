@@ -8,7 +8,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpudra/gpudra/pkg/metrics"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/prepared"
+)
+
+// Operations in the plugin's metric labels.
+const (
+	opPrepare   = "prepare"
+	opUnprepare = "unprepare"
 )
 
 // Metrics are the plugin's Prometheus metrics, on their own registry so that
@@ -17,38 +26,59 @@ type Metrics struct {
 	Registry         *prometheus.Registry
 	operations       *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
+	inFlight         *prometheus.GaugeVec
+	preparedClaims   prometheus.Gauge
 	devicesPublished prometheus.Gauge
 	unhealthyGPUs    prometheus.Gauge
 	mpsRestarts      *prometheus.CounterVec
 }
 
-// NewMetrics registers the plugin's metrics.
+// NewMetrics registers the plugin's metrics, with the Go, process and build
+// metrics every gpudra component exports.
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
+		Registry: metrics.NewRegistry(metrics.ComponentKubeletPlugin),
 		operations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gpudra", Subsystem: "plugin", Name: "claim_operations_total",
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "claim_operations_total",
 			Help: "Claims prepared or unprepared, by operation and result (success, error).",
 		}, []string{"operation", "result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "gpudra", Subsystem: "plugin", Name: "claim_operation_duration_seconds",
-			Help:    "Time to prepare or unprepare one claim.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "claim_operation_duration_seconds",
+			Help:    "Time to prepare or unprepare one claim, waiting for the node lock included.",
+			Buckets: metrics.DurationBuckets,
 		}, []string{"operation"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "operations_in_flight",
+			Help: "Claims being prepared or unprepared now, by operation.",
+		}, []string{"operation"}),
+		preparedClaims: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "prepared_claims",
+			Help: "Claims prepared on the node, as of the plugin's last look at the node state.",
+		}),
 		devicesPublished: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gpudra", Subsystem: "plugin", Name: "devices_published",
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "devices_published",
 			Help: "Devices in the node's published ResourceSlices.",
 		}),
 		unhealthyGPUs: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gpudra", Subsystem: "plugin", Name: "unhealthy_gpus",
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "unhealthy_gpus",
 			Help: "GPUs marked unhealthy (critical XID or lost).",
 		}),
 		mpsRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gpudra", Subsystem: "plugin", Name: "mps_daemon_restarts_total",
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "mps_daemon_restarts_total",
 			Help: "MPS control daemons found dead and started again, by result (success, error).",
 		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.operations, m.duration, m.devicesPublished, m.unhealthyGPUs, m.mpsRestarts)
+	m.Registry.MustRegister(m.operations, m.duration, m.inFlight, m.preparedClaims, m.devicesPublished, m.unhealthyGPUs, m.mpsRestarts)
+	// Every series exists from the start, at zero: an error-rate alert
+	// then has something to compute before the first error, and a
+	// dashboard shows 0 instead of "no data".
+	for _, op := range []string{opPrepare, opUnprepare} {
+		m.inFlight.WithLabelValues(op)
+		m.duration.WithLabelValues(op)
+		for _, r := range []string{"success", "error"} {
+			m.operations.WithLabelValues(op, r)
+		}
+	}
 	return m
 }
 
@@ -66,12 +96,46 @@ func resultLabel(err error) string {
 	return "success"
 }
 
+// begin counts a claim operation in flight until its observe, and returns
+// its start.
+func (m *Metrics) begin(op string) time.Time {
+	if m != nil {
+		m.inFlight.WithLabelValues(op).Inc()
+	}
+	return time.Now()
+}
+
+// observe ends a claim operation that begin started.
 func (m *Metrics) observe(op string, start time.Time, err error) {
 	if m == nil {
 		return
 	}
+	m.inFlight.WithLabelValues(op).Dec()
 	m.operations.WithLabelValues(op, resultLabel(err)).Inc()
 	m.duration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+// onPreparedClaims is the node state's hook for the prepared claims gauge;
+// nil without metrics, so that the state does not count for nobody.
+func (m *Metrics) onPreparedClaims() func(int) {
+	if m == nil {
+		return nil
+	}
+	return func(n int) { m.preparedClaims.Set(float64(n)) }
+}
+
+// countPrepared counts the claims whose prepare completed. The node state
+// calls it under the node lock on the checkpoint it holds in memory: a
+// gauge that costs no disk read, and a loop over at most a few hundred
+// claims.
+func countPrepared(cp *checkpoint.Checkpoint) int {
+	n := 0
+	for _, c := range cp.Claims {
+		if c.State == prepared.PrepareCompleted {
+			n++
+		}
+	}
+	return n
 }
 
 // socketsAlive dials the plugin's sockets: the liveness check is that the
@@ -90,7 +154,7 @@ func socketsAlive(sockets ...string) error {
 // Handler serves /metrics and /healthz.
 func (m *Metrics) Handler(sockets ...string) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metrics.Handler(m.Registry))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := socketsAlive(sockets...); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -103,15 +167,5 @@ func (m *Metrics) Handler(sockets ...string) http.Handler {
 
 // Serve runs the metrics and health server until ctx is done.
 func Serve(ctx context.Context, addr string, h http.Handler) error {
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
-		return fmt.Errorf("metrics server on %s: %w", addr, err)
-	}
-	return nil
+	return metrics.Serve(ctx, addr, h)
 }

@@ -14,11 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/component-base/featuregate"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/drivertools"
+	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -69,6 +71,9 @@ type Config struct {
 	// HealthIgnoredXIDs are the XIDs that count as application errors and
 	// leave the GPU healthy; nil: nvdevice.ApplicationXIDs.
 	HealthIgnoredXIDs []uint64
+	// FeatureGates turn features on and off (docs/feature-gates.md); nil:
+	// every gate at its default.
+	FeatureGates featuregate.FeatureGate
 }
 
 // Plugin is a running kubelet plugin.
@@ -84,6 +89,9 @@ type Plugin struct {
 // publication of the slices.
 func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Plugin, error) {
 	logger := klog.FromContext(ctx)
+	if err := cfg.CheckFeatures(); err != nil {
+		return nil, err
+	}
 	// Device majors, capability minors and the compute policy come from
 	// the backend, once: the simulator stands in for all of them.
 	host, err := cfg.Backend.Host(ctx)
@@ -102,13 +110,21 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err != nil {
 		return nil, err
 	}
-	sharer, err := newSharing(ctx, cfg, host.ComputePolicy)
+	// Events on the Node, through client-go's recorder; it stops with ctx
+	// (a failed start) or at Stop.
+	nodeEv, err := startNodeEvents(ctx, cfg.Client, cfg.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	sharer, err := newSharing(ctx, cfg, host.ComputePolicy, nodeEv)
 	if err != nil {
 		return nil, err
 	}
 	state, err := NewNodeState(ctx, StateOptions{
 		Pool: cfg.NodeName, Backend: cfg.Backend, CDI: writer, Majors: host.Majors, CapMinors: host.CapMinors,
 		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID, Sharing: sharer,
+		FeatureGates:     cfg.FeatureGates,
+		OnPreparedClaims: cfg.Metrics.onPreparedClaims(),
 		Claims: ClaimsOfPool(func(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
 			list, err := cfg.Client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -118,21 +134,23 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		}, cfg.NodeName),
 		OnRebuild: func(ctx context.Context, r RebuildReport) {
 			logger.Error(r.Cause, "Node state rebuilt from the node and the API", "movedTo", r.MovedAside, "adopted", r.Adopted, "unknown", r.Unknown)
-			reason := "CheckpointLost"
-			if r.MovedAside != "" {
-				reason = "CheckpointCorrupt"
-			}
-			if err := nodeEvent(ctx, cfg.Client, cfg.NodeName, corev1.EventTypeWarning, reason, r.Message()); err != nil {
-				logger.Error(err, "Could not record an Event for the rebuilt checkpoint")
-			}
+			nodeEv.checkpointRebuilt(r)
 		},
 	})
 	if err != nil {
 		return nil, err
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect}
-	d.restoreHealth(ctx, filepath.Join(cfg.PluginDataDir, HealthFile), cfg.BootID)
+		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect,
+		xidPolicy: nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv}
+	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
+	// recorded unhealthy before: no watch would ever clear those taints.
+	healthOn := features.Enabled(cfg.FeatureGates, features.DeviceHealth)
+	if healthOn {
+		d.restoreHealth(ctx, filepath.Join(cfg.PluginDataDir, HealthFile), cfg.BootID)
+	} else {
+		logger.Info("GPU health is not watched and no device is tainted: feature gate DeviceHealth is off")
+	}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -158,9 +176,14 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		helper.Stop()
 		return nil, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	if err := d.watchHealth(ctx); err != nil {
-		helper.Stop()
-		return nil, err
+	// Every later publish goes through the queue, retried until it works.
+	d.startRepublishing(ctx)
+	if healthOn {
+		if err := d.watchHealth(ctx); err != nil {
+			d.stopRepublishing()
+			helper.Stop()
+			return nil, err
+		}
 	}
 	go d.watchInventory(ctx)
 	// Rollbacks that failed at start (a lost GPU, say) are retried; the
@@ -179,14 +202,15 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 }
 
 // newSharing builds the sharing strategies, time-slicing through the host's
-// compute policy; an MPS daemon that had to be started again is logged and
-// counted.
-func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer) (*sharing.Manager, error) {
+// compute policy; an MPS daemon that had to be started again is logged,
+// counted and recorded as an Event on the Node.
+func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer, nodeEv *nodeEvents) (*sharing.Manager, error) {
 	logger := klog.FromContext(ctx)
 	root := filepath.Join(cfg.PluginDataDir, "sharing")
 	opts := sharing.Options{Root: root, Policy: policy,
 		OnDaemonRestart: func(s sharing.MPSServer, err error) {
 			cfg.Metrics.mpsRestart(err)
+			nodeEv.mpsRestarted(s, err)
 			if err != nil {
 				logger.Error(err, "MPS server of prepared claims is gone and could not be started again", "server", s.Key, "devices", s.Devices)
 				return
@@ -204,20 +228,6 @@ func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer) (*sh
 	return sharing.NewManager(opts)
 }
 
-// nodeEvent records an Event on the Node, where an admin looking at the node
-// sees it.
-func nodeEvent(ctx context.Context, client kubernetes.Interface, node, eventType, reason, message string) error {
-	now := metav1.Now()
-	_, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + "."},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node, APIVersion: "v1"},
-		Type:           eventType, Reason: reason, Message: message,
-		Source:         corev1.EventSource{Component: "gpudra-kubelet-plugin", Host: node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-	}, metav1.CreateOptions{})
-	return err
-}
-
 // retryInterruptedEvery spaces retries of failed rollbacks.
 const retryInterruptedEvery = 30 * time.Second
 
@@ -228,6 +238,9 @@ const superviseSharingEvery = 5 * time.Second
 // Stop stops the gRPC services; the published slices stay (the kubelet
 // removes them if the plugin does not come back).
 func (p *Plugin) Stop() {
+	// No publish after the helper stopped.
+	p.Driver.stopRepublishing()
 	p.Helper.Stop()
+	p.Driver.events.shutdown()
 	_ = p.Driver.state.Close()
 }

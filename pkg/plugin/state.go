@@ -10,6 +10,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -53,6 +54,12 @@ type StateOptions struct {
 	// Sharing sets up time-slicing, MPS and IPC directories. Nil: only
 	// exclusive claims can be prepared.
 	Sharing *sharing.Manager
+	// FeatureGates refuse claims that need a feature that is off; nil:
+	// every gate at its default.
+	FeatureGates featuregate.FeatureGate
+	// OnPreparedClaims, if set, receives the number of prepared claims
+	// after every call that read or changed the state (for the metrics).
+	OnPreparedClaims func(n int)
 }
 
 // NodeState prepares and unprepares claims on one node. The checkpoint is
@@ -119,6 +126,9 @@ func (s *NodeState) withLock(ctx context.Context, fn func(cp *checkpoint.Checkpo
 		s.cp = nil // fn may have changed it without storing: read again
 		return err
 	}
+	if s.opts.OnPreparedClaims != nil {
+		s.opts.OnPreparedClaims(countPrepared(cp))
+	}
 	return nil
 }
 
@@ -183,6 +193,9 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	shareCfg, err := claimSharing(claim.Namespace+"/"+claim.Name, plan)
 	if err != nil {
 		return prepared.Claim{}, err
+	}
+	if err := claimFeatures(s.opts.FeatureGates, shareCfg, plan); err != nil {
+		return prepared.Claim{}, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	setup := needsSharingSetup(shareCfg)
 	if setup && s.opts.Sharing == nil {
@@ -288,7 +301,7 @@ func (s *NodeState) createMigLocked(ctx context.Context, cp *checkpoint.Checkpoi
 	s.crash("before-mig-create")
 	created, err := s.opts.Backend.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: p.GPU.UUID, Profile: p.Mig.Profile, Start: p.Mig.Placement.Start})
 	if err != nil {
-		return nil, fmt.Errorf("device %s: %w", p.Device, err)
+		return nil, &migCreateError{device: p.Device, err: err} // the Driver records an Event for it
 	}
 	s.crash("after-mig-create")
 	d.CreatedMig.GPUInstanceID, d.CreatedMig.ComputeInstanceID, d.CreatedMig.UUID = created.GPUInstanceID, created.ComputeInstanceID, created.UUID

@@ -36,6 +36,8 @@ type env struct {
 	// claims answers a rebuild's API list; onRebuild sees its report.
 	claims    ClaimLister
 	onRebuild func(RebuildReport)
+	// onPreparedClaims is the state's hook for the prepared claims gauge.
+	onPreparedClaims func(int)
 }
 
 // testMachine is a DGX H100 with MIG mode on GPUs 0 and 1 only: MIG
@@ -67,7 +69,7 @@ func (e *env) start() *NodeState {
 	s, err := NewNodeState(context.Background(), StateOptions{
 		Pool: pool, Backend: e.machine, CDI: w, Majors: host.Majors, CapMinors: host.CapMinors,
 		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
-		Sharing: sharer, Claims: e.claims,
+		Sharing: sharer, Claims: e.claims, OnPreparedClaims: e.onPreparedClaims,
 		OnRebuild: func(_ context.Context, r RebuildReport) {
 			if e.onRebuild != nil {
 				e.onRebuild(r)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -54,18 +55,9 @@ func (d *Driver) checkInventory(ctx context.Context, last *string) {
 	}
 }
 
-// watchInventory polls until ctx is done.
+// watchInventory polls, at once and then every inventoryPoll, until ctx is
+// done.
 func (d *Driver) watchInventory(ctx context.Context) {
 	var last string
-	d.checkInventory(ctx, &last)
-	t := time.NewTicker(inventoryPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.checkInventory(ctx, &last)
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { d.checkInventory(ctx, &last) }, inventoryPoll)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
@@ -179,19 +180,23 @@ func (m *MPS) checkOverlap(ctx context.Context, s MPSServer) error {
 
 // waitReady waits until the server's daemon answers a control command.
 func (m *MPS) waitReady(ctx context.Context, s MPSServer) error {
-	ctx, cancel := context.WithTimeout(ctx, m.ready)
-	defer cancel()
 	var last error
-	for {
-		if last = m.control.Command(ctx, s.Config().Env(), "get_server_list"); last == nil {
-			return nil
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, m.ready, true, func(ctx context.Context) (bool, error) {
+		err := m.control.Command(ctx, s.Config().Env(), "get_server_list")
+		// A command cut short by the deadline says nothing about the
+		// daemon: the error of the one before says why it does not answer.
+		if err != nil && (ctx.Err() == nil || last == nil) {
+			last = err
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("MPS server for %s (%s) does not answer after %s: %w", strings.Join(s.Devices, ","), m.servers.Describe(s), m.ready, last)
-		case <-time.After(100 * time.Millisecond):
+		return err == nil, nil
+	})
+	if err != nil {
+		if last == nil {
+			last = err
 		}
+		return fmt.Errorf("MPS server for %s (%s) does not answer after %s: %w", strings.Join(s.Devices, ","), m.servers.Describe(s), m.ready, last)
 	}
+	return nil
 }
 
 // Unprepare stops the claim's server unless another prepared MPS claim

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/mpsserver"
@@ -86,10 +87,11 @@ func (p *ProcessServers) Stop(ctx context.Context, s MPSServer) error {
 	err := p.Control.Command(qctx, s.Config().Env(), "quit")
 	cancel()
 	// A daemon that did not take the command (not up yet, or hung) is not
-	// waited for.
-	deadline := time.Now().Add(5 * time.Second)
-	for err == nil && time.Now().Before(deadline) && p.Control.Alive(id.PID) {
-		time.Sleep(20 * time.Millisecond)
+	// waited for; one that did gets 5 s to exit.
+	if err == nil {
+		_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+			return !p.Control.Alive(id.PID), nil
+		})
 	}
 	if p.Control.Alive(id.PID) && id.check(p.procRoot()) == nil {
 		klog.FromContext(ctx).Info("MPS daemon did not quit; killing it", "pid", id.PID)

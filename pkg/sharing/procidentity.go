@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // procIdentity tells a process from any later one that reuses its pid: the
@@ -50,18 +52,17 @@ func readProcIdentity(procRoot string, pid int) (procIdentity, error) {
 	// (env, then a shell, then the daemon): read it again briefly. A zombie's
 	// stays empty: no wait for it.
 	var cmdline []byte
-	attempts := 100
+	reads := wait.Backoff{Duration: 10 * time.Millisecond, Steps: 100}
 	if fields[0] == "Z" || fields[0] == "X" {
-		attempts = 1
+		reads.Steps = 1
 	}
-	for attempt := 0; attempt < attempts; attempt++ {
-		if cmdline, err = os.ReadFile(filepath.Join(dir, "cmdline")); err != nil {
-			return procIdentity{}, err
-		}
-		if len(cmdline) > 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	err = wait.ExponentialBackoff(reads, func() (bool, error) {
+		var err error
+		cmdline, err = os.ReadFile(filepath.Join(dir, "cmdline"))
+		return len(cmdline) > 0, err
+	})
+	if err != nil && !wait.Interrupted(err) {
+		return procIdentity{}, err
 	}
 	return procIdentity{PID: pid, StartTime: start, Cmdline: string(bytes.TrimRight(cmdline, "\x00"))}, nil
 }

@@ -82,7 +82,8 @@ fi
 kubectl config use-context "kind-$name" >/dev/null
 
 version="$(git -C "$repo_root" describe --tags --always --dirty 2>/dev/null || echo dev)"
-docker build --build-arg VERSION="$version" -t "$image" .
+commit="$(git -C "$repo_root" rev-parse HEAD 2>/dev/null || echo unknown)"
+docker build --build-arg VERSION="$version" --build-arg COMMIT="$commit" -t "$image" .
 kind load docker-image --name "$name" "$image"
 
 # The chart's default affinity picks nodes labelled as GPU nodes.

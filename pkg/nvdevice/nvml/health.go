@@ -7,11 +7,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	waitpkg "k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -21,9 +23,11 @@ const (
 	// defaultEventWait bounds each wait on the event set, so the loop (and
 	// Close, which waits for it) notices cancellation within that time.
 	defaultEventWait = 2 * time.Second
-	// errorBackoff spaces out waits that keep failing (a lost GPU makes every
-	// wait fail at once).
-	errorBackoff = time.Second
+	// errorBackoff is the first pause after a wait that failed (a lost GPU
+	// makes every wait fail at once); it doubles while waits keep failing,
+	// up to maxErrorBackoff, and starts again after one that works.
+	errorBackoff    = time.Second
+	maxErrorBackoff = 30 * time.Second
 	// wholeGPU in an event's instance ids means the event is not about one
 	// MIG device.
 	wholeGPU = 0xFFFFFFFF
@@ -125,29 +129,39 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watch
 		wait = defaultEventWait
 	}
 	wait = min(wait, tracker.policy.Interval)
-	backoff := min(errorBackoff, wait)
+	// The pause after a failed wait grows while waits keep failing, so
+	// that a driver in trouble is not asked in a tight loop, yet never
+	// outgrows the recovery checks' interval, which run in this loop too.
+	first := min(errorBackoff, wait)
+	initial := waitpkg.Backoff{Duration: first, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32,
+		Cap: max(first, min(maxErrorBackoff, tracker.policy.Interval))}
+	backoff := initial
 	lost := map[string]bool{}
 	lastCheck := time.Now()
 	for ctx.Err() == nil {
 		data, ret := set.Wait(uint32(max(1, wait.Milliseconds())))
 		switch ret {
 		case nvml.SUCCESS:
+			backoff = initial
 			if ev, ok := translateEvent(data); ok {
 				logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "mig", ev.MigUUID, "xid", ev.XID)
 				b.health.Publish(ev)
-				tracker.track(ev)
+				if nvdevice.DefaultXIDPolicy.Critical(ev) {
+					tracker.track(ev)
+				}
 			}
 		case nvml.ERROR_TIMEOUT:
+			backoff = initial
 		case nvml.ERROR_GPU_IS_LOST:
 			for _, ev := range lostGPUs(gpus, lost) {
 				logger.Error(nvdevice.ErrGPULost, "GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID)
 				b.health.Publish(ev)
 				tracker.track(ev)
 			}
-			sleep(ctx, backoff)
+			pause(ctx, backoff.Step())
 		default:
 			logger.Error(check(ret, "wait for NVML events"), "Health watch error")
-			sleep(ctx, backoff)
+			pause(ctx, backoff.Step())
 		}
 		if now := time.Now(); now.Sub(lastCheck) >= tracker.policy.Interval && ctx.Err() == nil {
 			lastCheck = now
@@ -160,7 +174,8 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watch
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+// pause waits for d, or less if ctx ends first.
+func pause(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -258,9 +273,14 @@ type recoveryPolicy struct {
 var healthRecovery = recoveryPolicy{Interval: nvdevice.DefaultRecoveryCheckInterval, Quiet: nvdevice.DefaultRecoveryQuietPeriod}
 
 // TrackUnhealthy has the event loop check a GPU a restarted plugin still
-// remembers as unhealthy. It needs WatchHealth first: the checks run in
-// the event loop.
+// remembers as unhealthy, or one that an XID the plugin's policy counts
+// (and the default ignores) made unhealthy: the caller's policy decided,
+// so any event but a recovery is tracked. It needs WatchHealth first: the
+// checks run in the event loop.
 func (b *Backend) TrackUnhealthy(ev nvdevice.HealthEvent) error {
+	if ev.Kind == nvdevice.HealthRecovered {
+		return nil
+	}
 	b.mu.Lock()
 	t, closed := b.tracker, b.closed
 	b.mu.Unlock()
@@ -304,11 +324,10 @@ func newRecoveryTracker(p recoveryPolicy) *recoveryTracker {
 	return &recoveryTracker{policy: p, gpus: map[string]*unhealthyGPU{}}
 }
 
-// track records a critical event; others are ignored.
+// track records an event that made a GPU unhealthy; callers decide which
+// do (the event loop by nvdevice.DefaultXIDPolicy, TrackUnhealthy by the
+// plugin's policy).
 func (t *recoveryTracker) track(ev nvdevice.HealthEvent) {
-	if !ev.Critical() {
-		return
-	}
 	at := ev.Time
 	if at.IsZero() {
 		at = time.Now()

@@ -49,7 +49,7 @@ func TestTranslateEvent(t *testing.T) {
 			assert.Equal(t, "GPU-0", ev.GPUUUID)
 			assert.Equal(t, tc.wantMig, ev.MigUUID)
 			assert.Equal(t, tc.wantXID, ev.XID)
-			assert.Equal(t, tc.wantCritical, ev.Critical())
+			assert.Equal(t, tc.wantCritical, nvdevice.DefaultXIDPolicy.Critical(ev))
 			assert.False(t, ev.Time.IsZero())
 		})
 	}
@@ -171,7 +171,7 @@ func TestWatchHealthReportsALostGPUOnce(t *testing.T) {
 	ev := next(t, w)
 	assert.Equal(t, nvdevice.HealthGPULost, ev.Kind)
 	assert.Equal(t, "GPU-2", ev.GPUUUID)
-	assert.True(t, ev.Critical())
+	assert.True(t, nvdevice.DefaultXIDPolicy.Critical(ev))
 
 	events.ch <- waitResult{data: nvml.EventData{Device: gpus[0], EventType: nvml.EventTypeXidCriticalError, EventData: 31, GpuInstanceId: wholeGPU, ComputeInstanceId: wholeGPU}}
 	ev = next(t, w)

@@ -70,7 +70,9 @@ func (m *Machine) InjectXID(gpuUUID, migUUID string, xid uint64) error {
 	ev := nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: gpuUUID, MigUUID: migUUID, XID: xid,
 		Time: time.Now(), Message: fmt.Sprintf("simulated XID %d", xid)}
 	m.health.Publish(ev)
-	m.faultLocked(ev)
+	if nvdevice.DefaultXIDPolicy.Critical(ev) {
+		m.faultLocked(ev)
+	}
 	return nil
 }
 
@@ -145,10 +147,13 @@ func (m *Machine) ResetGPU(uuid string) error {
 	return nil
 }
 
-// TrackUnhealthy takes a fault a restarted plugin remembers as the
-// machine's own, without publishing it again: the hardware still has it.
+// TrackUnhealthy takes a fault a restarted plugin remembers, or an XID
+// the plugin's policy counts and the default ignores, as the machine's
+// own, without publishing it again: the hardware still has it. The
+// caller's policy decided that ev makes the GPU unhealthy; a recovery is
+// no fault.
 func (m *Machine) TrackUnhealthy(ev nvdevice.HealthEvent) error {
-	if !ev.Critical() {
+	if ev.Kind == nvdevice.HealthRecovered {
 		return nil
 	}
 	m.mu.Lock()
@@ -165,12 +170,9 @@ func (m *Machine) TrackUnhealthy(ev nvdevice.HealthEvent) error {
 
 var _ nvdevice.UnhealthyTracker = (*Machine)(nil)
 
-// faultLocked records a critical event and, for one that needs no reset,
-// schedules the recovery the quiet period allows.
+// faultLocked records an event that makes the GPU unhealthy and, for one
+// that needs no reset, schedules the recovery the quiet period allows.
 func (m *Machine) faultLocked(ev nvdevice.HealthEvent) {
-	if !ev.Critical() {
-		return
-	}
 	f := &m.faults
 	if f.unhealthy == nil {
 		f.unhealthy, f.gen = map[string]fault{}, map[string]int{}

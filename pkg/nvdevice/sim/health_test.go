@@ -42,15 +42,15 @@ func TestHealthFaults(t *testing.T) {
 		ev := next(t, w)
 		assert.Equal(t, nvdevice.HealthXID, ev.Kind)
 		assert.Equal(t, uint64(94), ev.XID)
-		assert.True(t, ev.Critical(), "XID 94 (contained ECC error) is critical")
+		assert.True(t, nvdevice.DefaultXIDPolicy.Critical(ev), "XID 94 (contained ECC error) is critical")
 		ev = next(t, w)
-		assert.False(t, ev.Critical(), "XID 13 is an application error")
+		assert.False(t, nvdevice.DefaultXIDPolicy.Critical(ev), "XID 13 is an application error")
 	}
 
 	require.NoError(t, m.LoseGPU(gpu))
 	ev := next(t, w1)
 	assert.Equal(t, nvdevice.HealthGPULost, ev.Kind)
-	assert.True(t, ev.Critical())
+	assert.True(t, nvdevice.DefaultXIDPolicy.Critical(ev))
 	inv := inventory(t, m)
 	assert.Len(t, inv.GPUs, 7, "a lost GPU vanishes from the inventory")
 	_, err = m.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: gpu, Profile: "1g.10gb", Start: 0})
@@ -193,20 +193,28 @@ func TestTrackUnhealthy(t *testing.T) {
 	require.NoError(t, err)
 	m.SetRecoveryQuietPeriod(50 * time.Millisecond)
 	inv := inventory(t, m)
-	reset, lost := inv.GPUs[1].UUID, inv.GPUs[2].UUID
+	reset, lost, app := inv.GPUs[1].UUID, inv.GPUs[2].UUID, inv.GPUs[3].UUID
 	w, err := m.WatchHealth(ctx)
 	require.NoError(t, err)
 	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: reset, XID: 95, Time: time.Now().Add(-time.Hour)}))
-	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: reset, XID: 13}), "non-critical: ignored")
+	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: reset, XID: 13}), "needs less than the XID 95 it has")
 	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthGPULost, GPUUUID: lost, Time: time.Now()}))
+	// An XID the default policy ignores, counted by the plugin's: tracked
+	// like any fault that needs no reset.
+	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: app, XID: 13, Time: time.Now()}))
+	require.NoError(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthRecovered, GPUUUID: reset}), "a recovery is no fault: ignored")
 	require.Error(t, m.TrackUnhealthy(nvdevice.HealthEvent{Kind: nvdevice.HealthXID, GPUUUID: "GPU-nope", XID: 48}))
 
-	ev := next(t, w)
-	assert.Equal(t, nvdevice.HealthRecovered, ev.Kind, "the lost GPU answers: it recovers after the quiet period, nothing is published again")
-	assert.Equal(t, lost, ev.GPUUUID)
+	recovered := map[string]bool{}
+	for range 2 {
+		ev := next(t, w)
+		assert.Equal(t, nvdevice.HealthRecovered, ev.Kind, "it answers: it recovers after the quiet period, nothing is published again")
+		recovered[ev.GPUUUID] = true
+	}
+	assert.Equal(t, map[string]bool{lost: true, app: true}, recovered)
 	require.ErrorIs(t, m.RecoverGPU(reset), ErrResetRequired)
 	require.NoError(t, m.ResetGPU(reset))
-	ev = next(t, w)
+	ev := next(t, w)
 	assert.Equal(t, nvdevice.HealthRecovered, ev.Kind)
 	assert.Equal(t, reset, ev.GPUUUID)
 }

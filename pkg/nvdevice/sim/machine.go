@@ -33,6 +33,8 @@ type Machine struct {
 	// stepHook and failGIDestroy are the MIG test hooks (mighooks.go).
 	stepHook      func(step string)
 	failGIDestroy error
+	// readFaults are injected Inventory failures (readfaults.go).
+	readFaults readFaults
 }
 
 var (
@@ -142,6 +144,9 @@ func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, fmt.Errorf("simulated machine %q is closed", m.spec.Name)
+	}
+	if err := m.readFaults.takeLocked(); err != nil {
+		return nil, err
 	}
 	out := &nvdevice.Inventory{DriverVersion: m.inv.DriverVersion, CUDADriverVersion: m.inv.CUDADriverVersion}
 	for _, g := range m.inv.GPUs {

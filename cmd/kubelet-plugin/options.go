@@ -1,0 +1,105 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+
+	"github.com/spf13/pflag"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/component-base/featuregate"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpudra/gpudra/pkg/component"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// options are the plugin's flags. Each has an environment variable (the
+// chart sets those); the command line wins over it.
+type options struct {
+	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
+	backend, machine, procRoot, podUID, metricsAddr                       string
+	mpsControl, mpsServerImage, namespace, hostDriverRoot, nvidiaSMI      string
+	taintEffect                                                           string
+	fractional                                                            bool
+	qps                                                                   float64
+	burst                                                                 int
+	healthIgnoredXIDs                                                     []uint64
+}
+
+// addFlags registers the plugin's flags and their environment variables.
+func addFlags(fs *pflag.FlagSet) *options {
+	o := &options{}
+	env := func(flag, env string) { component.EnvVar(fs, flag, env) }
+	fs.StringVar(&o.nodeName, "node-name", "", "this node's name")
+	env("node-name", "NODE_NAME")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig; in-cluster config when empty")
+	env("kubeconfig", "KUBECONFIG")
+	fs.StringVar(&o.driverRoot, "driver-root", nvml.DefaultDriverRoot, "where the NVIDIA driver is installed")
+	env("driver-root", "DRIVER_ROOT")
+	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "where CDI specs are written")
+	env("cdi-dir", "CDI_DIR")
+	fs.StringVar(&o.pluginDataDir, "plugin-data-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, slicebuilder.DriverName), "DRA socket and checkpoint")
+	env("plugin-data-dir", "PLUGIN_DATA_DIR")
+	fs.StringVar(&o.registrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "kubelet plugin registry")
+	env("registrar-dir", "REGISTRAR_DIR")
+	fs.StringVar(&o.backend, "backend", "nvml", "nvml or sim")
+	env("backend", "BACKEND")
+	fs.StringVar(&o.machine, "sim-machine", "dgx-h100", "simulated machine for --backend sim: built-in name or YAML file")
+	env("sim-machine", "SIM_MACHINE")
+	fs.StringVar(&o.procRoot, "proc-root", "/proc", "host /proc, for boot id, device majors and MIG minors")
+	env("proc-root", "PROC_ROOT")
+	fs.StringVar(&o.podUID, "pod-uid", "", "this pod's UID, from the downward API: enables rolling updates")
+	env("pod-uid", "POD_UID")
+	fs.StringVar(&o.metricsAddr, "metrics-address", ":9477", "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables")
+	env("metrics-address", "METRICS_ADDRESS")
+	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API client QPS: a prepare makes one request (the claim read), two for a shared device; client-go's default of 5 would queue prepares")
+	env("kube-api-qps", "KUBE_API_QPS")
+	fs.IntVar(&o.burst, "kube-api-burst", 300, "API client burst: covers a whole node's pods (110, two requests each) starting at once")
+	env("kube-api-burst", "KUBE_API_BURST")
+	fs.BoolVar(&o.fractional, "fractional-gpus", false, "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS; needs the FractionalGPUs and MPSSharing feature gates")
+	env("fractional-gpus", "FRACTIONAL_GPUS")
+	fs.StringVar(&o.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists")
+	env("mps-control-binary", "MPS_CONTROL_BINARY")
+	fs.StringVar(&o.mpsServerImage, "mps-server-image", "", "the gpudra image, for MPS server pods (one per GPU with MPS claims, independent of this container); empty: MPS servers run in this container and die with it")
+	env("mps-server-image", "MPS_SERVER_IMAGE")
+	fs.StringVar(&o.namespace, "namespace", "", "this pod's namespace, where MPS server pods run")
+	env("namespace", "POD_NAMESPACE")
+	fs.StringVar(&o.hostDriverRoot, "host-driver-root", "/", "the driver root on the host (what --driver-root is a mount of), mounted into MPS server pods")
+	env("host-driver-root", "HOST_DRIVER_ROOT")
+	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-smi under the driver root")
+	env("nvidia-smi", "NVIDIA_SMI")
+	fs.StringVar(&o.taintEffect, "unhealthy-taint-effect", "NoSchedule", "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them")
+	env("unhealthy-taint-effect", "UNHEALTHY_TAINT_EFFECT")
+	component.Uint64ListVar(fs, &o.healthIgnoredXIDs, "health-ignored-xids", slices.Sorted(maps.Keys(nvdevice.ApplicationXIDs)),
+		"XIDs that never make a GPU unhealthy (errors of the application, not of the GPU), comma-separated; --health-ignored-xids= (empty) ignores none")
+	env("health-ignored-xids", "HEALTH_IGNORED_XIDS")
+	return o
+}
+
+// validate checks what the flag parser cannot: required values, values
+// that depend on each other, and the feature gates the flags need.
+func (o *options) validate(gates featuregate.FeatureGate) error {
+	var errs []error
+	if o.nodeName == "" {
+		errs = append(errs, errors.New("--node-name (env NODE_NAME) is required"))
+	}
+	if o.mpsServerImage != "" && o.namespace == "" {
+		errs = append(errs, errors.New("--mps-server-image needs --namespace (env POD_NAMESPACE): the namespace of the MPS server pods"))
+	}
+	if e := resourceapi.DeviceTaintEffect(o.taintEffect); e != resourceapi.DeviceTaintEffectNoSchedule && e != resourceapi.DeviceTaintEffectNoExecute {
+		errs = append(errs, fmt.Errorf("--unhealthy-taint-effect: %q is not NoSchedule or NoExecute", o.taintEffect))
+	}
+	if o.backend != "nvml" && o.backend != "sim" {
+		errs = append(errs, fmt.Errorf("--backend: unknown backend %q, want nvml or sim", o.backend))
+	}
+	if err := (plugin.Config{FractionalGPUs: o.fractional, FeatureGates: gates}).CheckFeatures(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
