@@ -33,6 +33,10 @@ type Driver struct {
 	client kubernetes.Interface
 	// fractional publishes whole GPUs as shareable (consumable capacity).
 	fractional bool
+	// existingMigOnly offers only MIG devices that exist (feature gate
+	// DynamicMIG off): a placement the plugin would have to create is not
+	// published, so no claim is scheduled only to be refused at prepare.
+	existingMigOnly bool
 
 	// taintEffect is the effect of the taint on an unhealthy GPU's devices:
 	// NoSchedule (default) keeps new claims off; NoExecute also evicts the
@@ -124,7 +128,7 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional})
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional, ExistingMigOnly: d.existingMigOnly})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}

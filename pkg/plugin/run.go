@@ -141,8 +141,9 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, err
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs, taintEffect: cfg.UnhealthyTaintEffect,
-		xidPolicy: nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv}
+		client: cfg.Client, fractional: cfg.FractionalGPUs, existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
+		taintEffect: cfg.UnhealthyTaintEffect,
+		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
 	// recorded unhealthy before: no watch would ever clear those taints.
 	healthOn := features.Enabled(cfg.FeatureGates, features.DeviceHealth)

@@ -45,6 +45,11 @@ type Options struct {
 	// asks for the memory and multiprocessors it wants, the scheduler keeps
 	// the sum within the GPU, and the plugin caps each share with MPS.
 	FractionalGPUs bool
+	// ExistingMigOnly offers only the MIG devices that exist, none the
+	// driver would create (feature gate DynamicMIG off). A GPU in MIG mode
+	// then offers no whole-GPU device either: it is served as an instance
+	// that spans the GPU, which would have to be created.
+	ExistingMigOnly bool
 }
 
 // gpuDevices is what one physical GPU contributes.
@@ -116,7 +121,7 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 	}
 	gd := gpuDevices{counters: resourceapi.CounterSet{Name: CounterSetName(g), Counters: counters}}
 
-	if len(foreign) == 0 {
+	if len(foreign) == 0 && !(opts.ExistingMigOnly && g.MIG.Enabled) {
 		gd.devices = append(gd.devices, fullGPUDevice(g, opts))
 	}
 	if g.MIG.Capable && g.MIG.Enabled {
@@ -126,7 +131,7 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 			for i := len(prof.Placements) - 1; i >= 0; i-- {
 				pl := prof.Placements[i]
 				existing, blocked := placementState(foreign, prof.Name, pl)
-				if blocked {
+				if blocked || (opts.ExistingMigOnly && existing == nil) {
 					continue
 				}
 				gd.devices = append(gd.devices, migDevice(g, &prof, pl, existing, opts))

@@ -1,6 +1,7 @@
 package slicebuilder
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -654,4 +655,23 @@ func TestStandardAttributesLeftOutWhenTheStandardForbidsThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With MIG creation off (feature gate DynamicMIG), a GPU in MIG mode offers
+// only the instances that exist; a GPU with MIG off is offered whole.
+func TestExistingMigOnly(t *testing.T) {
+	m, inv := machine(t, "name: t\ngpuModel: h100-sxm5\ngpuCount: 2\nnvlink: nvswitch\nmigEnabled: [0]\n", "node-a")
+	_, err := m.CreateMigDevice(context.Background(), nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "3g.40gb", Start: 4})
+	require.NoError(t, err)
+	inv, err = m.Inventory(context.Background())
+	require.NoError(t, err)
+
+	var names []string
+	for _, d := range allDevices(build(t, inv, "node-a", Options{ExistingMigOnly: true})) {
+		names = append(names, d.Name)
+	}
+	assert.ElementsMatch(t, []string{"gpu-0-mig-3g-40gb-4", "gpu-1"}, names)
+
+	all := allDevices(build(t, inv, "node-a", Options{}))
+	assert.Greater(t, len(all), 2, "with creation on, every free placement is offered")
 }
