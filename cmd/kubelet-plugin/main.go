@@ -27,7 +27,7 @@ import (
 func main() {
 	c := component.New("gpudra-kubelet-plugin")
 	o := addFlags(c.Flags)
-	c.Main(func(ctx context.Context) error { return run(ctx, o, c.Features) })
+	c.Main(func(ctx context.Context) error { return run(ctx, o, c.Features, c.LoggingArgs()) })
 }
 
 // driverTool is where the driver tool is: the flag's value (a path under
@@ -51,7 +51,7 @@ func driverTool(tools drivertools.Runner, flag, flagValue, name string) (string,
 // run is the plugin's wiring: the API client, the GPU backend, the plugin
 // and its metrics server. A fatal error in the background cancels ctx with
 // its cause, which run returns.
-func run(ctx context.Context, f *options, gates featuregate.FeatureGate) error {
+func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs []string) error {
 	if err := f.validate(gates); err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate) error {
 	defer backend.Close()
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
 		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
-		MPSServerImage: f.mpsServerImage, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
+		MPSServerImage: f.mpsServerImage, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates}
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err

@@ -144,7 +144,7 @@ func TestErrorsAreLoggedAsJSON(t *testing.T) {
 	o := addFlags(c.Flags)
 	var stdout, stderr bytes.Buffer
 	code := c.Execute(context.Background(), []string{"--logging-format=json", "--backend=sim"}, component.IO{Stdout: &stdout, Stderr: &stderr, LookupEnv: env(nil)},
-		func(ctx context.Context) error { return run(ctx, o, c.Features) })
+		func(ctx context.Context) error { return run(ctx, o, c.Features, c.LoggingArgs()) })
 	klog.Flush()
 	assert.Equal(t, component.ExitFailed, code)
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")

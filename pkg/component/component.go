@@ -146,6 +146,12 @@ func (c *Component) Main(run func(ctx context.Context) error) {
 	os.Exit(code)
 }
 
+// LoggingArgs are the flags that make a helper process this component
+// starts (an MPS server pod) log as the component does.
+func (c *Component) LoggingArgs() []string {
+	return []string{"--logging-format=" + c.Logging.Format, fmt.Sprintf("-v=%d", c.Logging.Verbosity)}
+}
+
 // EnabledGates are the names of the gates that are on, sorted: what the
 // start line logs.
 func (c *Component) EnabledGates() []string {

@@ -60,6 +60,8 @@ type Config struct {
 	// MPS servers run as processes of the plugin and die with its
 	// container (docs/sharing.md).
 	MPSServerImage string
+	// MPSServerLogArgs make MPS server pods log as the plugin does.
+	MPSServerLogArgs []string
 	// HostDriverRoot is the driver root on the host, for MPS server pods.
 	HostDriverRoot string
 	// DriverTools runs the driver's tools (nvidia-cuda-mps-control) from
@@ -224,7 +226,7 @@ func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer, node
 	if cfg.MPSServerImage != "" {
 		opts.MPSServers = &sharing.PodServers{Client: cfg.Client, Namespace: cfg.Namespace, NodeName: cfg.NodeName,
 			Image: cfg.MPSServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot,
-			ControlBinary: cfg.MPSControlBinary}
+			ControlBinary: cfg.MPSControlBinary, LogArgs: cfg.MPSServerLogArgs}
 	}
 	return sharing.NewManager(opts)
 }

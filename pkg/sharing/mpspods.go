@@ -50,8 +50,9 @@ type PodServers struct {
 	// ControlBinary is nvidia-cuda-mps-control as the server pod sees it:
 	// under /driver-root, or an absolute path outside it.
 	ControlBinary string
-	// Verbosity is the server's -v.
-	Verbosity int
+	// LogArgs make the server log as the plugin does (--logging-format,
+	// -v); none: the server's defaults.
+	LogArgs []string
 	// StopTimeout bounds the wait for a deleted pod to go; 0: 30 s.
 	StopTimeout time.Duration
 }
@@ -186,8 +187,8 @@ func (p *PodServers) pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 	if err != nil {
 		return nil, fmt.Errorf("get Node %s, the owner of its MPS server pods: %w", p.NodeName, err)
 	}
-	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + s.Dir, "--devices=" + strings.Join(s.Devices, ","),
-		fmt.Sprintf("-v=%d", p.Verbosity)}
+	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + s.Dir, "--devices=" + strings.Join(s.Devices, ",")}
+	args = append(args, p.LogArgs...)
 	if p.ControlBinary != "" {
 		args = append(args, "--control-binary="+p.ControlBinary)
 	}

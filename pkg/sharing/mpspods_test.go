@@ -14,7 +14,7 @@ import (
 func TestMPSServerPod(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1.example.com", UID: "node-uid"}})
-	p := &PodServers{Client: client, Namespace: "gpudra", NodeName: "gpu-node-1.example.com", Image: "ghcr.io/gpudra/gpudra:v1",
+	p := &PodServers{Client: client, LogArgs: []string{"--logging-format=json", "-v=3"}, Namespace: "gpudra", NodeName: "gpu-node-1.example.com", Image: "ghcr.io/gpudra/gpudra:v1",
 		HostDriverRoot: "/run/nvidia/driver", ControlBinary: "/driver-root/usr/bin/nvidia-cuda-mps-control"}
 	s := MPSServerFor("/var/lib/kubelet/plugins/gpu.gpudra.dev/sharing/mps", []string{"GPU-b", "GPU-a"})
 	assert.Equal(t, []string{"GPU-a", "GPU-b"}, s.Devices)
@@ -32,8 +32,8 @@ func TestMPSServerPod(t *testing.T) {
 		"owned by the Node, not by the plugin pod: a plugin upgrade must not delete it")
 	c := pod.Spec.Containers[0]
 	assert.Equal(t, []string{"gpudra-mps-server"}, c.Command)
-	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + s.Dir, "--devices=GPU-a,GPU-b", "-v=0",
-		"--control-binary=/driver-root/usr/bin/nvidia-cuda-mps-control"}, c.Args)
+	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + s.Dir, "--devices=GPU-a,GPU-b",
+		"--logging-format=json", "-v=3", "--control-binary=/driver-root/usr/bin/nvidia-cuda-mps-control"}, c.Args)
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		for _, v := range pod.Spec.Volumes {
