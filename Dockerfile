@@ -1,4 +1,5 @@
-# The gpudra image: gpudra-kubelet-plugin, gpudra-mps-server (the main process of
+# The gpudra image: gpudra-kubelet-plugin, gpudra-controller (the cluster side:
+# controllers and admission webhook), gpudra-mps-server (the main process of
 # MPS server pods) and the gpudra CLI.
 # Not built by CI: this project's machines have no Docker engine, so this file
 # has never been built by the project. The chart's default image is
@@ -29,11 +30,12 @@ ENV CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations"
 ENV LDFLAGS="-X github.com/gpudra/gpudra/internal/version.Version=${VERSION} -X github.com/gpudra/gpudra/internal/version.Commit=${COMMIT}"
 RUN go build -ldflags "${LDFLAGS}" -o /out/gpudra-kubelet-plugin ./cmd/kubelet-plugin && \
     go build -ldflags "${LDFLAGS}" -o /out/gpudra ./cmd/gpudra && \
-    CGO_ENABLED=0 go build -ldflags "${LDFLAGS}" -o /out/gpudra-mps-server ./cmd/mps-server
+    CGO_ENABLED=0 go build -ldflags "${LDFLAGS}" -o /out/gpudra-mps-server ./cmd/mps-server && \
+    CGO_ENABLED=0 go build -ldflags "${LDFLAGS}" -o /out/gpudra-controller ./cmd/controller
 
 # glibc is needed to dlopen the driver's library. No NVIDIA library is in the
 # image: NVML, nvidia-smi and nvidia-cuda-mps-control come from the host's
 # driver root, mounted at /driver-root by the chart (--driver-root).
 FROM debian:bookworm-slim
-COPY --from=build /out/gpudra-kubelet-plugin /out/gpudra /out/gpudra-mps-server /usr/bin/
+COPY --from=build /out/gpudra-kubelet-plugin /out/gpudra /out/gpudra-mps-server /out/gpudra-controller /usr/bin/
 ENTRYPOINT ["/usr/bin/gpudra-kubelet-plugin"]

@@ -26,6 +26,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra ./cmd/gpudra
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-kubelet-plugin ./cmd/kubelet-plugin
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-mps-server ./cmd/mps-server
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
 test: lint test-unit test-nvml test-fuzz test-chart test-e2e

@@ -60,6 +60,10 @@ type Options struct {
 	// of twice the QPS.
 	ControlPlaneQPS   float32
 	ControlPlaneBurst int
+	// Grove installs Grove's CRDs and runs a stand-in for Grove's operator
+	// (grove*.go): PodCliqueSets get their PodCliques, scaling groups,
+	// ResourceClaims, gated pods and PodGangs as Grove makes them.
+	Grove bool
 }
 
 // Cluster is a running devcluster.
@@ -81,6 +85,8 @@ type Cluster struct {
 	etcd        *embed.Etcd
 	apiServer   kubeapiservertesting.TestServer
 	controllers <-chan struct{}
+	grove       <-chan struct{}
+	gpudra      *controllers // gpudra-controller replicas (controller.go)
 	removeDir   bool
 	bootID      string
 	mpsControl  string
@@ -139,11 +145,22 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	logger.V(1).Info("Scheduler and controllers running", "elapsed", time.Since(start).Round(time.Millisecond))
+	if opts.Grove {
+		if c.grove, err = c.startGrove(c.ctx); err != nil {
+			return c, err
+		}
+		logger.V(1).Info("Grove CRDs installed, Grove stand-in running", "elapsed", time.Since(start).Round(time.Millisecond))
+	}
 	// No ServiceAccount admission runs (controlplane.go), so pods need no
 	// default ServiceAccount there; the namespace itself must exist.
 	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PluginNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return c, fmt.Errorf("create namespace %s: %w", PluginNamespace, err)
+	}
+	// gpudra-controller runs in every devcluster, as the chart installs it:
+	// every test and the demo go through its admission webhook.
+	if err := c.startGpudraController(c.ctx); err != nil {
+		return c, fmt.Errorf("start gpudra-controller: %w", err)
 	}
 	return c, nil
 }
@@ -181,8 +198,12 @@ func (c *Cluster) Stop() {
 			waitOrTimeout(n.kubeletEnd, 10*time.Second)
 		}
 	}
+	c.gpudra.stop()
 	if c.controllers != nil {
 		waitOrTimeout(c.controllers, 20*time.Second)
+	}
+	if c.grove != nil {
+		waitOrTimeout(c.grove, 10*time.Second)
 	}
 	if c.apiServer.TearDownFn != nil {
 		c.apiServer.TearDownFn()

@@ -279,7 +279,15 @@ func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan 
 	if err != nil {
 		return nil, err
 	}
+	saRun, err := newServiceAccountControllers(logger, clients, factory)
+	if err != nil {
+		return nil, err
+	}
 	factory.Start(ctx.Done())
+	// kube-controller-manager starts the token controller before all others.
+	for name, f := range saRun {
+		run(name, f)
+	}
 	run("resourceclaim-controller", func(ctx context.Context) { claims.Run(ctx, 5) })
 	run("device-taint-eviction-controller", func(ctx context.Context) {
 		if err := taints.Run(ctx, 2); err != nil {

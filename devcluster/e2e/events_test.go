@@ -157,7 +157,7 @@ func TestChartRBACAllowsNodeEvents(t *testing.T) {
 	require.NoError(t, err, out)
 	var rbac []*unstructured.Unstructured
 	for _, o := range objectsFrom(t, out) {
-		if o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding" {
+		if (o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding") && strings.HasSuffix(o.GetName(), "-kubelet-plugin") {
 			rbac = append(rbac, o)
 		}
 	}

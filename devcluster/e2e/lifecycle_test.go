@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -149,15 +150,40 @@ func TestPluginRestartKeepsPreparedClaims(t *testing.T) {
 	assert.False(t, hasSpecFor(t, node.Name, string(small.UID)))
 }
 
+// withoutWebhook takes gpudra's admission webhook out of the API server's
+// path until the test ends, as on a cluster installed without the
+// controller or with objects admitted before it was: the plugin is the last
+// line of defence and must still say what is wrong.
+func withoutWebhook(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	hooks := cluster.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	saved, err := hooks.Get(ctx, devcluster.WebhookConfigurationName, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, hooks.Delete(ctx, saved.Name, metav1.DeleteOptions{}))
+	t.Cleanup(func() {
+		restored := saved.DeepCopy()
+		restored.ResourceVersion, restored.UID = "", ""
+		_, err := hooks.Create(ctx, restored, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.NoError(t, cluster.WaitForWebhook(ctx, 30*time.Second))
+	})
+}
+
 func TestInvalidOpaqueConfigIsAnEventOnThePod(t *testing.T) {
 	ns := namespace(t)
 	params := runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Everything"}}`)}
-	create(t, ns, template("bad-config", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil,
+	bad := template("bad-config", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil,
 		[]resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: slicebuilder.DriverName, Parameters: params}}}}),
-		gpuPod("bad-config", "bad-config"))
+			Driver: slicebuilder.DriverName, Parameters: params}}}})
+	// The webhook refuses it at the door, naming the field.
+	_, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(context.Background(), bad, metav1.CreateOptions{})
+	require.ErrorContains(t, err, "sharing.strategy")
+
+	withoutWebhook(t)
+	create(t, ns, bad, gpuPod("bad-config", "bad-config"))
 	var event v1.Event
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil

@@ -65,7 +65,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	// Node,RBAC: the chart's RBAC and admission policy are tested for real.
-	opts := devcluster.Options{MPSControlBinary: mpsControl, APIServerFlags: []string{"--authorization-mode=Node,RBAC"}}
+	opts := devcluster.Options{MPSControlBinary: mpsControl, APIServerFlags: []string{"--authorization-mode=Node,RBAC"}, Grove: true}
 	if err := controlPlaneLimitsFromEnv(&opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

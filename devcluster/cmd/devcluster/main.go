@@ -32,6 +32,7 @@ type options struct {
 	timeout    time.Duration
 	cpQPS      float64
 	cpBurst    int
+	grove      bool
 }
 
 type stringList []string
@@ -41,7 +42,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // defaultExamples are the feature folders the demo applies, in this order.
 var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-list", "shared-claim", "cel-selector",
-	"time-slicing", "mps", "fractional"}
+	"time-slicing", "mps", "fractional", "grove"}
 
 func main() {
 	var o options
@@ -49,6 +50,7 @@ func main() {
 	fs.StringVar(&o.machines, "machines", "dgx-h100,dgx-h100-nomig", "one simulated GPU node per entry: a builtin machine (dgx-h100 has MIG mode on, dgx-h100-nomig off, h100-pcie, h100-nvlink-fabric) or a spec file; nodes are named dgx-h100-0, dgx-h100-1, ... after the first")
 	fs.BoolVar(&o.fractional, "fractional-node", true, "add h100-fractional-0: one H100 shared through consumable capacity, tainted gpu.gpudra.dev/fractional")
 	fs.StringVar(&o.mpsControl, "mps-control-binary", "hack/fake-nvidia-cuda-mps-control", "what the plugins run as nvidia-cuda-mps-control (a stand-in that records commands)")
+	fs.BoolVar(&o.grove, "grove", true, "install Grove's CRDs and run devcluster's stand-in for the Grove operator (examples/grove)")
 	fs.StringVar(&o.examples, "examples", "examples", "the examples directory")
 	fs.Var(&o.only, "example", "an example folder to apply (repeatable; default: all of them)")
 	fs.StringVar(&o.namespace, "namespace", "default", "namespace for the examples")
@@ -100,7 +102,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl,
-		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst})
+		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove})
 	if err != nil {
 		return err
 	}
@@ -150,6 +152,11 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("example %s: %w", f, err)
 		}
 		step("applied examples/%s", f)
+	}
+	if o.grove {
+		if err := c.WaitForGrovePods(ctx, o.namespace, o.timeout); err != nil {
+			return err
+		}
 	}
 	notRunning, waitErr := c.WaitForPods(ctx, o.namespace, o.timeout)
 	step("example pods: %d not running", len(notRunning))

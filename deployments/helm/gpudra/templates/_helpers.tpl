@@ -37,3 +37,22 @@ app.kubernetes.io/component: kubelet-plugin
 {{- define "gpudra.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{- define "gpudra.controllerSelector" -}}
+app.kubernetes.io/name: {{ include "gpudra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{/* The controller's names: its ServiceAccount and RBAC, Lease, webhook Service, configuration and certificate Secret. */}}
+{{- define "gpudra.controllerName" -}}
+{{- printf "%s-controller" (include "gpudra.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpudra.webhookName" -}}
+{{- printf "%s-webhook" (include "gpudra.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpudra.webhookSecret" -}}
+{{- printf "%s-webhook-cert" (include "gpudra.fullname" .) -}}
+{{- end -}}

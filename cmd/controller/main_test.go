@@ -1,0 +1,57 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpudra/gpudra/pkg/component"
+)
+
+func TestOptions(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args    []string
+		env     map[string]string
+		wantErr string
+		check   func(t *testing.T, o *options)
+	}{
+		"chart's environment": {
+			env: map[string]string{"POD_NAMESPACE": "gpudra", "POD_NAME": "gpudra-controller-abc", "WEBHOOK_SERVICE": "g-webhook",
+				"MANAGE_CERTIFICATES": "false", "LEADER_ELECT_LEASE_DURATION": "30s", "WEBHOOK_IPS": "10.0.0.1"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.Equal(t, "gpudra-controller-abc", cfg.Identity)
+				assert.Equal(t, []string{"g-webhook.gpudra.svc", "g-webhook.gpudra.svc.cluster.local"}, cfg.WebhookDNSNames)
+				assert.False(t, cfg.ManageCertificates)
+				assert.Equal(t, "30s", cfg.LeaseDuration.String())
+				assert.Equal(t, "10.0.0.1", cfg.WebhookIPs[0].String())
+			},
+		},
+		"the command line wins": {
+			args: []string{"--namespace=a"}, env: map[string]string{"POD_NAMESPACE": "b"},
+			check: func(t *testing.T, o *options) { assert.Equal(t, "a", o.namespace) },
+		},
+		"no namespace": {wantErr: "--namespace (env POD_NAMESPACE) is required"},
+		"renew after the lease": {args: []string{"--namespace=a", "--leader-elect-renew-deadline=20s"},
+			wantErr: "--leader-elect-renew-deadline (20s) must be shorter than --leader-elect-lease-duration (15s)"},
+		"a malformed environment value": {env: map[string]string{"KUBE_API_BURST": "many"}, wantErr: "KUBE_API_BURST"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := component.New("gpudra-controller")
+			o := addFlags(c.Flags)
+			err := c.Parse(tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			if err == nil {
+				_, err = o.config()
+				if tc.wantErr == "" {
+					require.NoError(t, err)
+					tc.check(t, o)
+					return
+				}
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}

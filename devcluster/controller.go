@@ -1,0 +1,279 @@
+package devcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/controller"
+	"github.com/gpudra/gpudra/pkg/webhook"
+)
+
+// The gpudra controller in devcluster: two replicas, as the chart runs, in
+// the plugins' namespace, with the chart's names.
+const (
+	ControllerLease          = "gpudra-controller"
+	WebhookSecret            = "gpudra-webhook-cert"
+	WebhookConfigurationName = "gpudra-webhook"
+	controllerReplicas       = 2
+)
+
+// Leader election timing in devcluster: shorter than the chart's 15 s, so
+// that failover tests finish quickly; the same ratios.
+var (
+	ControllerLeaseDuration = 4 * time.Second
+	controllerRenewDeadline = 3 * time.Second
+	controllerRetryPeriod   = 500 * time.Millisecond
+)
+
+// Controller is one replica of gpudra-controller running in-process.
+type Controller struct {
+	Name string
+	// Addr is where its webhook listens.
+	Addr   string
+	cancel context.CancelFunc
+	done   chan error
+	// ready: its webhook serves TLS, what the chart's readiness probe
+	// (/readyz) reports; the front sends connections only to ready
+	// replicas, as a Service's endpoints hold only ready pods.
+	ready atomic.Bool
+}
+
+// Stop stops the replica, as a deleted pod stops (the lease is given up),
+// and returns what Run returned.
+// GrovePendingGrace is the controller's grace for Pending sharing-group
+// consumers in devcluster: short, so that the e2e suite sees the report.
+const GrovePendingGrace = 5 * time.Second
+
+func (r *Controller) Stop() error {
+	r.cancel()
+	return <-r.done
+}
+
+// controllers are the replicas and the stand-in for the webhook's Service:
+// devcluster has no Service networking, so the API server calls
+// https://127.0.0.1:<port>/validate, a TCP front that forwards each
+// connection to a running replica, as kube-proxy would.
+type controllers struct {
+	front    net.Listener
+	mu       sync.Mutex
+	replicas []*Controller
+	next     int
+	down     bool
+	// conns are the open front connections: an outage ends them too, or
+	// the API server would go on using its kept-alive connections.
+	conns map[net.Conn]struct{}
+}
+
+// startGpudraController registers the webhook and starts the replicas; it
+// returns once the webhook serves with the caBundle the API server has.
+func (c *Cluster) startGpudraController(ctx context.Context) error {
+	var err error
+	c.gpudra = &controllers{}
+	if c.gpudra.front, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return fmt.Errorf("webhook front: %w", err)
+	}
+	go c.gpudra.serve()
+	cfg := webhook.Configuration(WebhookConfigurationName, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To("https://" + c.gpudra.front.Addr().String() + webhook.Path)}, true)
+	if _, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, cfg, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create ValidatingWebhookConfiguration: %w", err)
+	}
+	for i := range controllerReplicas {
+		if _, err := c.StartController(fmt.Sprintf("gpudra-controller-%d", i)); err != nil {
+			return err
+		}
+	}
+	return c.WaitForWebhook(ctx, 30*time.Second)
+}
+
+// StartController starts one more replica under the given name.
+func (c *Cluster) StartController(name string) (*Controller, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("webhook listener: %w", err)
+	}
+	// A client of its own, at the controller's default limits.
+	rc := restclient.CopyConfig(c.apiServer.ClientConfig)
+	rc.UserAgent, rc.QPS, rc.Burst, rc.RateLimiter = "gpudra-controller/"+name, 20, 30, nil
+	ctx, cancel := context.WithCancel(klog.NewContext(c.ctx, klog.FromContext(c.ctx).WithName(name)))
+	r := &Controller{Name: name, Addr: l.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		r.done <- controller.Run(ctx, controller.Config{RESTConfig: rc, Namespace: PluginNamespace, Identity: name,
+			LeaseName: ControllerLease, LeaseDuration: ControllerLeaseDuration, RenewDeadline: controllerRenewDeadline, RetryPeriod: controllerRetryPeriod,
+			WebhookListener: l, WebhookSecret: WebhookSecret, WebhookConfiguration: WebhookConfigurationName, ManageCertificates: true,
+			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace})
+	}()
+	go func() {
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			// The handshake only: whether the certificate is trusted is
+			// the API server's question (WaitForWebhook asks it).
+			conn, err := tls.Dial("tcp", r.Addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec
+			if err != nil {
+				return false, nil
+			}
+			_ = conn.Close()
+			r.ready.Store(true)
+			return true, nil
+		})
+	}()
+	c.gpudra.mu.Lock()
+	c.gpudra.replicas = append(c.gpudra.replicas, r)
+	c.gpudra.mu.Unlock()
+	return r, nil
+}
+
+// Controllers returns the running replicas.
+func (c *Cluster) Controllers() []*Controller {
+	c.gpudra.mu.Lock()
+	defer c.gpudra.mu.Unlock()
+	return append([]*Controller(nil), c.gpudra.replicas...)
+}
+
+// StopController stops a replica and forgets it.
+func (c *Cluster) StopController(r *Controller) error {
+	c.gpudra.mu.Lock()
+	for i, x := range c.gpudra.replicas {
+		if x == r {
+			c.gpudra.replicas = append(c.gpudra.replicas[:i], c.gpudra.replicas[i+1:]...)
+			break
+		}
+	}
+	c.gpudra.mu.Unlock()
+	return r.Stop()
+}
+
+// SetWebhookDown makes the webhook unreachable (every connection refused
+// at once) or reachable again, as an outage of all replicas would.
+func (c *Cluster) SetWebhookDown(down bool) {
+	c.gpudra.mu.Lock()
+	defer c.gpudra.mu.Unlock()
+	c.gpudra.down = down
+	if down {
+		for conn := range c.gpudra.conns {
+			_ = conn.Close()
+		}
+	}
+}
+
+// WaitForWebhook waits until the webhook answers TLS with a certificate
+// that the caBundle of the ValidatingWebhookConfiguration trusts, which is
+// what the API server checks.
+func (c *Cluster) WaitForWebhook(ctx context.Context, timeout time.Duration) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		last = c.webhookTrusted(ctx)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("webhook not ready after %s: %w", timeout, errors.Join(err, last))
+	}
+	return nil
+}
+
+func (c *Cluster) webhookTrusted(ctx context.Context) error {
+	cfg, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, WebhookConfigurationName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if len(cfg.Webhooks) == 0 || !pool.AppendCertsFromPEM(cfg.Webhooks[0].ClientConfig.CABundle) {
+		return errors.New("no caBundle yet")
+	}
+	conn, err := tls.Dial("tcp", c.gpudra.front.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// stop stops every replica and the front.
+func (s *controllers) stop() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	replicas := s.replicas
+	s.replicas = nil
+	s.mu.Unlock()
+	for _, r := range replicas {
+		r.cancel()
+	}
+	for _, r := range replicas {
+		select {
+		case <-r.done:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	if s.front != nil {
+		_ = s.front.Close()
+	}
+}
+
+// pick chooses a replica round-robin for conn; "" when the webhook is
+// down.
+func (s *controllers) pick(conn net.Conn) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ready []*Controller
+	for _, r := range s.replicas {
+		if r.ready.Load() {
+			ready = append(ready, r)
+		}
+	}
+	if s.down || len(ready) == 0 {
+		return ""
+	}
+	if s.conns == nil {
+		s.conns = map[net.Conn]struct{}{}
+	}
+	s.conns[conn] = struct{}{}
+	s.next++
+	return ready[s.next%len(ready)].Addr
+}
+
+func (s *controllers) serve() {
+	for {
+		conn, err := s.front.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, conn)
+				s.mu.Unlock()
+				_ = conn.Close()
+			}()
+			addr := s.pick(conn)
+			if addr == "" {
+				return
+			}
+			back, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return
+			}
+			defer back.Close()
+			go func() {
+				_, _ = io.Copy(back, conn)
+				_ = back.(*net.TCPConn).CloseWrite()
+			}()
+			_, _ = io.Copy(conn, back)
+		}()
+	}
+}

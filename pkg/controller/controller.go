@@ -1,0 +1,279 @@
+// Package controller is gpudra-controller: the cluster side of gpudra. Every
+// replica serves the admission webhook; the leader, elected on a Lease, runs
+// the controllers (Grove sharing groups) and the webhook's certificate
+// manager, so that nothing is done, or reported, twice.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/controller/grove"
+	"github.com/gpudra/gpudra/pkg/metrics"
+	"github.com/gpudra/gpudra/pkg/webhook"
+)
+
+// EventsReportingController is the reportingController of the
+// controller's Events.
+const EventsReportingController = "gpu.gpudra.dev/controller"
+
+// Config is what Run needs; cmd/controller fills it from flags, devcluster
+// directly.
+type Config struct {
+	// RESTConfig is the API client's configuration (QPS and burst set).
+	RESTConfig *rest.Config
+	// Client, when set, is used instead of one made from RESTConfig.
+	Client kubernetes.Interface
+	// Namespace is where the Lease and the certificate Secret are.
+	Namespace string
+	// Identity names this replica in the Lease (pod name).
+	Identity string
+	// LeaseName, and the leader election's timing (zero: 15 s, 10 s, 2 s,
+	// kube-controller-manager's defaults).
+	LeaseName                                 string
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// HealthAddress serves /healthz, /readyz and /metrics; empty: none.
+	HealthAddress string
+	// Webhook: the listener (or address, when Listener is nil) it serves
+	// on; empty address and no listener: no webhook.
+	WebhookAddress  string
+	WebhookListener net.Listener
+	// WebhookSecret holds the serving certificate; WebhookConfiguration is
+	// the ValidatingWebhookConfiguration whose caBundle the leader keeps.
+	WebhookSecret, WebhookConfiguration string
+	// ManageCertificates: the leader issues and renews the certificate
+	// (false with cert-manager). WebhookDNSNames and WebhookIPs are what it
+	// is issued for; CAValidity and CertValidity its lifetimes (zero: the
+	// CertManager's defaults).
+	ManageCertificates       bool
+	WebhookDNSNames          []string
+	WebhookIPs               []net.IP
+	CAValidity, CertValidity time.Duration
+	// CertReloadPeriod: how often every replica re-reads the Secret (zero:
+	// 30 s).
+	CertReloadPeriod time.Duration
+	// GrovePendingGrace is how long a sharing group's consumer may stay
+	// Pending on its claim before it is reported (zero: the grove
+	// controller's default).
+	GrovePendingGrace time.Duration
+	// Registry receives the metrics; nil: a new one.
+	Registry *prometheus.Registry
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.LeaseDuration, 15*time.Second)
+	def(&c.RenewDeadline, 10*time.Second)
+	def(&c.RetryPeriod, 2*time.Second)
+	def(&c.CertReloadPeriod, 30*time.Second)
+	if c.LeaseName == "" {
+		c.LeaseName = "gpudra-controller"
+	}
+	if c.Registry == nil {
+		c.Registry = metrics.NewRegistry(metrics.ComponentController)
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.RESTConfig == nil && c.Client == nil {
+		errs = append(errs, errors.New("no API client configuration"))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("no namespace"))
+	}
+	if c.Identity == "" {
+		errs = append(errs, errors.New("no identity"))
+	}
+	if c.serveWebhook() && c.WebhookSecret == "" {
+		errs = append(errs, errors.New("the webhook needs its certificate Secret"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) serveWebhook() bool { return c.WebhookListener != nil || c.WebhookAddress != "" }
+
+// Run runs the controller until ctx ends or something fatal happens; it
+// returns the cause. A replica that loses the lease returns an error
+// (its leader-only work may not be stopped in time): restarted, it joins
+// again as a follower.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	logger := klog.FromContext(ctx).WithValues("identity", cfg.Identity)
+	ctx = klog.NewContext(ctx, logger)
+	client := cfg.Client
+	if client == nil {
+		var err error
+		if client, err = kubernetes.NewForConfig(cfg.RESTConfig); err != nil {
+			return fmt.Errorf("API client: %w", err)
+		}
+	}
+	m := newMetrics(cfg.Registry)
+
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	if err := b.StartRecordingToSinkWithContext(ctx); err != nil {
+		return fmt.Errorf("start recording Events: %w", err)
+	}
+	defer b.Shutdown()
+	recorder := b.NewRecorder(scheme.Scheme, EventsReportingController)
+
+	h := &health{}
+	var certs *webhook.CertLoader
+	if cfg.serveWebhook() {
+		certs = &webhook.CertLoader{Client: client, Namespace: cfg.Namespace, Secret: cfg.WebhookSecret}
+		h.ready = certs.Ready
+		l := cfg.WebhookListener
+		if l == nil {
+			var err error
+			if l, err = net.Listen("tcp", cfg.WebhookAddress); err != nil {
+				return fmt.Errorf("webhook listener: %w", err)
+			}
+		}
+		go certs.Run(ctx, cfg.CertReloadPeriod)
+		go func() {
+			if err := webhook.Serve(ctx, l, certs, webhook.NewHandler(cfg.Registry)); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1ObjectMeta(cfg.Namespace, cfg.LeaseName),
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: cfg.Identity},
+	}
+	leaderWork := func(ctx context.Context) {
+		m.leader.Set(1)
+		defer m.leader.Set(0)
+		logger.Info("Became leader")
+		if err := runLeader(ctx, cfg, client, recorder, certs); err != nil {
+			cancel(err)
+		}
+	}
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, Name: cfg.LeaseName,
+		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
+		// A replica that stops gives the lease up at once, so that a
+		// rolling update does not wait out the lease.
+		ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: leaderWork,
+			OnStoppedLeading: func() {
+				if ctx.Err() == nil {
+					cancel(errors.New("lost the leader lease"))
+				}
+			},
+			OnNewLeader: func(id string) { logger.V(1).Info("Leader", "leader", id) },
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	h.leader = le
+	if cfg.HealthAddress != "" {
+		go func() {
+			if err := metrics.Serve(ctx, cfg.HealthAddress, h.mux(metrics.Handler(cfg.Registry))); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	logger.Info("gpudra controller running", "namespace", cfg.Namespace, "webhook", cfg.serveWebhook())
+	le.Run(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// runLeader runs the leader-only work until ctx ends; the first fatal
+// error stops all of it.
+func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, certs *webhook.CertLoader) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g, err := grove.New(grove.Options{Client: client, Recorder: recorder, Registerer: cfg.Registry, PendingGrace: cfg.GrovePendingGrace})
+	if err != nil {
+		return fmt.Errorf("grove controller: %w", err)
+	}
+	var wg wait.Group
+	wg.StartWithContext(ctx, func(ctx context.Context) {
+		if err := g.Run(ctx); err != nil {
+			cancel(fmt.Errorf("grove controller: %w", err))
+		}
+	})
+	if cfg.ManageCertificates && certs != nil {
+		cm := &webhook.CertManager{Client: client, Namespace: cfg.Namespace, Secret: cfg.WebhookSecret, WebhookConfiguration: cfg.WebhookConfiguration,
+			DNSNames: cfg.WebhookDNSNames, IPs: cfg.WebhookIPs, CAValidity: cfg.CAValidity, CertValidity: cfg.CertValidity, Recorder: recorder}
+		wg.StartWithContext(ctx, func(ctx context.Context) {
+			_ = cm.Run(ctx, 30*time.Second)
+		})
+		// Replicas poll the Secret; the leader, which just wrote it, loads
+		// it at once so that a new cluster is ready within seconds.
+		wg.StartWithContext(ctx, func(ctx context.Context) {
+			_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				return certs.Load(ctx) == nil, nil
+			})
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// health serves /healthz (the process and, on the leader, its lease) and
+// /readyz (the webhook can serve: a valid certificate is loaded).
+type health struct {
+	leader *leaderelection.LeaderElector
+	ready  func() error
+}
+
+func (h *health) mux(metricsHandler http.Handler) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		// A leader that could not renew its lease for too long is stuck:
+		// the liveness probe restarts it.
+		if h.leader != nil {
+			if err := h.leader.Check(20 * time.Second); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if h.ready != nil {
+			if err := h.ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	return mux
+}

@@ -1,0 +1,66 @@
+package webhook
+
+import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+)
+
+// hasOurConfig is CEL that is true when a list of device configs holds an
+// opaque config for gpu.gpudra.dev. The API server evaluates it before
+// calling the webhook, so objects without our config never reach it and an
+// outage of ours blocks nobody else.
+func hasOurConfig(list string) string {
+	return list + ".exists(c, has(c.opaque) && c.opaque.driver == '" + DriverName + "')"
+}
+
+// matchConditions per resource: the same test at each resource's path.
+var matchConditions = map[schema.GroupVersionResource]string{
+	ResourceClaims:         "has(object.spec.devices) && has(object.spec.devices.config) && " + hasOurConfig("object.spec.devices.config"),
+	ResourceClaimTemplates: "has(object.spec.spec.devices) && has(object.spec.spec.devices.config) && " + hasOurConfig("object.spec.spec.devices.config"),
+	DeviceClasses:          "has(object.spec.config) && " + hasOurConfig("object.spec.config"),
+	PodCliqueSets: "has(object.spec.template) && has(object.spec.template.resourceClaimTemplates) && " +
+		"object.spec.template.resourceClaimTemplates.exists(t, has(t.templateSpec) && has(t.templateSpec.spec) && " +
+		"has(t.templateSpec.spec.devices) && has(t.templateSpec.spec.devices.config) && " + hasOurConfig("t.templateSpec.spec.devices.config") + ")",
+}
+
+// webhookNames name one webhook per resource: matchConditions belong to a
+// webhook, not to a rule.
+var webhookNames = map[schema.GroupVersionResource]string{
+	ResourceClaims:         "resourceclaims.gpu.gpudra.dev",
+	ResourceClaimTemplates: "resourceclaimtemplates.gpu.gpudra.dev",
+	DeviceClasses:          "deviceclasses.gpu.gpudra.dev",
+	PodCliqueSets:          "podcliquesets.gpu.gpudra.dev",
+}
+
+// Configuration is the ValidatingWebhookConfiguration that sends the
+// webhook what it validates, calling it through client (a Service in a
+// cluster, a URL in devcluster). The chart renders the same configuration
+// (templates/webhook.yaml); grove adds the PodCliqueSet webhook. The API
+// server matches rules by name, so a rule for PodCliqueSets is accepted, and
+// harmless, where Grove's CRD is not installed.
+func Configuration(name string, client admissionregistrationv1.WebhookClientConfig, grove bool) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	resources := []schema.GroupVersionResource{ResourceClaims, ResourceClaimTemplates, DeviceClasses}
+	if grove {
+		resources = append(resources, PodCliqueSets)
+	}
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	for _, r := range resources {
+		scope := admissionregistrationv1.AllScopes
+		cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
+			Name:         webhookNames[r],
+			ClientConfig: client,
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{r.Group}, APIVersions: []string{r.Version}, Resources: []string{r.Resource}, Scope: &scope},
+			}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "has-gpudra-config", Expression: matchConditions[r]}},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](5),
+		})
+	}
+	return cfg
+}

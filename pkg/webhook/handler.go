@@ -1,0 +1,131 @@
+package webhook
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/klog/v2"
+)
+
+// The resources the webhook validates.
+var (
+	ResourceClaims         = resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
+	ResourceClaimTemplates = resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates")
+	DeviceClasses          = resourceapi.SchemeGroupVersion.WithResource("deviceclasses")
+	PodCliqueSets          = schema.GroupVersionResource{Group: "grove.io", Version: "v1alpha1", Resource: "podcliquesets"}
+)
+
+// Path is where the webhook is served.
+const Path = "/validate"
+
+// maxBody bounds a review: the API server's own limit on an object is 3 MiB.
+const maxBody = 4 << 20
+
+// Handler serves admission/v1 AdmissionReviews.
+type Handler struct {
+	requests *prometheus.CounterVec
+}
+
+// NewHandler returns the webhook's handler; reg (nil: none) receives
+// gpudra_webhook_admission_requests_total.
+func NewHandler(reg prometheus.Registerer) *Handler {
+	h := &Handler{requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "gpudra", Subsystem: "webhook", Name: "admission_requests_total",
+		Help: "Admission reviews answered, by resource and whether the object was allowed.",
+	}, []string{"resource", "allowed"})}
+	if reg != nil {
+		reg.MustRegister(h.requests)
+	}
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	logger := klog.FromContext(r.Context())
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST an AdmissionReview", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
+		return
+	}
+	resp := Review(review.Request)
+	h.requests.WithLabelValues(review.Request.Resource.Resource, fmt.Sprint(resp.Allowed)).Inc()
+	if !resp.Allowed {
+		logger.V(2).Info("Refused", "resource", review.Request.Resource.Resource, "namespace", review.Request.Namespace,
+			"name", review.Request.Name, "reason", resp.Result.Message)
+	}
+	review.Response, review.Request = resp, nil
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(&review); err != nil {
+		logger.Error(err, "Write admission response")
+	}
+}
+
+// Review answers one admission request. Objects of resources it does not
+// know, and deletions, are allowed: the configuration sends it none, and a
+// mistake there must not block anyone.
+func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return resp
+	}
+	errs, err := validate(req)
+	switch {
+	case err != nil:
+		resp.Allowed = false
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusBadRequest, Reason: metav1.StatusReasonBadRequest, Message: err.Error()}
+	case len(errs) > 0:
+		resp.Allowed = false
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity, Reason: metav1.StatusReasonInvalid,
+			Message: errs.ToAggregate().Error()}
+	}
+	return resp
+}
+
+func validate(req *admissionv1.AdmissionRequest) (field.ErrorList, error) {
+	raw := req.Object.Raw
+	gvr := schema.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource}
+	switch gvr {
+	case ResourceClaims:
+		var o resourceapi.ResourceClaim
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return nil, fmt.Errorf("decode ResourceClaim: %w", err)
+		}
+		return ValidateClaim(&o), nil
+	case ResourceClaimTemplates:
+		var o resourceapi.ResourceClaimTemplate
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return nil, fmt.Errorf("decode ResourceClaimTemplate: %w", err)
+		}
+		return ValidateClaimTemplate(&o), nil
+	case DeviceClasses:
+		var o resourceapi.DeviceClass
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return nil, fmt.Errorf("decode DeviceClass: %w", err)
+		}
+		return ValidateDeviceClass(&o), nil
+	case PodCliqueSets:
+		var o unstructured.Unstructured
+		if err := o.UnmarshalJSON(raw); err != nil {
+			return nil, fmt.Errorf("decode PodCliqueSet: %w", err)
+		}
+		return ValidatePodCliqueSet(&o), nil
+	}
+	return nil, nil
+}
