@@ -56,6 +56,10 @@ test-chart: helm
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/non-default-values.yaml
 	$(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 > /dev/null
 	$(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 -f $(CHART)/ci/non-default-values.yaml > /dev/null
+	@# Without the controller: nothing of it renders, and no webhook either.
+	@out=$$($(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 --set controller.enabled=false) && \
+	  if grep -q -e 'kind: ValidatingWebhookConfiguration' -e 'gpudra-controller' <<<"$$out"; then \
+	    echo "controller.enabled=false still renders the controller or its webhook"; exit 1; fi
 
 # helm, built from the module proxy (no other download is reachable here).
 helm: $(HELM)
