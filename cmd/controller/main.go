@@ -13,12 +13,11 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/controller"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 )
 
 func main() {
@@ -115,21 +114,10 @@ func run(ctx context.Context, o *options, _ featuregate.FeatureGate) error {
 	if err != nil {
 		return err
 	}
-	if cfg.RESTConfig, err = clientConfig(o.kubeconfig); err != nil {
+	if cfg.RESTConfig, err = kubeclient.RESTConfig(o.kubeconfig); err != nil {
 		return err
 	}
 	cfg.RESTConfig.QPS, cfg.RESTConfig.Burst = float32(o.qps), o.burst
 	cfg.RESTConfig.UserAgent = "gpudra-controller/" + strings.ReplaceAll(cfg.Identity, "/", "_")
 	return controller.Run(ctx, cfg)
-}
-
-func clientConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
-	}
-	return cfg, nil
 }

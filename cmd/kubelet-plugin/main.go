@@ -9,8 +9,6 @@ import (
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
@@ -58,7 +56,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	effect := resourceapi.DeviceTaintEffect(f.taintEffect)
-	cfg, err := clientConfig(f.kubeconfig)
+	cfg, err := kubeclient.RESTConfig(f.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -75,6 +73,9 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return err
 	}
 	var backend nvdevice.Interface
+	// The driver's files the backend discovers under --driver-root are at
+	// --host-driver-root for the container runtime.
+	var driverFilesHostRoot string
 	switch f.backend {
 	case "nvml":
 		smi, err := driverTool(tools, "nvidia-smi", f.nvidiaSMI, "nvidia-smi")
@@ -88,6 +89,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		if backend, err = nvml.New(ctx, opts); err != nil {
 			return err
 		}
+		driverFilesHostRoot = f.hostDriverRoot
 	case "sim":
 		if backend, err = sim.NewBuiltin(f.machine, f.nodeName); err != nil {
 			return err
@@ -97,7 +99,8 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
 		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
 		MPSServerImage: f.mpsServerImage, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
-		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates}
+		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
+		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -119,15 +122,4 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return cause
 	}
 	return nil
-}
-
-func clientConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
-	}
-	return cfg, nil
 }
