@@ -52,9 +52,11 @@ const (
 // the pod Running. Process pods (the plugin's MPS servers) are the
 // exception: their container runs in-process.
 type kubelet struct {
-	node     string
-	client   kubernetes.Interface
-	cdiDir   string
+	node   string
+	client kubernetes.Interface
+	cdiDir string
+	// devices names the GPUs a container's device nodes give it.
+	devices  DeviceIdentifier
 	dra      *dra.Manager
 	pods     corelisters.PodLister
 	queue    workqueue.TypedRateLimitingInterface[string]
@@ -78,6 +80,8 @@ type kubeletDirs struct {
 	Registry string // plugins_registry
 	State    string // the DRA manager's checkpoint
 	CDI      string
+	// Devices names the GPUs a container's device nodes give it.
+	Devices DeviceIdentifier
 }
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
@@ -100,7 +104,7 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 	}))
 	podInformer := factory.Core().V1().Pods()
 	k := &kubelet{
-		node: node, client: client, cdiDir: dirs.CDI, dra: manager, pods: podInformer.Lister(),
+		node: node, client: client, cdiDir: dirs.CDI, devices: dirs.Devices, dra: manager, pods: podInformer.Lister(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),
@@ -307,7 +311,7 @@ func (k *kubelet) containerViews(pod *v1.Pod) (map[string]ContainerView, error) 
 		for _, d := range info.CDIDevices {
 			ids = append(ids, d.Name)
 		}
-		view, err := ResolveCDI(k.cdiDir, ids)
+		view, err := ResolveCDI(k.cdiDir, ids, k.devices)
 		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}

@@ -101,6 +101,9 @@ func (i *PluginInstance) KillContainer() (int, error) {
 // CDIDir is where the node's plugin writes CDI specs.
 func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
 
+// DriverRoot is the node's fake driver root (sim.WriteDriverRoot).
+func (n *Node) DriverRoot() string { return filepath.Join(n.Dir, "driver") }
+
 // PluginDataDir is the plugin's socket and checkpoint directory.
 func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "gpu.gpudra.dev") }
 
@@ -143,6 +146,12 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 			return nil, err
 		}
 	}
+	// The node's driver: a fake driver root with the real layout, so the
+	// plugin's common CDI spec mounts real paths.
+	if err := sim.WriteDriverRoot(n.DriverRoot(), machine.DriverVersion()); err != nil {
+		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+	}
+	machine.SetDriverRoot(n.DriverRoot())
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err
 	}
@@ -155,7 +164,8 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, kubeletDirs{
-		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir()})
+		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
+		Devices: MachineDevices(machine)})
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,8 @@ type PodReport struct {
 	// kubelet's words).
 	Reason string
 	Claims []ClaimReport
-	// Containers is what each container would see, from the kubelet.
+	// Containers is what each container would see, from the kubelet; the
+	// GPUs it sees are named from its device nodes (ContainerView.GPUs).
 	Containers map[string]ContainerView
 }
 
@@ -120,7 +121,8 @@ func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
 }
 
 // PrintReport writes the demo's table: for each pod its node, claims,
-// allocated devices and the GPU UUIDs its containers would see.
+// allocated devices and the GPU and MIG UUIDs its containers would see, as
+// their device nodes give them (not an environment variable).
 func PrintReport(w io.Writer, reports []PodReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees")

@@ -25,6 +25,7 @@ type options struct {
 	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
 	backend, machine, procRoot, podUID, metricsAddr                       string
 	mpsControl, mpsServerImage, namespace, hostDriverRoot, nvidiaSMI      string
+	cdiHook                                                               string
 	taintEffect                                                           string
 	fractional                                                            bool
 	qps                                                                   float64
@@ -72,6 +73,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("namespace", "POD_NAMESPACE")
 	fs.StringVar(&o.hostDriverRoot, "host-driver-root", "/", "the driver root on the host (what --driver-root is a mount of), mounted into MPS server pods")
 	env("host-driver-root", "HOST_DRIVER_ROOT")
+	fs.StringVar(&o.cdiHook, "nvidia-cdi-hook", "", "the NVIDIA container toolkit's nvidia-cdi-hook on the host: the driver's CDI spec then updates the container's ld cache and makes the driver's symlinks; empty: no hooks, the libraries are mounted under their sonames too")
+	env("nvidia-cdi-hook", "NVIDIA_CDI_HOOK")
 	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-smi under the driver root")
 	env("nvidia-smi", "NVIDIA_SMI")
 	fs.StringVar(&o.taintEffect, "unhealthy-taint-effect", "NoSchedule", "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them")

@@ -176,6 +176,18 @@ func TestChartInstallAndNodeIsolation(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "may not create, change or delete ResourceSlices of node 'vap-node-b'")
 
+	// A slice of another node's pool is refused even on its own node (a
+	// compromised plugin spoiling another pool); a slice's pool name is
+	// immutable, so an update cannot move it there either.
+	for _, pool := range []string{"vap-node-b", "vap-node-a-other"} {
+		spoiled := slice("vap-node-a")
+		spoiled.Spec.Pool.Name = pool
+		_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, spoiled, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		require.Error(t, err, "pool %s", pool)
+		assert.True(t, apierrors.IsInvalid(err) || apierrors.IsForbidden(err), "%v", err)
+		assert.Contains(t, err.Error(), "may only publish ResourceSlices of its own node's pool, not of pool '"+pool+"'")
+	}
+
 	// Another driver's slice is refused even on its own node.
 	foreign := slice("vap-node-a")
 	foreign.Spec.Driver = "gpu.nvidia.com"

@@ -13,17 +13,21 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
-// assertSeesExactly checks a container's CDI view: the GPUs' UUIDs in its
-// environment, their device nodes, and no other GPU's node.
+// assertSeesExactly checks a container's CDI view: the GPUs its device
+// nodes give it, each device's identity in its environment, their device
+// nodes, and no other GPU's node.
 func assertSeesExactly(t *testing.T, pod *v1.Pod, container string, uuids []string, gpuMinors []string) {
 	t.Helper()
 	view, ok := views(t, pod)[container]
 	require.True(t, ok, "no view for container %s", container)
-	assert.ElementsMatch(t, uuids, view.VisibleGPUs(), "NVIDIA_VISIBLE_DEVICES of %s", container)
-	assert.Equal(t, view.Env["NVIDIA_VISIBLE_DEVICES"], view.Env["CUDA_VISIBLE_DEVICES"])
+	assert.ElementsMatch(t, uuids, view.VisibleGPUs(), "GPUs of %s, from its device nodes", container)
+	assert.ElementsMatch(t, uuids, deviceEnvUUIDs(view.Env), "device identities in the env of %s", container)
+	assert.Equal(t, "void", view.Env["NVIDIA_VISIBLE_DEVICES"], container)
+	assert.NotContains(t, view.Env, "CUDA_VISIBLE_DEVICES", container)
 	assert.Contains(t, view.DeviceNodes, "/dev/nvidiactl")
 	var gpuNodes []string
 	for _, d := range view.DeviceNodes {
@@ -36,6 +40,27 @@ func assertSeesExactly(t *testing.T, pod *v1.Pod, container string, uuids []stri
 		want = append(want, "/dev/nvidia"+m)
 	}
 	assert.ElementsMatch(t, want, gpuNodes, "GPU device nodes of %s", container)
+	assertDriverMounted(t, pod.Spec.NodeName, container, view)
+}
+
+// assertDriverMounted checks that the container gets the driver's
+// user-space files from the node's common driver spec, read-only and from
+// the node's driver root: a runtime without the NVIDIA toolkit runs CUDA.
+func assertDriverMounted(t *testing.T, node, container string, view devcluster.ContainerView) {
+	t.Helper()
+	root := cluster.Node(node).DriverRoot()
+	dests := map[string]bool{}
+	for _, m := range view.DriverMounts {
+		parts := strings.Split(m, ":")
+		require.Len(t, parts, 3, "driver mount %s of %s", m, container)
+		assert.True(t, strings.HasPrefix(parts[0], root+"/"), "driver mount %s of %s comes from the driver root %s", m, container, root)
+		assert.Contains(t, strings.Split(parts[2], ","), "ro", "driver mount %s of %s is read-only", m, container)
+		dests[parts[1]] = true
+	}
+	for _, want := range []string{"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1", "/usr/bin/nvidia-smi"} {
+		assert.True(t, dests[want], "%s of %s gets %s from the driver spec", container, node, want)
+	}
 }
 
 // seenUUID is what a container is given for a whole GPU: the GPU's UUID,

@@ -153,20 +153,28 @@ func TestPluginRestartKeepsPreparedClaims(t *testing.T) {
 // withoutWebhook takes gpudra's admission webhook out of the API server's
 // path until the test ends, as on a cluster installed without the
 // controller or with objects admitted before it was: the plugin is the last
-// line of defence and must still say what is wrong.
-func withoutWebhook(t *testing.T) {
+// line of defence and must still say what is wrong. The API server learns
+// of webhook configurations through an informer, so both ways it waits
+// until a dry run of probe (an object the webhook refuses) shows the change.
+func withoutWebhook(t *testing.T, ns string, probe *resourceapi.ResourceClaimTemplate) {
 	t.Helper()
 	ctx := context.Background()
 	hooks := cluster.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	refused := func() bool {
+		_, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil
+	}
 	saved, err := hooks.Get(ctx, devcluster.WebhookConfigurationName, metav1.GetOptions{})
 	require.NoError(t, err)
 	require.NoError(t, hooks.Delete(ctx, saved.Name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return !refused() }, 30*time.Second, 100*time.Millisecond, "the API server still calls the deleted webhook")
 	t.Cleanup(func() {
 		restored := saved.DeepCopy()
 		restored.ResourceVersion, restored.UID = "", ""
 		_, err := hooks.Create(ctx, restored, metav1.CreateOptions{})
 		require.NoError(t, err)
 		require.NoError(t, cluster.WaitForWebhook(ctx, 30*time.Second))
+		require.Eventually(t, refused, 30*time.Second, 100*time.Millisecond, "the API server does not call the restored webhook")
 	})
 }
 
@@ -180,7 +188,7 @@ func TestInvalidOpaqueConfigIsAnEventOnThePod(t *testing.T) {
 	_, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(context.Background(), bad, metav1.CreateOptions{})
 	require.ErrorContains(t, err, "sharing.strategy")
 
-	withoutWebhook(t)
+	withoutWebhook(t, ns, bad)
 	create(t, ns, bad, gpuPod("bad-config", "bad-config"))
 	var event v1.Event
 	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {

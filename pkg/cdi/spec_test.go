@@ -53,9 +53,12 @@ func TestSpecResolvesIntoOCI(t *testing.T) {
 	}
 
 	oci := inject(t, dir, QualifiedName("uid-a", "gpu-3"), QualifiedName("uid-a", "gpu-0-mig-3g-40gb-4"))
-	assert.Contains(t, oci.Process.Env, "NVIDIA_VISIBLE_DEVICES=GPU-aaa,MIG-bbb")
-	assert.Contains(t, oci.Process.Env, "CUDA_VISIBLE_DEVICES=GPU-aaa,MIG-bbb")
-	assert.Contains(t, oci.Process.Env, "CUDA_MPS_PIPE_DIRECTORY=/mps")
+	assert.ElementsMatch(t, []string{
+		"NVIDIA_VISIBLE_DEVICES=void",
+		"GPUDRA_DEVICE_UID_A_GPU_3_UUID=GPU-aaa",
+		"GPUDRA_DEVICE_UID_A_GPU_0_MIG_3G_40GB_4_UUID=MIG-bbb",
+		"CUDA_MPS_PIPE_DIRECTORY=/mps",
+	}, oci.Process.Env)
 	nodes := nodePaths(oci)
 	for path, want := range map[string][2]int64{
 		"/dev/nvidiactl": {195, 255}, "/dev/nvidia-uvm": {508, 0}, "/dev/nvidia-uvm-tools": {508, 1},
@@ -93,6 +96,12 @@ func TestBuildSpecErrors(t *testing.T) {
 	require.EqualError(t, err, "claim UID is empty")
 	_, err = BuildSpec(Claim{UID: "u", Devices: []prepared.Device{{Device: "gpu-1"}}}, majors)
 	require.EqualError(t, err, "claim u: device gpu-1 has no UUID")
+	for _, k := range []string{"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPUDRA_DEVICE_U_GPU_1_UUID"} {
+		_, err = BuildSpec(Claim{UID: "u", Devices: []prepared.Device{{Device: "gpu-1", UUID: "GPU-1"}}, Env: map[string]string{k: "x"}}, majors)
+		require.EqualError(t, err, "claim u: sharing may not set "+k+": the device nodes decide what a container sees")
+	}
+	_, err = BuildSpec(Claim{UID: "u", Devices: []prepared.Device{{Device: "gpu.1", UUID: "GPU-1"}, {Device: "gpu-1", UUID: "GPU-2"}}}, majors)
+	require.EqualError(t, err, "claim u: devices gpu.1 and gpu-1 would share the variable GPUDRA_DEVICE_U_GPU_1_UUID")
 }
 
 func TestClaimUIDs(t *testing.T) {

@@ -57,6 +57,7 @@ type Interface interface {
 	Inventorier
 	MigManager
 	HealthWatcher
+	DriverFiler
 	// Host returns what the plugin needs about the node beyond its GPUs:
 	// device majors, MIG capability minors and the compute policy. The
 	// plugin calls it once at start.

@@ -52,6 +52,9 @@ type Driver struct {
 	events *nodeEvents
 	// repub runs republishes, retried until they succeed (republish.go).
 	repub *republisher
+	// driverSpec is the node's common CDI spec, which every prepared
+	// device references (nil: none).
+	driverSpec *driverSpec
 
 	mu      sync.Mutex
 	health  map[string]nvdevice.HealthEvent // unhealthy GPUs by UUID
@@ -80,7 +83,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		res := kubeletplugin.PrepareResult{}
 		for _, pd := range rec.Devices {
 			res.Devices = append(res.Devices, kubeletplugin.Device{
-				Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: pd.CDIDeviceIDs,
+				Requests: pd.Requests, PoolName: pd.Pool, DeviceName: pd.Device, CDIDeviceIDs: d.driverSpec.deviceIDs(pd.CDIDeviceIDs),
 			})
 		}
 		out[c.UID] = res

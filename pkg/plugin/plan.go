@@ -26,6 +26,13 @@ type PlannedDevice struct {
 	// Share is set when the device was allocated as one share of a GPU
 	// that several claims may use (consumable capacity).
 	Share *PlannedShare
+	// AdminAccess is set for a result with admin access: not a use of the
+	// device (it conflicts with nothing, creates no MIG instance) but its
+	// monitoring view: the whole GPU's device nodes, no limits, no sharing.
+	AdminAccess bool
+	// CDIName is the device's CDI device name in the claim's spec when it
+	// is not the device name: two shares of one GPU in one claim.
+	CDIName string
 }
 
 // PlannedShare is what the scheduler let a claim consume of a shared GPU.
@@ -73,6 +80,19 @@ func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[stri
 			return nil, err
 		}
 		pd.Requests, pd.Config = []string{r.Request}, cfg
+		if r.AdminAccess != nil && *r.AdminAccess {
+			pd.AdminAccess = true
+			if pd.Mig != nil && pd.Mig.Existing == nil {
+				if pd.Device != slicebuilder.GPUDeviceName(&pd.GPU) {
+					return nil, fmt.Errorf("device %s of claim %s/%s: admin access to a MIG placement without a MIG device: admin access never creates one (it is not a use of the device); ask for the parent GPU %s for its monitoring view",
+						r.Device, claim.Namespace, claim.Name, slicebuilder.GPUDeviceName(&pd.GPU))
+				}
+				// The whole GPU in MIG mode: its device node, no instance.
+				pd.Mig = nil
+			}
+			out = append(out, pd)
+			continue
+		}
 		if r.ShareID != nil {
 			pd.Share = &PlannedShare{ID: string(*r.ShareID), MemoryBytes: int64(pd.GPU.MemoryMiB) << 20}
 			if q, ok := r.ConsumedCapacity[slicebuilder.CapacityMemory]; ok {
@@ -91,7 +111,35 @@ func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[stri
 		}
 		out = append(out, pd)
 	}
+	distinctCDINames(out)
 	return out, nil
+}
+
+// distinctCDINames names the CDI devices of several shares of one GPU in
+// one claim after their share ids, so that each is a device of its own in
+// the claim's spec. A device that appears once keeps its device name (the
+// name earlier releases gave it).
+func distinctCDINames(plan []PlannedDevice) {
+	count := map[string]int{}
+	for _, p := range plan {
+		count[p.Device]++
+	}
+	for i, p := range plan {
+		if count[p.Device] > 1 && p.Share != nil {
+			plan[i].CDIName = p.Device + "-share-" + cdiSafe(p.Share.ID)
+		}
+	}
+}
+
+// cdiSafe keeps the characters a CDI device name may hold.
+func cdiSafe(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
 }
 
 // configFor decodes the claim's opaque configs for this driver that apply to
@@ -169,6 +217,10 @@ func wholeGPUInstance(g *nvdevice.GPU) *PlannedMig {
 // placements on one GPU.
 func conflicts(a, b PlannedDevice) bool {
 	if a.GPU.UUID != b.GPU.UUID {
+		return false
+	}
+	// Admin access is not a use of the device.
+	if a.AdminAccess || b.AdminAccess {
 		return false
 	}
 	// Shares of one GPU: the scheduler accounted for their capacity.

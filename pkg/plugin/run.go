@@ -64,6 +64,15 @@ type Config struct {
 	MPSServerLogArgs []string
 	// HostDriverRoot is the driver root on the host, for MPS server pods.
 	HostDriverRoot string
+	// DriverFilesHostRoot is where the container runtime on the host finds
+	// the driver's files that the backend discovered under its own driver
+	// root (the plugin's mount of it); empty: where they were found.
+	DriverFilesHostRoot string
+	// CDIHookPath is the NVIDIA container toolkit's nvidia-cdi-hook on the
+	// host: the driver's spec then runs its update-ldcache and
+	// create-symlinks hooks. Empty: no hooks; the libraries are also
+	// mounted under their sonames (docs/install.md).
+	CDIHookPath string
 	// DriverTools runs the driver's tools (nvidia-cuda-mps-control) from
 	// the driver root, with the host's own loader and libraries.
 	DriverTools drivertools.Runner
@@ -112,6 +121,13 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err != nil {
 		return nil, err
 	}
+	// The driver's files, in the common spec every prepared device
+	// references, before any claim is served.
+	driverSpec := &driverSpec{backend: cfg.Backend, writer: writer,
+		opts: cdi.DriverOptions{HostRoot: cfg.DriverFilesHostRoot, HookPath: cfg.CDIHookPath}}
+	if _, err := driverSpec.sync(ctx); err != nil {
+		return nil, err
+	}
 	// Events on the Node, through client-go's recorder; it stops with ctx
 	// (a failed start) or at Stop.
 	nodeEv, err := startNodeEvents(ctx, cfg.Client, cfg.NodeName)
@@ -145,7 +161,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
 		client: cfg.Client, fractional: cfg.FractionalGPUs, existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
 		taintEffect: cfg.UnhealthyTaintEffect,
-		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv}
+		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
 	// recorded unhealthy before: no watch would ever clear those taints.
 	healthOn := features.Enabled(cfg.FeatureGates, features.DeviceHealth)
@@ -189,6 +205,8 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		}
 	}
 	go d.watchInventory(ctx)
+	// A driver upgrade under the running plugin rewrites the common spec.
+	go wait.UntilWithContext(ctx, driverSpec.refresh, driverSpecEvery)
 	// Rollbacks that failed at start (a lost GPU, say) are retried; the
 	// rest of the node works meanwhile.
 	go wait.UntilWithContext(ctx, state.RetryInterrupted, retryInterruptedEvery)

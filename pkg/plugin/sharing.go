@@ -16,19 +16,34 @@ import (
 func claimSharing(claimName string, plan []PlannedDevice) (*gpuapi.Sharing, error) {
 	var out *gpuapi.Sharing
 	var first PlannedDevice
-	for i, p := range plan {
+	var admin, used []string
+	for _, p := range plan {
+		if p.AdminAccess {
+			// The monitoring view: no limits, no sharing, whatever the
+			// config says.
+			admin = append(admin, p.Device)
+			continue
+		}
+		used = append(used, p.Device)
 		cfg := p.Config
 		if cfg == nil {
 			cfg = gpuapi.DefaultConfig()
 		}
-		if err := cfg.ValidateForDevice(gpuapi.DeviceFacts{Name: p.Device, MemoryBytes: plannedMemory(p)}); err != nil {
+		var err error
+		if p.Share != nil {
+			err = cfg.ValidateForShare(gpuapi.ShareBounds{Device: p.Device, MemoryBytes: p.Share.MemoryBytes,
+				Multiprocessors: p.Share.Multiprocessors, GPUMultiprocessors: int64(p.GPU.Engines.Multiprocessors)})
+		} else {
+			err = cfg.ValidateForDevice(gpuapi.DeviceFacts{Name: p.Device, MemoryBytes: plannedMemory(p)})
+		}
+		if err != nil {
 			return nil, fmt.Errorf("claim %s: request %s: %w", claimName, strings.Join(p.Requests, ","), err)
 		}
 		s := cfg.Sharing
 		if s == nil {
 			s = &gpuapi.Sharing{Strategy: gpuapi.Exclusive}
 		}
-		if i == 0 {
+		if out == nil {
 			out, first = s, p
 			continue
 		}
@@ -40,6 +55,9 @@ func claimSharing(claimName string, plan []PlannedDevice) (*gpuapi.Sharing, erro
 	// A share of a GPU is capped with MPS unless the claim chose another
 	// way to share (then the status says the cap is not enforced). A share
 	// of all the memory leaves nothing to others: exclusive.
+	if out == nil {
+		return nil, nil // nothing but admin access
+	}
 	for _, p := range plan {
 		if p.Share != nil && p.Share.MemoryBytes < int64(p.GPU.MemoryMiB)<<20 && out.Strategy == gpuapi.Exclusive {
 			mps := *out
@@ -47,6 +65,12 @@ func claimSharing(claimName string, plan []PlannedDevice) (*gpuapi.Sharing, erro
 			out = &mps
 			break
 		}
+	}
+	if len(admin) > 0 && needsSharingSetup(out) {
+		// Sharing is set up for a claim's devices as one set (one MPS
+		// server, one time slice): admin-access devices would be in it.
+		return nil, fmt.Errorf("claim %s: devices %s have admin access and %s are shared (%s): admin access gets no sharing, split the claim",
+			claimName, strings.Join(admin, ","), strings.Join(used, ","), out.Strategy)
 	}
 	return out, nil
 }
@@ -69,9 +93,13 @@ func plannedMemory(p PlannedDevice) int64 {
 // instance ids, UUIDs of created devices and device nodes are filled in as
 // they become known.
 func preparedDevice(uid, pool string, p PlannedDevice) prepared.Device {
+	cdiName := p.Device
+	if p.CDIName != "" {
+		cdiName = p.CDIName
+	}
 	d := prepared.Device{Requests: p.Requests, Pool: pool, Device: p.Device, UUID: p.GPU.UUID,
-		CDIDeviceIDs: []string{cdi.QualifiedName(uid, p.Device)},
-		GPUUUID:      p.GPU.UUID, Mig: p.Mig != nil, MemoryBytes: plannedMemory(p),
+		CDIDeviceIDs: []string{cdi.QualifiedName(uid, cdiName)}, CDIDevice: p.CDIName, AdminAccess: p.AdminAccess,
+		GPUUUID: p.GPU.UUID, Mig: p.Mig != nil, MemoryBytes: plannedMemory(p),
 		Multiprocessors: int64(p.GPU.Engines.Multiprocessors)}
 	if p.Mig != nil {
 		d.Multiprocessors = int64(p.Mig.Multiprocessors)

@@ -380,6 +380,7 @@ func checkConflicts(cp *checkpoint.Checkpoint, uid string, plan []PlannedDevice,
 			if od.Share != nil {
 				held.Share = &PlannedShare{ID: od.Share.ID}
 			}
+			held.AdminAccess = od.AdminAccess
 			for _, p := range plan {
 				if conflicts(p, held) {
 					return fmt.Errorf("device %s is unavailable: %s is prepared for claim %s/%s (%s)",

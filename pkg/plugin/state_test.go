@@ -159,7 +159,8 @@ func TestPrepareFullGPU(t *testing.T) {
 	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
 
 	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
-	assert.Contains(t, spec.Process.Env, "NVIDIA_VISIBLE_DEVICES="+inv.GPUs[3].UUID)
+	assert.Contains(t, spec.Process.Env, "NVIDIA_VISIBLE_DEVICES=void")
+	assert.Contains(t, spec.Process.Env, cdi.DeviceUUIDEnv(cdi.DeviceName("u1", "gpu-3"))+"="+inv.GPUs[3].UUID)
 	var paths []string
 	for _, d := range spec.Linux.Devices {
 		paths = append(paths, d.Path)
@@ -341,7 +342,7 @@ func TestPrepareWholeGPUInMIGMode(t *testing.T) {
 	assert.Equal(t, migs[0].UUID, devs[0].UUID, "the container sees the instance")
 	assert.Equal(t, "gpu-0", devs[0].Device, "still the device the scheduler allocated")
 	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs)
-	assert.Contains(t, spec.Process.Env, "NVIDIA_VISIBLE_DEVICES="+migs[0].UUID)
+	assert.Contains(t, spec.Process.Env, cdi.DeviceUUIDEnv(cdi.DeviceName("u1", "gpu-0"))+"="+migs[0].UUID)
 	assert.Len(t, spec.Linux.Devices, 6, "control nodes, the GPU and two capability nodes")
 
 	destroyed, err := s.Unprepare(context.Background(), "u1")

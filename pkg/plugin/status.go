@@ -38,10 +38,53 @@ type SharingStatus struct {
 
 const conditionSharingEnforced = "SharingLimitsEnforced"
 
+// The limits a claim can ask for, as the condition names them.
+const (
+	limitPinnedMemory     = "pinnedMemoryLimit"
+	limitThreadPercentage = "activeThreadPercentage"
+	limitTimeSlice        = "timeSlice"
+)
+
+// Reasons of the SharingLimitsEnforced condition. A False condition's
+// reason names the limits that are not enforced: "NotEnforced:" followed by
+// their names, comma-separated.
+const (
+	reasonEnforced          = "Enforced"
+	reasonNoLimitsRequested = "NoLimitsRequested"
+	reasonNotEnforcedPrefix = "NotEnforced:"
+)
+
+// deviceStatus is one device's status entry and the condition it gets.
+type deviceStatus struct {
+	device prepared.Device
+	data   SharingStatus
+	// asked are the limits the claim asked for on the device (a share's
+	// memory counts: it was asked for through capacity), notEnforced those
+	// of them that nothing enforces against the client.
+	asked, notEnforced []string
+}
+
+// condition is the SharingLimitsEnforced condition of the device: True when
+// every limit the claim asked for is enforced (reason Enforced) or when it
+// asked for none (NoLimitsRequested: nothing to enforce), False with a
+// reason naming the limits that are not enforced.
+func (d deviceStatus) condition() (metav1.ConditionStatus, string, string) {
+	switch {
+	case len(d.notEnforced) > 0:
+		return metav1.ConditionFalse, reasonNotEnforcedPrefix + strings.Join(d.notEnforced, ","),
+			fmt.Sprintf("%s sharing: not enforced against the client: %s; see data.enforced", d.data.Strategy, strings.Join(d.notEnforced, ", "))
+	case len(d.asked) == 0:
+		return metav1.ConditionTrue, reasonNoLimitsRequested, fmt.Sprintf("%s sharing: no limit was asked for; see data.enforced", d.data.Strategy)
+	default:
+		return metav1.ConditionTrue, reasonEnforced, fmt.Sprintf("%s sharing: enforced: %s; see data.enforced", d.data.Strategy, strings.Join(d.asked, ", "))
+	}
+}
+
 // sharingStatuses computes the device statuses of a prepared claim; nil
 // when there is nothing to report (exclusive, not a share). MPS limits are
-// the ones the claim's daemon was given.
-func sharingStatuses(c prepared.Claim) []SharingStatus {
+// the ones the claim's daemon was given. Admin-access devices get no entry:
+// they are not shared, only watched.
+func sharingStatuses(c prepared.Claim) []deviceStatus {
 	if c.Sharing == nil {
 		return nil
 	}
@@ -52,8 +95,12 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 			return nil // refused at prepare already: the claim is not prepared
 		}
 	}
-	out := make([]SharingStatus, 0, len(c.Devices))
+	out := make([]deviceStatus, 0, len(c.Devices))
 	for i, d := range c.Devices {
+		if d.AdminAccess {
+			continue
+		}
+		ds := deviceStatus{device: d}
 		st := SharingStatus{Strategy: c.Sharing.Strategy, Enforced: map[string]string{}}
 		if d.Share != nil {
 			st.ShareID = d.Share.ID
@@ -69,12 +116,16 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 			if mib := limits.PinnedMiB[i]; mib > 0 {
 				st.PinnedMemoryLimit = resource.NewQuantity(mib<<20, resource.BinarySI).String()
 				st.Enforced["memory"] = "not enforced against the client: MPS applies the pinned device memory limit in the client's environment (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT); a container that changes its environment is not bound"
+				ds.asked = append(ds.asked, limitPinnedMemory)
+				ds.notEnforced = append(ds.notEnforced, limitPinnedMemory)
 			} else {
 				st.Enforced["memory"] = "not limited: no pinned memory limit was asked for"
 			}
 			st.ActiveThreadPercentage = int32(limits.ThreadPercentage)
 			if st.ActiveThreadPercentage > 0 {
 				st.Enforced["compute"] = "not enforced against the client: MPS applies the active thread percentage in the client's environment (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); a container that changes its environment is not bound"
+				ds.asked = append(ds.asked, limitThreadPercentage)
+				ds.notEnforced = append(ds.notEnforced, limitThreadPercentage)
 			} else {
 				st.Enforced["compute"] = "not limited: clients share all SMs"
 			}
@@ -84,6 +135,10 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 			st.Enforced["memory"] = "not enforced: time-slicing has no memory limit"
 			st.Enforced["compute"] = "not enforced: processes take turns; only the time slice length is set"
 			st.Enforced["faults"] = "not isolated"
+			// The time slice is a setting of the GPU that the driver
+			// applies to every process on it.
+			st.Enforced["timeSlice"] = "enforced: the driver applies the GPU's time slice to every process on it"
+			ds.asked = append(ds.asked, limitTimeSlice)
 		default:
 			st.Enforced["memory"] = "not enforced between the pods that share this claim"
 			st.Enforced["compute"] = "not enforced between the pods that share this claim"
@@ -91,7 +146,8 @@ func sharingStatuses(c prepared.Claim) []SharingStatus {
 		if c.Sharing.IPC {
 			st.Enforced["ipc"] = "every consumer of the claim gets the same directory at " + gpuapi.IPCDirectory
 		}
-		out = append(out, st)
+		ds.data = st
+		out = append(out, ds)
 	}
 	return out
 }
@@ -108,19 +164,13 @@ func writeDeviceStatus(ctx context.Context, client kubernetes.Interface, fieldMa
 	}
 	status := resourceapply.ResourceClaimStatus()
 	upToDate := true
-	for i, st := range statuses {
-		d := c.Devices[i]
+	for _, ds := range statuses {
+		d, st := ds.device, ds.data
 		data, err := json.Marshal(st)
 		if err != nil {
 			return err
 		}
-		condStatus, reason := metav1.ConditionTrue, "Enforced"
-		for _, how := range st.Enforced {
-			if strings.HasPrefix(how, "not ") {
-				condStatus, reason = metav1.ConditionFalse, "NotAllEnforced"
-			}
-		}
-		message := fmt.Sprintf("%s sharing; see data.enforced", st.Strategy)
+		condStatus, reason, message := ds.condition()
 		transition := metav1.Now()
 		existing := existingDeviceStatus(claim, d)
 		var cond *metav1.Condition

@@ -104,11 +104,31 @@ type Device struct {
 	Multiprocessors int64 `json:"multiprocessors,omitempty"`
 	// Share is set for a consumable-capacity share of a GPU.
 	Share *Share `json:"share,omitempty"`
+	// AdminAccess marks a device given with admin access: not a use of
+	// the device (no conflict with the claim that uses it, no MIG instance,
+	// no sharing), only its monitoring view. Added after release N-1, whose
+	// reader refuses unknown fields: it rebuilds a checkpoint holding such
+	// a device from the API (omitted otherwise, so nothing changes for
+	// nodes without admin-access claims).
+	AdminAccess bool `json:"adminAccess,omitempty"`
+
+	// CDIDevice is the device's CDI device name in the claim's spec when
+	// it differs from Device (two shares of one GPU in one claim). Only
+	// needed while the spec is written: not checkpointed.
+	CDIDevice string `json:"-"`
 
 	// Nodes are the device's own character devices (/dev/nvidia<minor>
 	// and, for MIG, its two capability nodes). Host facts: not
 	// checkpointed, resolved again when a spec is written.
 	Nodes []DeviceNode `json:"-"`
+}
+
+// CDIName is the device's name in its claim's CDI spec.
+func (d *Device) CDIName() string {
+	if d.CDIDevice != "" {
+		return d.CDIDevice
+	}
+	return d.Device
 }
 
 // PhysicalGPU is the UUID of the GPU the device is on.

@@ -86,6 +86,63 @@ func (c *GpuConfig) ValidateForDevice(d DeviceFacts) error {
 	return fmt.Errorf("invalid GpuConfig: %w", errors.Join(errs.ToAggregate()))
 }
 
+// ShareBounds are what the scheduler let one share of a GPU consume
+// (consumable capacity): its memory, its multiprocessors, and the whole
+// GPU's multiprocessors, to turn the share into a thread percentage.
+type ShareBounds struct {
+	// Device names the GPU in errors.
+	Device             string
+	MemoryBytes        int64
+	Multiprocessors    int64
+	GPUMultiprocessors int64
+}
+
+// MaxThreadPercentage is the share's multiprocessors as a percentage of the
+// GPU's, rounded up (the share may use the SMs it was given, and no more);
+// 0 when the share consumed no multiprocessors (then it has no compute
+// bound: it time-shares every SM, and any percentage is accepted).
+func (b ShareBounds) MaxThreadPercentage() int64 {
+	if b.Multiprocessors <= 0 || b.GPUMultiprocessors <= 0 {
+		return 0
+	}
+	return min((b.Multiprocessors*100+b.GPUMultiprocessors-1)/b.GPUMultiprocessors, 100)
+}
+
+// ValidateForShare checks the config against one share of a GPU that
+// several claims use: a share may not change what belongs to the whole GPU
+// or escape its bounds, so TimeSlicing (a property of the GPU), an active
+// thread percentage above the share's multiprocessors and a pinned memory
+// limit above the share's memory are refused, by field. The plugin calls it
+// at prepare; the admission webhook cannot (the share is allocated after
+// admission) and checks only Validate.
+func (c *GpuConfig) ValidateForShare(b ShareBounds) error {
+	errs := c.validate()
+	if s := c.Sharing; s != nil {
+		p := field.NewPath("sharing")
+		if s.Strategy == TimeSlicing {
+			errs = append(errs, field.Forbidden(p.Child("strategy"), fmt.Sprintf(
+				"%s is not allowed on a share of device %s: the time slice is a setting of the whole GPU, which other claims' shares use", TimeSlicing, b.Device)))
+		}
+		if s.MPS != nil {
+			mp := p.Child("mps")
+			if a := s.MPS.ActiveThreadPercentage; a != nil && *a >= 1 {
+				if limit := b.MaxThreadPercentage(); limit > 0 && int64(*a) > limit {
+					errs = append(errs, field.Invalid(mp.Child("activeThreadPercentage"), *a, fmt.Sprintf(
+						"exceeds the share of device %s (%d of %d multiprocessors: at most %d)", b.Device, b.Multiprocessors, b.GPUMultiprocessors, limit)))
+				}
+			}
+			if l := s.MPS.PinnedMemoryLimit; l != nil && b.MemoryBytes > 0 && l.Value() > b.MemoryBytes {
+				errs = append(errs, field.Invalid(mp.Child("pinnedMemoryLimit"), l.String(), fmt.Sprintf(
+					"exceeds the share of device %s (%dMi)", b.Device, b.MemoryBytes>>20)))
+			}
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid GpuConfig: %w", errors.Join(errs.ToAggregate()))
+}
+
 func (c *GpuConfig) validate() field.ErrorList {
 	var errs field.ErrorList
 	if c.APIVersion != APIVersion {

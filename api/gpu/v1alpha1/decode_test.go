@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -105,4 +106,58 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("accepted config is not defaulted: %+v", c)
 		}
 	})
+}
+
+// A share of a GPU may not change what belongs to the whole GPU, nor ask for
+// more than it was given.
+func TestValidateForShare(t *testing.T) {
+	// A 20Gi share with 33 of an H100's 132 SMs: 25%.
+	share := ShareBounds{Device: "gpu-5", MemoryBytes: 20 << 30, Multiprocessors: 33, GPUMultiprocessors: 132}
+	const head = `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig","sharing":`
+	tests := []struct {
+		name    string
+		bounds  ShareBounds
+		raw     string
+		wantErr []string
+		// static: the static part (what the webhook checks) already fails.
+		static bool
+	}{
+		{name: "no config", bounds: share, raw: `{"apiVersion":"gpu.gpudra.dev/v1alpha1","kind":"GpuConfig"}`},
+		{name: "mps within the share", bounds: share, raw: head + `{"strategy":"MPS","mps":{"activeThreadPercentage":25,"pinnedMemoryLimit":"20Gi"}}}`},
+		{name: "ipc", bounds: share, raw: head + `{"ipc":true}}`},
+		{name: "time slicing", bounds: share, raw: head + `{"strategy":"TimeSlicing","timeSlicing":{"interval":"Long"}}}`,
+			wantErr: []string{`sharing.strategy: Forbidden: TimeSlicing is not allowed on a share of device gpu-5`}},
+		{name: "thread percentage above the share", bounds: share, raw: head + `{"strategy":"MPS","mps":{"activeThreadPercentage":26}}}`,
+			wantErr: []string{`sharing.mps.activeThreadPercentage: Invalid value: 26: exceeds the share of device gpu-5 (33 of 132 multiprocessors: at most 25)`}},
+		{name: "pinned memory above the share", bounds: share, raw: head + `{"strategy":"MPS","mps":{"pinnedMemoryLimit":"21Gi"}}}`,
+			wantErr: []string{`sharing.mps.pinnedMemoryLimit: Invalid value: "21Gi": exceeds the share of device gpu-5 (20480Mi)`}},
+		{name: "both limits above the share", bounds: share, raw: head + `{"strategy":"MPS","mps":{"activeThreadPercentage":100,"pinnedMemoryLimit":"80Gi"}}}`,
+			wantErr: []string{"sharing.mps.activeThreadPercentage: Invalid value: 100", `sharing.mps.pinnedMemoryLimit: Invalid value: "80Gi"`}},
+		{name: "a share without multiprocessors has no compute bound", bounds: ShareBounds{Device: "gpu-5", MemoryBytes: 20 << 30, GPUMultiprocessors: 132},
+			raw: head + `{"strategy":"MPS","mps":{"activeThreadPercentage":100}}}`},
+		{name: "static errors are still reported", bounds: share, raw: head + `{"strategy":"MPS","mps":{"activeThreadPercentage":0}}}`, static: true,
+			wantErr: []string{`sharing.mps.activeThreadPercentage: Invalid value: 0: must be between 1 and 100`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The static part passes where only the share is exceeded: the
+			// webhook, which knows no share, accepts these configs.
+			var cfg GpuConfig
+			require.NoError(t, json.Unmarshal([]byte(tt.raw), &cfg))
+			if tt.static {
+				assert.Error(t, cfg.Validate())
+			} else {
+				assert.NoError(t, cfg.Validate())
+			}
+			err := cfg.ValidateForShare(tt.bounds)
+			if len(tt.wantErr) == 0 {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tt.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
 }

@@ -35,6 +35,8 @@ type Machine struct {
 	failGIDestroy error
 	// readFaults are injected Inventory failures (readfaults.go).
 	readFaults readFaults
+	// driverRoot is the fake driver root DriverFiles reads (driverroot.go).
+	driverRoot string
 }
 
 var (
@@ -177,4 +179,19 @@ func (m *Machine) Close() error {
 		m.health.Close()
 	}
 	return nil
+}
+
+// Devices is the machine's GPUs and MIG devices as the node's device nodes
+// stand for them: every GPU, also one that fell off the bus (its
+// /dev/nvidia<minor> stays), read without NVML, so injected read failures
+// neither apply nor are used up. The devcluster kubelet names the GPUs a
+// container's device nodes give it from this.
+func (m *Machine) Devices() []nvdevice.GPU {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]nvdevice.GPU, 0, len(m.inv.GPUs))
+	for _, g := range m.inv.GPUs {
+		out = append(out, copyGPU(g))
+	}
+	return out
 }
