@@ -32,9 +32,11 @@ type GpuConfig struct {
 //	TimeSlicing  several processes take turns on the GPU; only the length of
 //	             a turn is set. No memory limit, no isolation, no fault
 //	             isolation.
-//	MPS          one MPS control daemon per claim; clients run concurrently
-//	             with a compute share (active thread percentage) and a
-//	             pinned device memory limit that bind cooperating clients.
+//	MPS          one MPS server per GPU (or device set), shared by every MPS
+//	             claim on it; clients run concurrently with a compute share
+//	             (active thread percentage) and a pinned device memory limit
+//	             set in each client's environment, which bind cooperating
+//	             clients only (docs/sharing.md).
 //	             No fault isolation: one client's fatal error hits all.
 //
 // Several pods using one claim share its devices in every mode; the claim
@@ -88,7 +90,9 @@ type TimeSlicingConfig struct {
 	Interval TimeSliceInterval `json:"interval,omitempty"`
 }
 
-// MPSConfig sets the MPS control daemon's defaults for every client.
+// MPSConfig sets the limits of the claim's MPS clients (set in each client's
+// environment, not as daemon defaults: the GPU's one server serves other
+// claims too).
 type MPSConfig struct {
 	// ActiveThreadPercentage caps the share of the GPU's SMs a client may
 	// use, 1 to 100.
