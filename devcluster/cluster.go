@@ -157,8 +157,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return c, fmt.Errorf("create namespace %s: %w", PluginNamespace, err)
 	}
-	// gpudra-controller runs in every devcluster, as the chart installs it:
-	// every test and the demo go through its admission webhook.
+	// gpudra-controller runs in every devcluster, as the chart installs it
+	// with its CRDs: every test and the demo go through its admission
+	// webhook.
+	if err := c.installGpudraCRDs(c.ctx); err != nil {
+		return c, err
+	}
 	if err := c.startGpudraController(c.ctx); err != nil {
 		return c, fmt.Errorf("start gpudra-controller: %w", err)
 	}

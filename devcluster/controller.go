@@ -60,6 +60,11 @@ type Controller struct {
 // consumers in devcluster: short, so that the e2e suite sees the report.
 const GrovePendingGrace = 5 * time.Second
 
+// FenceSettle is the controller's device fence settle time in devcluster,
+// where the scheduler's informer sees a DeviceTaintRule within
+// milliseconds.
+const FenceSettle = 300 * time.Millisecond
+
 func (r *Controller) Stop() error {
 	r.cancel()
 	return <-r.done
@@ -67,8 +72,8 @@ func (r *Controller) Stop() error {
 
 // controllers are the replicas and the stand-in for the webhook's Service:
 // devcluster has no Service networking, so the API server calls
-// https://127.0.0.1:<port>/validate, a TCP front that forwards each
-// connection to a running replica, as kube-proxy would.
+// https://127.0.0.1:<port>/validate (and /mutate), a TCP front that forwards
+// each connection to a running replica, as kube-proxy would.
 type controllers struct {
 	front    net.Listener
 	mu       sync.Mutex
@@ -94,6 +99,14 @@ func (c *Cluster) startGpudraController(ctx context.Context) error {
 	if _, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, cfg, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create ValidatingWebhookConfiguration: %w", err)
 	}
+	// The gang pods' gate, through the same front at /mutate, under the
+	// same name (as the chart names both); its caBundle is kept by the
+	// leader too.
+	mutating := webhook.MutatingConfiguration(WebhookConfigurationName, admissionregistrationv1.WebhookClientConfig{
+		URL: ptr.To("https://" + c.gpudra.front.Addr().String() + webhook.MutatePath)})
+	if _, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mutating, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create MutatingWebhookConfiguration: %w", err)
+	}
 	for i := range controllerReplicas {
 		if _, err := c.StartController(fmt.Sprintf("gpudra-controller-%d", i)); err != nil {
 			return err
@@ -117,7 +130,8 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 		r.done <- controller.Run(ctx, controller.Config{RESTConfig: rc, Namespace: PluginNamespace, Identity: name,
 			LeaseName: ControllerLease, LeaseDuration: ControllerLeaseDuration, RenewDeadline: controllerRenewDeadline, RetryPeriod: controllerRetryPeriod,
 			WebhookListener: l, WebhookSecret: WebhookSecret, WebhookConfiguration: WebhookConfigurationName, ManageCertificates: true,
-			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace})
+			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace,
+			Gangs: true, FenceSettle: FenceSettle})
 	}()
 	go func() {
 		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -172,8 +186,8 @@ func (c *Cluster) SetWebhookDown(down bool) {
 }
 
 // WaitForWebhook waits until the webhook answers TLS with a certificate
-// that the caBundle of the ValidatingWebhookConfiguration trusts, which is
-// what the API server checks.
+// that the caBundles of the Validating and (where there is one) the
+// MutatingWebhookConfiguration trust, which is what the API server checks.
 func (c *Cluster) WaitForWebhook(ctx context.Context, timeout time.Duration) error {
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -191,8 +205,32 @@ func (c *Cluster) webhookTrusted(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if len(cfg.Webhooks) == 0 {
+		return errors.New("no webhooks in the ValidatingWebhookConfiguration")
+	}
+	if err := c.frontTrusted(cfg.Webhooks[0].ClientConfig.CABundle); err != nil {
+		return fmt.Errorf("ValidatingWebhookConfiguration: %w", err)
+	}
+	// Tests may delete the mutating configuration (or run without it).
+	mutating, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfigurationName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, w := range mutating.Webhooks {
+		if err := c.frontTrusted(w.ClientConfig.CABundle); err != nil {
+			return fmt.Errorf("MutatingWebhookConfiguration: %w", err)
+		}
+	}
+	return nil
+}
+
+// frontTrusted says whether the front serves a certificate bundle trusts.
+func (c *Cluster) frontTrusted(bundle []byte) error {
 	pool := x509.NewCertPool()
-	if len(cfg.Webhooks) == 0 || !pool.AppendCertsFromPEM(cfg.Webhooks[0].ClientConfig.CABundle) {
+	if !pool.AppendCertsFromPEM(bundle) {
 		return errors.New("no caBundle yet")
 	}
 	conn, err := tls.Dial("tcp", c.gpudra.front.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})

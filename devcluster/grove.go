@@ -68,33 +68,7 @@ func (c *Cluster) installGrove(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Apply(ctx, "", crds); err != nil {
-		return fmt.Errorf("install Grove CRDs: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(c.RESTConfig)
-	if err != nil {
-		return err
-	}
-	for _, crd := range crds {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := dyn.Resource(crdGVR).Get(ctx, crd.GetName(), metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-			for _, cond := range conds {
-				m, _ := cond.(map[string]any)
-				if m["type"] == "Established" && m["status"] == "True" {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", crd.GetName(), err)
-		}
-	}
-	return nil
+	return c.installCRDs(ctx, crds)
 }
 
 // startGrove installs Grove's CRDs and runs the stand-in for Grove's

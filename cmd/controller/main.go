@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
 
+	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
@@ -33,7 +34,9 @@ type options struct {
 	webhookSecret, webhookConfig, webhookService                        string
 	webhookDNSNames                                                     []string
 	webhookIPs                                                          []net.IP
-	manageCerts                                                         bool
+	manageCerts, gangs                                                  bool
+	gangStrategy                                                        string
+	fenceSettle                                                         time.Duration
 	qps                                                                 float64
 	burst                                                               int
 	leaseDuration, renewDeadline, retryPeriod, grovePendingGrace        time.Duration
@@ -74,6 +77,12 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("grove-pending-grace", "GROVE_PENDING_GRACE")
 	fs.BoolVar(&o.manageCerts, "manage-certificates", true, "the leader issues and renews the webhook's CA and certificate and sets the caBundle; false when cert-manager does")
 	env("manage-certificates", "MANAGE_CERTIFICATES")
+	fs.BoolVar(&o.gangs, "gangs", true, "run the gang and reservation controller (where the gpudra.dev CRDs are installed)")
+	env("gangs", "GANGS")
+	fs.StringVar(&o.gangStrategy, "gang-strategy", string(allocator.FewestNVLinkDomains), "how gangs and reservations choose nodes: FewestNVLinkDomains, Binpack or Spread")
+	env("gang-strategy", "GANG_STRATEGY")
+	fs.DurationVar(&o.fenceSettle, "fence-settle", time.Second, "how long a device fence is given to reach the scheduler before the controller writes an allocation")
+	env("fence-settle", "FENCE_SETTLE")
 	fs.Float64Var(&o.qps, "kube-api-qps", 20, "API client QPS (kube-controller-manager's default)")
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 30, "API client burst")
@@ -100,13 +109,19 @@ func (o *options) config() (controller.Config, error) {
 			return controller.Config{}, fmt.Errorf("no --identity and no host name: %w", err)
 		}
 	}
+	switch allocator.Strategy(o.gangStrategy) {
+	case allocator.FewestNVLinkDomains, allocator.Binpack, allocator.Spread:
+	default:
+		return controller.Config{}, fmt.Errorf("--gang-strategy=%q: want FewestNVLinkDomains, Binpack or Spread", o.gangStrategy)
+	}
 	svc := o.webhookService + "." + o.namespace + ".svc"
 	dns := append([]string{svc, svc + ".cluster.local"}, o.webhookDNSNames...)
 	return controller.Config{Namespace: o.namespace, Identity: id, LeaseName: o.leaseName,
 		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
 		HealthAddress: o.healthAddr, WebhookAddress: o.webhookAddr, WebhookSecret: o.webhookSecret,
 		WebhookConfiguration: o.webhookConfig, ManageCertificates: o.manageCerts,
-		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace}, nil
+		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace,
+		Gangs: o.gangs, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle}, nil
 }
 
 func run(ctx context.Context, o *options, _ featuregate.FeatureGate) error {

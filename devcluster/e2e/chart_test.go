@@ -138,8 +138,10 @@ func TestChartInstallAndNodeIsolation(t *testing.T) {
 			// Service nobody serves (devcluster runs its own, controller.go):
 			// validated by a dry run; TestChartControllerLeastPrivilege
 			// installs one that matches nothing.
-			if o.GetKind() == "ValidatingWebhookConfiguration" {
-				require.NoError(t, dryRunCreate(ctx, o), "ValidatingWebhookConfiguration %s", o.GetName())
+			// The same for the gang pods' mutating configuration, which
+			// would also take the name of devcluster's own.
+			if o.GetKind() == "ValidatingWebhookConfiguration" || o.GetKind() == "MutatingWebhookConfiguration" {
+				require.NoError(t, dryRunCreate(ctx, o), "%s %s", o.GetKind(), o.GetName())
 				continue
 			}
 			fresh = append(fresh, o)
@@ -302,6 +304,15 @@ func dryRunCreate(ctx context.Context, o *unstructured.Unstructured) error {
 		}
 		vwc.Name += "-dry-run"
 		_, err := cluster.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &vwc, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	if o.GetKind() == "MutatingWebhookConfiguration" {
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		if err := runtimeConvert(o, &mwc); err != nil {
+			return err
+		}
+		mwc.Name += "-dry-run"
+		_, err := cluster.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &mwc, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
 	if o.GetKind() != "DeviceClass" {

@@ -195,8 +195,8 @@ func TestChartControllerLeastPrivilege(t *testing.T) {
 	_, forbidden["listing secrets"] = sa.CoreV1().Secrets(chartNamespace).List(ctx, metav1.ListOptions{})
 	_, forbidden["devcluster's webhook Secret"] = sa.CoreV1().Secrets(devcluster.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
 	_, forbidden["another Lease"] = sa.CoordinationV1().Leases(devcluster.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
-	_, forbidden["creating claims"] = sa.ResourceV1().ResourceClaims("default").Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "x"}},
-		metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, forbidden["creating pods"] = sa.CoreV1().Pods("default").Create(ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	forbidden["deleting pods"] = sa.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}, metav1.ListOptions{})
 	forbidden["deleting the Lease"] = sa.CoordinationV1().Leases(chartNamespace).Delete(ctx, release+"-controller", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	for what, err := range forbidden {
@@ -204,6 +204,13 @@ func TestChartControllerLeastPrivilege(t *testing.T) {
 	}
 	_, err = sa.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{Limit: 1})
 	assert.NoError(t, err, "reading claims cluster-wide")
+	// The gang and reservation controller creates the claims it holds and
+	// fences devices.
+	_, err = sa.ResourceV1().ResourceClaims("default").Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "x"}},
+		metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	assert.NoError(t, err, "creating claims")
+	_, err = sa.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{Limit: 1})
+	assert.NoError(t, err, "reading DeviceTaintRules")
 	_, err = sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
 	assert.NoError(t, err, "reading pods cluster-wide")
 }

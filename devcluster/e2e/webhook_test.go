@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
+	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -128,6 +130,68 @@ func TestWebhook(t *testing.T) {
 		assert.Contains(t, err.Error(), `spec.template.resourceClaimTemplates[0].templateSpec.spec.devices.config[0].opaque.parameters: Invalid value: invalid GpuConfig: sharing.strategy`)
 	})
 
+	t.Run("gang pods", func(t *testing.T) {
+		dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+		for _, tc := range []struct {
+			name           string
+			labels, annots map[string]string
+			scheduler      string
+			gated          bool
+			refused        string
+		}{
+			{name: "plain gang", labels: map[string]string{gpudraapi.LabelGang: "train"}, annots: map[string]string{gpudraapi.AnnotationGangSize: "2"}, gated: true},
+			{name: "grove member", labels: map[string]string{webhook.LabelGrovePodGang: "pcs-0"}, gated: true},
+			{name: "kai-scheduler", labels: map[string]string{gpudraapi.LabelGang: "train"}, scheduler: "kai-scheduler"},
+			{name: "not a gang", labels: map[string]string{"app": "x"}},
+			{name: "gang without size", labels: map[string]string{gpudraapi.LabelGang: "train"},
+				refused: `admission webhook "pods.gang.gpudra.dev" denied the request: metadata.annotations[gpudra.dev/gang-size]: Required value`},
+			{name: "bad duration", labels: map[string]string{gpudraapi.LabelGang: "train"},
+				annots:  map[string]string{gpudraapi.AnnotationGangSize: "2", gpudraapi.AnnotationDuration: "soon"},
+				refused: `metadata.annotations[gpudra.dev/duration]: Invalid value: "soon"`},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				got, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, gangTestPod(tc.labels, tc.annots, tc.scheduler), dry)
+				if tc.refused != "" {
+					require.Error(t, err)
+					assert.Contains(t, err.Error(), tc.refused)
+					return
+				}
+				require.NoError(t, err)
+				var gates []string
+				for _, g := range got.Spec.SchedulingGates {
+					gates = append(gates, g.Name)
+				}
+				if tc.gated {
+					assert.Equal(t, []string{"example.com/other", gpudraapi.SchedulingGate}, gates)
+				} else {
+					assert.Equal(t, []string{"example.com/other"}, gates)
+				}
+			})
+		}
+	})
+
+	t.Run("gpureservation", func(t *testing.T) {
+		if _, err := cluster.Client.Discovery().ServerResourcesForGroupVersion(gpudraapi.APIVersion); err != nil {
+			t.Skipf("no gpudra CRDs: %v", err)
+		}
+		dyn, err := dynamic.NewForConfig(cluster.RESTConfig)
+		require.NoError(t, err)
+		dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+		res := func(spec map[string]any) *unstructured.Unstructured {
+			return &unstructured.Unstructured{Object: map[string]any{"apiVersion": gpudraapi.APIVersion, "kind": gpudraapi.KindGpuReservation,
+				"metadata": map[string]any{"name": "r"}, "spec": spec}}
+		}
+		api := dyn.Resource(webhook.GpuReservations).Namespace(ns)
+		_, err = api.Create(ctx, res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "count": int64(2), "ttl": "1h"}), dry)
+		require.NoError(t, err)
+		// A selector that does not compile passes the CRD's schema; the
+		// webhook refuses it.
+		_, err = api.Create(ctx, res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "ttl": "1h", "selectors": []any{"device.("}}), dry)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `admission webhook "gpureservations.gpudra.dev" denied the request`)
+		assert.Contains(t, err.Error(), "spec.selectors[0]")
+	})
+
 	t.Run("unrelated objects while the webhook is down", func(t *testing.T) {
 		cluster.SetWebhookDown(true)
 		defer func() {
@@ -142,7 +206,26 @@ func TestWebhook(t *testing.T) {
 		err := createClaim(ctx, ns, "ours", gpuClaimSpec(webhook.DriverName, goodConfig))
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `failed calling webhook "resourceclaims.gpu.gpudra.dev"`)
+		// Pods: only gang pods for the default scheduler wait for the
+		// webhook; a gang pod must not slip through ungated.
+		dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+		_, err = cluster.Client.CoreV1().Pods(ns).Create(ctx, gangTestPod(map[string]string{"app": "x"}, nil, ""), dry)
+		require.NoError(t, err)
+		_, err = cluster.Client.CoreV1().Pods(ns).Create(ctx, gangTestPod(map[string]string{gpudraapi.LabelGang: "train"}, nil, "kai-scheduler"), dry)
+		require.NoError(t, err)
+		_, err = cluster.Client.CoreV1().Pods(ns).Create(ctx, gangTestPod(map[string]string{gpudraapi.LabelGang: "train"},
+			map[string]string{gpudraapi.AnnotationGangSize: "2"}, ""), dry)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `failed calling webhook "pods.gang.gpudra.dev"`)
 	})
+}
+
+// gangTestPod is a pod with another scheduling gate already, so that the
+// webhook's patch must append to the list.
+func gangTestPod(labels, annotations map[string]string, scheduler string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "gang-", Labels: labels, Annotations: annotations},
+		Spec: v1.PodSpec{SchedulerName: scheduler, SchedulingGates: []v1.PodSchedulingGate{{Name: "example.com/other"}},
+			Containers: []v1.Container{{Name: "c", Image: "busybox"}}}}
 }
 
 // TestWebhookChartMatchesCode: the chart's ValidatingWebhookConfiguration
@@ -164,5 +247,31 @@ func TestWebhookChartMatchesCode(t *testing.T) {
 		want := webhook.Configuration("gpudra-webhook", client, grove)
 		assert.Equal(t, want.Name, got.Name)
 		assert.Equal(t, want.Webhooks, got.Webhooks, "grove=%t", grove)
+	}
+}
+
+// TestWebhookChartMatchesCodeMutating: the same for the gang pods'
+// MutatingWebhookConfiguration, which gangs.enabled=false leaves out.
+func TestWebhookChartMatchesCodeMutating(t *testing.T) {
+	for _, gangs := range []bool{true, false} {
+		out, err := render(t, "--set", "gangs.enabled="+strconv.FormatBool(gangs))
+		require.NoError(t, err, out)
+		var got *admissionregistrationv1.MutatingWebhookConfiguration
+		for _, o := range objectsFrom(t, out) {
+			if o.GetKind() == "MutatingWebhookConfiguration" {
+				got = &admissionregistrationv1.MutatingWebhookConfiguration{}
+				require.NoError(t, runtimeConvert(o, got))
+			}
+		}
+		if !gangs {
+			assert.Nil(t, got, "gangs.enabled=false renders no MutatingWebhookConfiguration")
+			continue
+		}
+		require.NotNil(t, got, "the chart renders a MutatingWebhookConfiguration")
+		client := admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{
+			Namespace: chartNamespace, Name: "gpudra-webhook", Path: ptr(webhook.MutatePath), Port: ptr[int32](443)}}
+		want := webhook.MutatingConfiguration("gpudra-webhook", client)
+		assert.Equal(t, want.Name, got.Name)
+		assert.Equal(t, want.Webhooks, got.Webhooks)
 	}
 }

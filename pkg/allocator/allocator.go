@@ -20,11 +20,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -74,8 +72,13 @@ type Input struct {
 	// form: one request with count N (with a matchAttribute constraint if
 	// the devices must share an attribute), not N requests tied by
 	// matchAttribute, which makes the structured allocator's search explode.
-	// Claims that already have an allocation are rejected.
+	// Claims that already have an allocation are rejected, and so is a
+	// claim given twice (in Claims or Groups).
 	Claims []*resourceapi.ResourceClaim
+	// Groups are claims that must land on one node together: the claims
+	// of one pod, or of pods that share a claim. They are planned with
+	// Claims, all or nothing.
+	Groups []Group
 	// Slices are the cluster's ResourceSlices (resource.k8s.io/v1).
 	Slices []*resourceapi.ResourceSlice
 	// Classes are the cluster's DeviceClasses.
@@ -97,6 +100,16 @@ type Input struct {
 	CELCache *cel.Cache
 }
 
+// Group is a set of claims planned onto one node.
+type Group struct {
+	// Name says what the group is in errors (a pod's name).
+	Name   string
+	Claims []*resourceapi.ResourceClaim
+	// Nodes, when not nil, are the only nodes the group may use (a pod's
+	// node selector, or the node of a claim it already has).
+	Nodes sets.Set[string]
+}
+
 // ClaimAllocation is the plan for one claim.
 type ClaimAllocation struct {
 	// Claim is the input claim (not modified).
@@ -108,7 +121,7 @@ type ClaimAllocation struct {
 }
 
 // Result is the result of planning: one allocation per input claim, in
-// input order, and the nodes chosen.
+// input order (Claims, then each group's claims), and the nodes chosen.
 type Result struct {
 	Allocations []ClaimAllocation
 	// Nodes are the distinct chosen nodes, sorted.
@@ -132,7 +145,7 @@ func (n *nodeInfo) name() string { return n.node.Name }
 
 // Plan plans every claim of in.Claims or none.
 func Plan(ctx context.Context, in Input) (Result, error) {
-	if len(in.Claims) == 0 {
+	if len(in.Claims) == 0 && len(in.Groups) == 0 {
 		return Result{}, nil
 	}
 	features := DefaultFeatures
@@ -156,10 +169,9 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 	if cache == nil {
 		cache = cel.NewCache(100, cel.Features{})
 	}
-	for _, c := range in.Claims {
-		if c.Status.Allocation != nil {
-			return Result{}, fmt.Errorf("claim %s is already allocated", claimName(c))
-		}
+	units, err := unitsOf(in)
+	if err != nil {
+		return Result{}, err
 	}
 
 	state := newState()
@@ -169,36 +181,31 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 		}
 	}
 	nodes, shared := groupSlices(in)
-	byName := make(map[string]*nodeInfo, len(nodes))
 	deviceDomain := map[structured.DeviceID]string{}
 	for _, n := range nodes {
-		byName[n.name()] = n
 		n.count(state, deviceDomain)
 	}
 	classes := classLister(in.Classes)
 
-	// First-fit decreasing: the biggest claims pick first.
-	order := make([]int, len(in.Claims))
-	for i := range order {
-		order[i] = i
-	}
-	demand := make([]int64, len(in.Claims))
+	// First-fit decreasing: the biggest units pick first.
 	var total int64
-	for i, c := range in.Claims {
-		demand[i] = claimDemand(c)
-		total += demand[i]
+	for _, u := range units {
+		total += u.demand
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(demand[b], demand[a]) })
+	slices.SortStableFunc(units, func(a, b *unit) int { return cmp.Compare(b.demand, a.demand) })
 
 	var preferred map[string]int // node -> rank, FewestNVLinkDomains
 	if strategy == FewestNVLinkDomains {
 		preferred = chooseDomains(nodes, total)
 	}
 
-	out := Result{Allocations: make([]ClaimAllocation, len(in.Claims))}
-	for _, i := range order {
-		claim := in.Claims[i]
-		candidates := rank(nodes, strategy, preferred, maxTried)
+	var out Result
+	for _, u := range units {
+		eligible := nodes
+		if u.nodes != nil {
+			eligible = slices.DeleteFunc(slices.Clone(nodes), func(n *nodeInfo) bool { return !u.nodes.Has(n.name()) })
+		}
+		candidates := rank(eligible, strategy, preferred, maxTried)
 		var placed bool
 		for _, n := range candidates {
 			if err := ctx.Err(); err != nil {
@@ -210,38 +217,47 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 			}
 			alloc, err := structured.NewAllocator(ctx, features, state.snapshot(), classes, nodeSlices, cache)
 			if err != nil {
-				return Result{}, fmt.Errorf("claim %s: %w", claimName(claim), err)
+				return Result{}, fmt.Errorf("%s: %w", u.name, err)
 			}
-			results, err := alloc.Allocate(ctx, n.node, []*resourceapi.ResourceClaim{claim})
+			results, err := alloc.Allocate(ctx, n.node, u.claims)
 			if err != nil {
 				if errors.Is(err, structured.ErrFailedAllocationOnNode) {
 					continue
 				}
-				return Result{}, fmt.Errorf("claim %s on node %s: %w", claimName(claim), n.name(), err)
+				return Result{}, fmt.Errorf("%s on node %s: %w", u.name, n.name(), err)
 			}
-			if len(results) != 1 {
+			if len(results) != len(u.claims) {
 				continue
 			}
-			res := results[0]
-			state.add(&res.Devices)
-			for _, r := range res.Devices.Results {
-				id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-				if d, ok := deviceDomain[id]; ok && r.ShareID == nil {
-					owner := byName[n.name()]
-					if owner.domains[d] > 0 {
-						owner.domains[d]--
-						owner.free--
+			for j, res := range results {
+				state.add(&res.Devices)
+				for _, r := range res.Devices.Results {
+					id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+					if d, ok := deviceDomain[id]; ok && r.ShareID == nil {
+						if n.domains[d] > 0 {
+							n.domains[d]--
+							n.free--
+						}
 					}
 				}
+				u.results[j] = ClaimAllocation{Claim: u.claims[j], Node: n.name(), Result: res}
 			}
-			out.Allocations[i] = ClaimAllocation{Claim: claim, Node: n.name(), Result: res}
 			placed = true
 			break
 		}
 		if !placed {
-			return Result{}, fmt.Errorf("claim %s (%d devices) does not fit: tried %d of %d nodes with strategy %s; nothing allocated",
-				claimName(claim), demand[i], len(candidates), len(nodes), strategy)
+			where := fmt.Sprintf("tried %d of %d nodes", len(candidates), len(nodes))
+			if u.nodes != nil {
+				where = fmt.Sprintf("tried %d of the %d nodes it may use", len(candidates), len(eligible))
+			}
+			return Result{}, &NotFitError{Unit: u.name, Devices: u.demand,
+				msg: fmt.Sprintf("%s (%d devices) does not fit: %s with strategy %s; nothing allocated", u.name, u.demand, where, strategy)}
 		}
+	}
+	// Results in input order.
+	slices.SortFunc(units, func(a, b *unit) int { return cmp.Compare(a.index, b.index) })
+	for _, u := range units {
+		out.Allocations = append(out.Allocations, u.results...)
 	}
 
 	nodeSet, domainSet := sets.New[string](), sets.New[string]()
@@ -256,6 +272,68 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 	out.Nodes = sets.List(nodeSet)
 	out.NVLinkDomains = sets.List(domainSet)
 	return out, nil
+}
+
+// NotFitError says that a claim or group did not fit anywhere: the plan
+// failed for want of devices, not because the input is wrong.
+type NotFitError struct {
+	// Unit names the claim or group.
+	Unit    string
+	Devices int64
+	msg     string
+}
+
+func (e *NotFitError) Error() string { return e.msg }
+
+// unit is a claim or a group, planned onto one node.
+type unit struct {
+	index   int
+	name    string
+	claims  []*resourceapi.ResourceClaim
+	nodes   sets.Set[string]
+	demand  int64
+	results []ClaimAllocation
+}
+
+// unitsOf turns Claims and Groups into units in input order, refusing
+// allocated and repeated claims.
+func unitsOf(in Input) ([]*unit, error) {
+	var units []*unit
+	seen := sets.New[string]()
+	add := func(name string, claims []*resourceapi.ResourceClaim, nodes sets.Set[string]) error {
+		u := &unit{index: len(units), name: name, claims: claims, nodes: nodes, results: make([]ClaimAllocation, len(claims))}
+		for _, c := range claims {
+			key := claimName(c)
+			if c.Status.Allocation != nil {
+				return fmt.Errorf("claim %s is already allocated", key)
+			}
+			if seen.Has(key) {
+				return fmt.Errorf("claim %s is given twice; claims shared by pods belong in one group", key)
+			}
+			seen.Insert(key)
+			u.demand += claimDemand(c)
+		}
+		units = append(units, u)
+		return nil
+	}
+	for _, c := range in.Claims {
+		if err := add("claim "+claimName(c), []*resourceapi.ResourceClaim{c}, nil); err != nil {
+			return nil, err
+		}
+	}
+	for _, g := range in.Groups {
+		if len(g.Claims) == 0 {
+			continue
+		}
+		name := g.Name
+		if name == "" {
+			name = "group of claim " + claimName(g.Claims[0])
+		}
+		if err := add(name, g.Claims, g.Nodes); err != nil {
+			return nil, err
+		}
+	}
+	return units, nil
 }
 
 func claimName(c *resourceapi.ResourceClaim) string {
@@ -319,183 +397,6 @@ func groupSlices(in Input) ([]*nodeInfo, []*resourceapi.ResourceSlice) {
 	return nodes, shared
 }
 
-// count fills total, free and the free GPUs per NVLink domain. A GPU is
-// free when neither it nor any device sharing one of its counter sets (a
-// MIG device on it) is allocated. It is an estimate for ordering only: the
-// structured allocator decides.
-func (n *nodeInfo) count(st *state, deviceDomain map[structured.DeviceID]string) {
-	n.domains = map[string]int{}
-	type setKey struct{ pool, set string }
-	used := map[setKey]bool{}
-	for _, s := range n.slices {
-		for _, d := range s.Spec.Devices {
-			if !st.allocated.Has(structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)) {
-				continue
-			}
-			for _, c := range d.ConsumesCounters {
-				used[setKey{s.Spec.Pool.Name, c.CounterSet}] = true
-			}
-		}
-	}
-	for _, s := range n.slices {
-		if s.Spec.Driver != DriverName {
-			continue
-		}
-		for _, d := range s.Spec.Devices {
-			if attrString(d, "type") != "gpu" {
-				continue
-			}
-			id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
-			domain := attrString(d, "nvlinkDomain")
-			if domain == "" {
-				domain = "node:" + n.name() + "/" + d.Name // no NVLink: a domain of its own
-			}
-			deviceDomain[id] = domain
-			n.total++
-			free := !st.allocated.Has(id)
-			for _, c := range d.ConsumesCounters {
-				if used[setKey{s.Spec.Pool.Name, c.CounterSet}] {
-					free = false
-				}
-			}
-			if free {
-				n.free++
-				n.domains[domain]++
-			} else if _, ok := n.domains[domain]; !ok {
-				n.domains[domain] = 0
-			}
-		}
-	}
-}
-
-// chooseDomains picks NVLink domains for a gang of total devices: while
-// devices remain, the smallest domain that holds all of them (best fit),
-// else the largest. It returns the rank of each node of the chosen domains
-// (lower first); within a domain, nodes with more free GPUs come first.
-func chooseDomains(nodes []*nodeInfo, total int64) map[string]int {
-	type domain struct {
-		name  string
-		free  int
-		nodes []*nodeInfo
-	}
-	byName := map[string]*domain{}
-	var all []*domain
-	for _, n := range nodes {
-		for name, free := range n.domains {
-			d := byName[name]
-			if d == nil {
-				d = &domain{name: name}
-				byName[name] = d
-				all = append(all, d)
-			}
-			d.free += free
-			if free > 0 {
-				d.nodes = append(d.nodes, n)
-			}
-		}
-	}
-	slices.SortFunc(all, func(a, b *domain) int {
-		return cmp.Or(cmp.Compare(b.free, a.free), strings.Compare(a.name, b.name))
-	})
-	rank := map[string]int{}
-	remaining := total
-	next := 0
-	for remaining > 0 && len(all) > 0 {
-		// all is sorted by free descending: the best fit is the last
-		// domain that still holds everything.
-		pick := 0
-		if int64(all[0].free) >= remaining {
-			pick, _ = slices.BinarySearchFunc(all, remaining, func(d *domain, r int64) int {
-				// descending order: "less" means more free than r.
-				if int64(d.free) >= r {
-					return -1
-				}
-				return 1
-			})
-			pick--
-		}
-		d := all[pick]
-		if d.free == 0 {
-			break
-		}
-		all = slices.Delete(all, pick, pick+1)
-		slices.SortFunc(d.nodes, func(a, b *nodeInfo) int {
-			return cmp.Or(cmp.Compare(b.domains[d.name], a.domains[d.name]), strings.Compare(a.name(), b.name()))
-		})
-		for _, n := range d.nodes {
-			if _, ok := rank[n.name()]; !ok {
-				rank[n.name()] = next
-				next++
-			}
-		}
-		remaining -= int64(d.free)
-	}
-	return rank
-}
-
-// rank returns up to limit candidate nodes in the strategy's order. Nodes
-// without a free GPU (by the estimate) come last, since the claim may ask
-// for other devices the estimate does not see.
-func rank(nodes []*nodeInfo, strategy Strategy, preferred map[string]int, limit int) []*nodeInfo {
-	used := func(n *nodeInfo) float64 {
-		if n.total == 0 {
-			return 0
-		}
-		return float64(n.total-n.free) / float64(n.total)
-	}
-	compare := func(a, b *nodeInfo) int {
-		if c := cmp.Compare(boolInt(a.free == 0), boolInt(b.free == 0)); c != 0 {
-			return c
-		}
-		switch strategy {
-		case Binpack:
-			if c := cmp.Compare(used(b), used(a)); c != 0 {
-				return c
-			}
-		case Spread:
-			if c := cmp.Compare(used(a), used(b)); c != 0 {
-				return c
-			}
-		case FewestNVLinkDomains:
-			ra, oka := preferred[a.name()]
-			rb, okb := preferred[b.name()]
-			switch {
-			case oka && okb:
-				if c := cmp.Compare(ra, rb); c != 0 {
-					return c
-				}
-			case oka:
-				return -1
-			case okb:
-				return 1
-			}
-			// Outside the chosen domains: the largest free share first.
-			if c := cmp.Compare(b.free, a.free); c != 0 {
-				return c
-			}
-		}
-		return strings.Compare(a.name(), b.name())
-	}
-	if limit >= len(nodes) {
-		out := slices.Clone(nodes)
-		slices.SortFunc(out, compare)
-		return out
-	}
-	// Partial selection: keep the best limit nodes.
-	out := make([]*nodeInfo, 0, limit+1)
-	for _, n := range nodes {
-		if len(out) == limit && compare(n, out[limit-1]) >= 0 {
-			continue
-		}
-		i, _ := slices.BinarySearchFunc(out, n, compare)
-		out = slices.Insert(out, i, n)
-		if len(out) > limit {
-			out = out[:limit]
-		}
-	}
-	return out
-}
-
 // attrString reads a string attribute of gpudra's driver, named with or
 // without the driver's domain.
 func attrString(d resourceapi.Device, name string) string {
@@ -514,64 +415,4 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// state is the scheduler's view of what is in use.
-type state struct {
-	allocated sets.Set[structured.DeviceID]
-	shared    sets.Set[structured.SharedDeviceID]
-	capacity  structured.ConsumedCapacityCollection
-}
-
-func newState() *state {
-	return &state{
-		allocated: sets.New[structured.DeviceID](),
-		shared:    sets.New[structured.SharedDeviceID](),
-		capacity:  structured.NewConsumedCapacityCollection(),
-	}
-}
-
-// add records an allocation's devices as the scheduler's allocated-devices
-// tracker does: exclusive devices by ID, shared ones by share ID plus their
-// consumed capacity; admin access uses nothing.
-func (s *state) add(res *resourceapi.DeviceAllocationResult) {
-	for _, r := range res.Results {
-		if ptr.Deref(r.AdminAccess, false) {
-			continue
-		}
-		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-		if r.ShareID != nil {
-			s.shared.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-			if r.ConsumedCapacity != nil {
-				s.capacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-			}
-			continue
-		}
-		s.allocated.Insert(id)
-	}
-}
-
-// snapshot hands the allocator the current state. The allocator only reads
-// it during one Allocate, and a fresh allocator is made per attempt (it
-// caches available counters), so no copy is needed.
-func (s *state) snapshot() structured.AllocatedState {
-	return structured.AllocatedState{
-		AllocatedDevices:         s.allocated,
-		AllocatedSharedDeviceIDs: s.shared,
-		AggregatedCapacity:       s.capacity,
-	}
-}
-
-// classLister is a structured.DeviceClassLister over a fixed list.
-type classLister []*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	for _, c := range l {
-		if c.Name == name {
-			return c, nil
-		}
-	}
-	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 }

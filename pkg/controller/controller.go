@@ -10,10 +10,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -22,6 +26,9 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/allocator"
+	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/controller/grove"
 	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/webhook"
@@ -70,6 +77,14 @@ type Config struct {
 	// Pending on its claim before it is reported (zero: the grove
 	// controller's default).
 	GrovePendingGrace time.Duration
+	// Gangs runs the gang and reservation controller (pkg/controller/gang)
+	// where gpudra's CRDs are served.
+	Gangs bool
+	// GangStrategy orders candidate nodes for gangs and reservations
+	// (empty: FewestNVLinkDomains); FenceSettle is how long a device
+	// fence is given to reach the scheduler (zero: 1 s).
+	GangStrategy allocator.Strategy
+	FenceSettle  time.Duration
 	// Registry receives the metrics; nil: a new one.
 	Registry *prometheus.Registry
 }
@@ -223,9 +238,24 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 			cancel(fmt.Errorf("grove controller: %w", err))
 		}
 	})
+	if cfg.Gangs {
+		gc, err := newGangController(ctx, cfg, client, recorder)
+		if err != nil {
+			return err
+		}
+		if gc != nil {
+			wg.StartWithContext(ctx, func(ctx context.Context) {
+				if err := gc.Run(ctx); err != nil {
+					cancel(fmt.Errorf("gang controller: %w", err))
+				}
+			})
+		}
+	}
 	if cfg.ManageCertificates && certs != nil {
 		cm := &webhook.CertManager{Client: client, Namespace: cfg.Namespace, Secret: cfg.WebhookSecret, WebhookConfiguration: cfg.WebhookConfiguration,
-			DNSNames: cfg.WebhookDNSNames, IPs: cfg.WebhookIPs, CAValidity: cfg.CAValidity, CertValidity: cfg.CertValidity, Recorder: recorder}
+			// The chart and devcluster give both configurations one name.
+			MutatingWebhookConfiguration: cfg.WebhookConfiguration,
+			DNSNames:                     cfg.WebhookDNSNames, IPs: cfg.WebhookIPs, CAValidity: cfg.CAValidity, CertValidity: cfg.CertValidity, Recorder: recorder}
 		wg.StartWithContext(ctx, func(ctx context.Context) {
 			_ = cm.Run(ctx, 30*time.Second)
 		})
@@ -243,6 +273,34 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 		return cause
 	}
 	return nil
+}
+
+// newGangController returns the gang and reservation controller, or nil
+// (with a log line saying why) where gpudra's CRDs are not served.
+func newGangController(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder) (*gang.Controller, error) {
+	logger := klog.FromContext(ctx)
+	if cfg.RESTConfig == nil {
+		logger.Info("Gang and reservation controller off: it needs a REST configuration for its dynamic client")
+		return nil, nil
+	}
+	dyn, err := dynamic.NewForConfig(cfg.RESTConfig)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	served := func(gv schema.GroupVersion, resource string) bool {
+		list, err := client.Discovery().ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			return false
+		}
+		return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource })
+	}
+	if !served(gpudrav1.SchemeGroupVersion, gpudrav1.GpuReservations.Resource) || !served(gpudrav1.SchemeGroupVersion, gpudrav1.GpuQueues.Resource) {
+		logger.Info("Gang and reservation controller off: the gpudra.dev CRDs (GpuReservation, GpuQueue) are not installed; the chart installs them")
+		return nil, nil
+	}
+	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
+		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle,
+		Grove: served(gang.PodGangs.GroupVersion(), gang.PodGangs.Resource)})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,14 +42,17 @@ const (
 // CertManager keeps the webhook's serving certificate: its own CA and a
 // serving certificate for the webhook's names in one Secret, both renewed
 // when a third of their validity is left, and the caBundle of the
-// ValidatingWebhookConfiguration kept to the CA. It runs on the leader only,
-// so that two replicas never issue two certificates.
+// Validating (and Mutating) WebhookConfiguration kept to the CA. It runs on
+// the leader only, so that two replicas never issue two certificates.
 type CertManager struct {
 	Client            kubernetes.Interface
 	Namespace, Secret string
 	// WebhookConfiguration is the ValidatingWebhookConfiguration whose
-	// caBundle is kept current.
-	WebhookConfiguration string
+	// caBundle is kept current; MutatingWebhookConfiguration (optional) is
+	// the MutatingWebhookConfiguration of gang pods, kept the same way. The
+	// chart and devcluster give both the same name.
+	WebhookConfiguration         string
+	MutatingWebhookConfiguration string
 	// DNSNames and IPs the serving certificate is for.
 	DNSNames []string
 	IPs      []net.IP
@@ -167,36 +171,67 @@ func (m *CertManager) covers(c *x509.Certificate) bool {
 	return true
 }
 
-// syncCABundle sets the caBundle of every webhook of the configuration. A
-// missing configuration is no error: the chart may create it after us, and
-// the next sync finds it.
+// syncCABundle sets the caBundle of every webhook of the configurations.
+// A missing configuration is no error: the chart may create it after us,
+// and the next sync finds it.
 func (m *CertManager) syncCABundle(ctx context.Context, bundle []byte) error {
-	if m.WebhookConfiguration == "" {
-		return nil
+	logger := klog.FromContext(ctx)
+	if name := m.WebhookConfiguration; name != "" {
+		api := m.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+		cfg, err := api.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			logger.Info("ValidatingWebhookConfiguration not found: caBundle not set yet", "name", name)
+		case err != nil:
+			return fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", name, err)
+		default:
+			clients := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
+			for i := range cfg.Webhooks {
+				clients[i] = &cfg.Webhooks[i].ClientConfig
+			}
+			if setCABundle(clients, bundle) {
+				if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
+					return fmt.Errorf("update caBundle of %s: %w", name, err)
+				}
+			}
+		}
 	}
-	api := m.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	cfg, err := api.Get(ctx, m.WebhookConfiguration, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		klog.FromContext(ctx).Info("ValidatingWebhookConfiguration not found: caBundle not set yet", "name", m.WebhookConfiguration)
-		return nil
+	if name := m.MutatingWebhookConfiguration; name != "" {
+		api := m.Client.AdmissionregistrationV1().MutatingWebhookConfigurations()
+		cfg, err := api.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			// Quieter than the validating one: with gangs.enabled=false
+			// the chart renders none, for good.
+			logger.V(2).Info("MutatingWebhookConfiguration not found: caBundle not set", "name", name)
+		case err != nil:
+			return fmt.Errorf("read MutatingWebhookConfiguration %s: %w", name, err)
+		default:
+			clients := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
+			for i := range cfg.Webhooks {
+				clients[i] = &cfg.Webhooks[i].ClientConfig
+			}
+			if setCABundle(clients, bundle) {
+				if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
+					return fmt.Errorf("update caBundle of %s: %w", name, err)
+				}
+			}
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", m.WebhookConfiguration, err)
-	}
+	return nil
+}
+
+// setCABundle sets bundle in every client config and says whether any
+// changed.
+func setCABundle(clients []*admissionregistrationv1.WebhookClientConfig, bundle []byte) bool {
 	changed := false
-	for i := range cfg.Webhooks {
-		if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
-			cfg.Webhooks[i].ClientConfig.CABundle = bundle
+	for _, c := range clients {
+		if !bytes.Equal(c.CABundle, bundle) {
+			c.CABundle = bundle
 			changed = true
 		}
 	}
-	if !changed {
-		return nil
-	}
-	if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update caBundle of %s: %w", m.WebhookConfiguration, err)
-	}
-	return nil
+	return changed
 }
 
 // Run syncs until ctx ends: at each renewal, every resync (which also puts

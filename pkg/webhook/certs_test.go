@@ -48,6 +48,16 @@ func caBundles(t *testing.T, m *CertManager) [][]byte {
 	return out
 }
 
+func mutatingCABundles(t *testing.T, m *CertManager) [][]byte {
+	cfg, err := m.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(context.Background(), m.MutatingWebhookConfiguration, metav1.GetOptions{})
+	require.NoError(t, err)
+	var out [][]byte
+	for _, w := range cfg.Webhooks {
+		out = append(out, w.ClientConfig.CABundle)
+	}
+	return out
+}
+
 func TestCertManager(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(Configuration("gpudra-webhook", admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/validate")}, true))
@@ -67,7 +77,7 @@ func TestCertManager(t *testing.T) {
 	assert.True(t, cert.IPAddresses[0].Equal(net.ParseIP("127.0.0.1")))
 	assert.Equal(t, clk.t.Add(20*24*time.Hour-20*time.Second), next, "renewal due with a third of the certificate's life left")
 	bundles := caBundles(t, m)
-	require.Len(t, bundles, 4)
+	require.Len(t, bundles, 6)
 	for _, b := range bundles {
 		assert.Equal(t, s.Data[KeyCACert], b)
 	}
@@ -161,6 +171,22 @@ func TestServe(t *testing.T) {
 	assert.False(t, resp.Allowed)
 	assert.Contains(t, resp.Result.Message, "spec.devices.config[0].opaque.parameters")
 
+	// The same server answers the mutating webhook at MutatePath.
+	_, _, s := readSecret(t, m)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(s.Data[KeyCACert]))
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: podRequest(admissionv1.Create, gangPod(nil, nil))})
+	require.NoError(t, err)
+	hr, err := hc.Post("https://"+l.Addr().String()+MutatePath, "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	var mutated admissionv1.AdmissionReview
+	require.NoError(t, json.NewDecoder(hr.Body).Decode(&mutated))
+	_ = hr.Body.Close()
+	require.True(t, mutated.Response.Allowed)
+	assert.JSONEq(t, `[{"op":"add","path":"/spec/schedulingGates","value":[{"name":"gpudra.dev/gang"}]}]`, string(mutated.Response.Patch))
+
 	// A renewed certificate is served after the next load.
 	m.IPs = append(m.IPs, net.ParseIP("::1"))
 	_, err = m.Sync(ctx)
@@ -171,4 +197,40 @@ func TestServe(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, served.Leaf.Equal(cert))
 	assert.Len(t, served.Leaf.IPAddresses, 2)
+}
+
+// TestCertManagerMutating: the caBundle of the gang pods' mutating
+// configuration is kept like the validating one's; a missing one (the
+// chart with gangs.enabled=false) is no error and is found once created.
+func TestCertManagerMutating(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := fake.NewClientset(Configuration("gpudra-webhook", admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/validate")}, false))
+	m := &CertManager{Client: client, Namespace: "gpudra-system", Secret: "gpudra-webhook-cert",
+		WebhookConfiguration: "gpudra-webhook", MutatingWebhookConfiguration: "gpudra-webhook", IPs: []net.IP{net.ParseIP("127.0.0.1")}}
+
+	_, err := m.Sync(ctx)
+	require.NoError(t, err, "no MutatingWebhookConfiguration yet")
+	_, _, s := readSecret(t, m)
+	for _, b := range caBundles(t, m) {
+		assert.Equal(t, s.Data[KeyCACert], b)
+	}
+
+	mutating := MutatingConfiguration("gpudra-webhook", admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1" + MutatePath)})
+	_, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mutating, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = m.Sync(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{s.Data[KeyCACert]}, mutatingCABundles(t, m), "set once the configuration exists")
+
+	// Someone changed it: put back, with the same CA.
+	mutating, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "gpudra-webhook", metav1.GetOptions{})
+	require.NoError(t, err)
+	mutating.Webhooks[0].ClientConfig.CABundle = []byte("junk")
+	_, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mutating, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	_, err = m.Sync(ctx)
+	require.NoError(t, err)
+	_, _, again := readSecret(t, m)
+	assert.Equal(t, s.Data[KeyCACert], again.Data[KeyCACert])
+	assert.Equal(t, [][]byte{s.Data[KeyCACert]}, mutatingCABundles(t, m))
 }

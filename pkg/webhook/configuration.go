@@ -2,9 +2,12 @@ package webhook
 
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
+
+	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
 
 // hasOurConfig is CEL that is true when a list of device configs holds an
@@ -32,6 +35,8 @@ var webhookNames = map[schema.GroupVersionResource]string{
 	ResourceClaimTemplates: "resourceclaimtemplates.gpu.gpudra.dev",
 	DeviceClasses:          "deviceclasses.gpu.gpudra.dev",
 	PodCliqueSets:          "podcliquesets.gpu.gpudra.dev",
+	GpuReservations:        "gpureservations.gpudra.dev",
+	GpuQueues:              "gpuqueues.gpudra.dev",
 }
 
 // Configuration is the ValidatingWebhookConfiguration that sends the
@@ -39,15 +44,20 @@ var webhookNames = map[schema.GroupVersionResource]string{
 // cluster, a URL in devcluster). The chart renders the same configuration
 // (templates/webhook.yaml); grove adds the PodCliqueSet webhook. The API
 // server matches rules by name, so a rule for PodCliqueSets is accepted, and
-// harmless, where Grove's CRD is not installed.
+// harmless, where Grove's CRD is not installed. GpuReservations and
+// GpuQueues are all ours: their webhooks have no matchConditions.
 func Configuration(name string, client admissionregistrationv1.WebhookClientConfig, grove bool) *admissionregistrationv1.ValidatingWebhookConfiguration {
-	resources := []schema.GroupVersionResource{ResourceClaims, ResourceClaimTemplates, DeviceClasses}
+	resources := []schema.GroupVersionResource{ResourceClaims, ResourceClaimTemplates, DeviceClasses, GpuReservations, GpuQueues}
 	if grove {
 		resources = append(resources, PodCliqueSets)
 	}
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	for _, r := range resources {
 		scope := admissionregistrationv1.AllScopes
+		var conditions []admissionregistrationv1.MatchCondition
+		if cel, ok := matchConditions[r]; ok {
+			conditions = []admissionregistrationv1.MatchCondition{{Name: "has-gpudra-config", Expression: cel}}
+		}
 		cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
 			Name:         webhookNames[r],
 			ClientConfig: client,
@@ -55,7 +65,7 @@ func Configuration(name string, client admissionregistrationv1.WebhookClientConf
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 				Rule:       admissionregistrationv1.Rule{APIGroups: []string{r.Group}, APIVersions: []string{r.Version}, Resources: []string{r.Resource}, Scope: &scope},
 			}},
-			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "has-gpudra-config", Expression: matchConditions[r]}},
+			MatchConditions:         conditions,
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
 			AdmissionReviewVersions: []string{"v1"},
@@ -63,4 +73,44 @@ func Configuration(name string, client admissionregistrationv1.WebhookClientConf
 		})
 	}
 	return cfg
+}
+
+// GangWebhookName is the mutating webhook that gates gang pods.
+const GangWebhookName = "pods.gang.gpudra.dev"
+
+// gangPodCondition is IsGangPod in CEL: only gang pods for the default
+// scheduler reach the webhook, so that its outage blocks no other pod. A
+// pod's nodeName is not tested: a pod created bound skips the scheduler,
+// is rare, and the webhook lets it through unchanged.
+const gangPodCondition = "has(object.metadata.labels) && ('" + gpudraapi.LabelGang + "' in object.metadata.labels || '" +
+	LabelGrovePodGang + "' in object.metadata.labels) && (!has(object.spec.schedulerName) || object.spec.schedulerName == '" +
+	corev1.DefaultSchedulerName + "')"
+
+// MutatingConfiguration is the MutatingWebhookConfiguration that sends the
+// webhook the pods of gangs at creation, calling it through client, which
+// must name MutatePath (the Service's path, or the URL's). The chart
+// renders the same configuration (templates/webhook.yaml, gangs.enabled).
+// failurePolicy Fail: a gang pod admitted without its gate would be
+// scheduled alone, which is what gangs exist to prevent. Reinvoked if a
+// later webhook changes the pod, so that the gate survives one that
+// rewrites schedulingGates.
+func MutatingConfiguration(name string, client admissionregistrationv1.WebhookClientConfig) *admissionregistrationv1.MutatingWebhookConfiguration {
+	scope := admissionregistrationv1.AllScopes
+	return &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:         GangWebhookName,
+			ClientConfig: client,
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{Pods.Group}, APIVersions: []string{Pods.Version}, Resources: []string{Pods.Resource}, Scope: &scope},
+			}},
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: "gang-pod", Expression: gangPodCondition}},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](5),
+		}},
+	}
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
+
+	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
 
 // The resources the webhook validates.
@@ -22,15 +24,21 @@ var (
 	ResourceClaimTemplates = resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates")
 	DeviceClasses          = resourceapi.SchemeGroupVersion.WithResource("deviceclasses")
 	PodCliqueSets          = schema.GroupVersionResource{Group: "grove.io", Version: "v1alpha1", Resource: "podcliquesets"}
+	GpuReservations        = gpudraapi.GpuReservations
+	GpuQueues              = gpudraapi.GpuQueues
 )
 
-// Path is where the webhook is served.
+// Path is where the validating webhook is served (MutatePath the mutating
+// one).
 const Path = "/validate"
 
 // maxBody bounds a review: the API server's own limit on an object is 3 MiB.
 const maxBody = 4 << 20
 
-// Handler serves admission/v1 AdmissionReviews.
+// Handler serves admission/v1 AdmissionReviews: at MutatePath those of the
+// mutating webhook (Mutate), at any other path those of the validating one
+// (Review). One handler for both keeps one metric and one caller
+// (pkg/controller) for the two.
 type Handler struct {
 	requests *prometheus.CounterVec
 }
@@ -64,7 +72,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
 		return
 	}
-	resp := Review(review.Request)
+	answer := Review
+	if r.URL.Path == MutatePath {
+		answer = Mutate
+	}
+	resp := answer(review.Request)
 	h.requests.WithLabelValues(review.Request.Resource.Resource, fmt.Sprint(resp.Allowed)).Inc()
 	if !resp.Allowed {
 		logger.V(2).Info("Refused", "resource", review.Request.Resource.Resource, "namespace", review.Request.Namespace,
@@ -126,6 +138,37 @@ func validate(req *admissionv1.AdmissionRequest) (field.ErrorList, error) {
 			return nil, fmt.Errorf("decode PodCliqueSet: %w", err)
 		}
 		return ValidatePodCliqueSet(&o), nil
+	case GpuReservations:
+		o, err := decode[gpudraapi.GpuReservation](raw)
+		if err != nil {
+			return nil, err
+		}
+		if req.Operation != admissionv1.Update {
+			return gpudraapi.ValidateReservation(o), nil
+		}
+		old, err := decode[gpudraapi.GpuReservation](req.OldObject.Raw)
+		if err != nil {
+			return nil, fmt.Errorf("old object: %w", err)
+		}
+		return gpudraapi.ValidateReservationUpdate(o, old), nil
+	case GpuQueues:
+		o, err := decode[gpudraapi.GpuQueue](raw)
+		if err != nil {
+			return nil, err
+		}
+		return gpudraapi.ValidateQueue(o), nil
 	}
 	return nil, nil
+}
+
+// decode reads one of gpudra's own objects strictly: a field the Go types
+// lack means the CRD and the code disagree, and the controller, which
+// decodes the same way, could not act on the object; better refused now,
+// naming the field, than stuck later.
+func decode[T any](raw []byte) (*T, error) {
+	var u unstructured.Unstructured
+	if err := u.UnmarshalJSON(raw); err != nil {
+		return nil, fmt.Errorf("decode %T: %w", *new(T), err)
+	}
+	return gpudraapi.FromUnstructured[T](&u)
 }

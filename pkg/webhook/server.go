@@ -91,10 +91,12 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Serve serves the webhook over TLS on l until ctx ends.
+// Serve serves the webhook over TLS on l until ctx ends: h at Path and at
+// MutatePath (a Handler tells the two apart by the path).
 func Serve(ctx context.Context, l net.Listener, certs *CertLoader, h http.Handler) error {
 	mux := http.NewServeMux()
 	mux.Handle(Path, h)
+	mux.Handle(MutatePath, h)
 	logger := klog.FromContext(ctx)
 	srv := &http.Server{
 		Handler: mux, ReadHeaderTimeout: 5 * time.Second,

@@ -1,8 +1,11 @@
-// Package webhook is gpudra's validating admission webhook: it refuses
+// Package webhook is gpudra's admission webhook. Validating: it refuses
 // ResourceClaims, ResourceClaimTemplates, DeviceClasses and Grove
 // PodCliqueSets whose opaque config for gpu.gpudra.dev the kubelet plugin
 // would refuse at prepare, with the field named, at apply time instead of
-// minutes later as a pod stuck in ContainerCreating.
+// minutes later as a pod stuck in ContainerCreating; and GpuReservations and
+// GpuQueues the controller could not act on. Mutating (mutate.go): it gates
+// the pods of gangs so that the default scheduler places a gang only once
+// all its devices are allocated.
 package webhook
 
 import (

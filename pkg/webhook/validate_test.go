@@ -117,3 +117,81 @@ func TestReview(t *testing.T) {
 		})
 	}
 }
+
+// TestReviewGpudraResources: GpuReservations and GpuQueues are decoded
+// strictly and checked by the API package's validation; an update of a
+// reservation is checked against the old object.
+func TestReviewGpudraResources(t *testing.T) {
+	res := func(spec map[string]any) map[string]any {
+		return map[string]any{"apiVersion": "gpudra.dev/v1alpha1", "kind": "GpuReservation",
+			"metadata": map[string]any{"name": "r", "namespace": "ns"}, "spec": spec}
+	}
+	goodSpec := map[string]any{"deviceClassName": "gpu.gpudra.dev", "claims": 2, "count": 8, "ttl": "1h"}
+	queue := func(spec map[string]any) map[string]any {
+		return map[string]any{"apiVersion": "gpudra.dev/v1alpha1", "kind": "GpuQueue", "metadata": map[string]any{"name": "q"}, "spec": spec}
+	}
+	reservations := metav1.GroupVersionResource(GpuReservations)
+	queues := metav1.GroupVersionResource(GpuQueues)
+	for name, tc := range map[string]struct {
+		resource    metav1.GroupVersionResource
+		op          admissionv1.Operation
+		object, old any
+		message     string // "" when allowed
+	}{
+		"reservation good": {resource: reservations, object: res(goodSpec)},
+		"reservation without ttl": {resource: reservations, object: res(map[string]any{"deviceClassName": "gpu.gpudra.dev"}),
+			message: "spec.ttl: Required value"},
+		"reservation too many claims": {resource: reservations, object: res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "claims": 65, "ttl": "1h"}),
+			message: "spec.claims: Invalid value: 65"},
+		"reservation with an unknown field": {resource: reservations, object: res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "ttl": "1h", "gpus": 4}),
+			message: `unknown field "spec.gpus"`},
+		"reservation metadata changed": {resource: reservations, op: admissionv1.Update, object: res(goodSpec),
+			old: func() any {
+				o := res(goodSpec)
+				o["metadata"] = map[string]any{"name": "r", "namespace": "ns", "labels": map[string]any{"a": "b"}}
+				return o
+			}()},
+		"reservation defaults written back": {resource: reservations, op: admissionv1.Update,
+			object: res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "claims": 1, "count": 1, "queue": "default", "ttl": "1h"}),
+			old:    res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "ttl": "1h"})},
+		"reservation spec changed": {resource: reservations, op: admissionv1.Update, object: res(goodSpec),
+			old:     res(map[string]any{"deviceClassName": "gpu.gpudra.dev", "claims": 1, "count": 8, "ttl": "1h"}),
+			message: "spec: Forbidden: spec is immutable"},
+		"reservation update, old undecodable": {resource: reservations, op: admissionv1.Update, object: res(goodSpec), old: "junk",
+			message: "old object"},
+		"reservation delete": {resource: reservations, op: admissionv1.Delete},
+		"queue good":         {resource: queues, object: queue(map[string]any{"policy": "Priority", "agingPerMinute": 2})},
+		"queue empty":        {resource: queues, object: queue(map[string]any{})},
+		"queue unknown policy": {resource: queues, object: queue(map[string]any{"policy": "Lottery"}),
+			message: `spec.policy: Unsupported value: "Lottery"`},
+		"queue update, bad": {resource: queues, op: admissionv1.Update, object: queue(map[string]any{"agingPerMinute": -1}),
+			old: queue(map[string]any{}), message: "spec.agingPerMinute"},
+		"queue with an unknown field": {resource: queues, object: queue(map[string]any{"policy": "FCFS", "weight": 3}),
+			message: `unknown field "spec.weight"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			op := tc.op
+			if op == "" {
+				op = admissionv1.Create
+			}
+			req := &admissionv1.AdmissionRequest{UID: types.UID("u1"), Resource: tc.resource, Operation: op}
+			for _, o := range []struct {
+				obj any
+				raw *runtime.RawExtension
+			}{{tc.object, &req.Object}, {tc.old, &req.OldObject}} {
+				if o.obj != nil {
+					raw, err := json.Marshal(o.obj)
+					require.NoError(t, err)
+					o.raw.Raw = raw
+				}
+			}
+			resp := Review(req)
+			if tc.message == "" {
+				assert.True(t, resp.Allowed, "%v", resp.Result)
+				return
+			}
+			require.False(t, resp.Allowed)
+			assert.Contains(t, resp.Result.Message, tc.message)
+		})
+	}
+}

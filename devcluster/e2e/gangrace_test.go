@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+)
+
+// TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace: the
+// scheduler places a stream of single-GPU pods while the controller holds
+// reservations, over many rounds, close to the cluster's capacity. A
+// watcher lists every allocated claim every 50 ms: no device may ever be in
+// two of them.
+func TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	create(t, ns, gpus("one", 1))
+
+	var mu sync.Mutex
+	var doubles []string
+	bySource := map[string]int{}
+	stop := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			list, err := cluster.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				continue
+			}
+			owner := map[string]string{}
+			mu.Lock()
+			for _, c := range list.Items {
+				if c.Status.Allocation == nil {
+					continue
+				}
+				for _, r := range c.Status.Allocation.Devices.Results {
+					if r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess) {
+						continue
+					}
+					key := r.Pool + "/" + r.Device
+					if other, ok := owner[key]; ok && other != c.Namespace+"/"+c.Name {
+						doubles = append(doubles, fmt.Sprintf("%s in %s and %s/%s", key, other, c.Namespace, c.Name))
+					}
+					owner[key] = c.Namespace + "/" + c.Name
+				}
+				if c.Namespace == ns {
+					if c.Labels[gpudrav1.LabelReservation] != "" {
+						bySource["controller"]++
+					} else {
+						bySource["scheduler"]++
+					}
+				}
+			}
+			mu.Unlock()
+		}
+	})
+
+	const rounds, podsPerRound, reservationsPerRound = 6, 6, 2
+	for round := range rounds {
+		var wg sync.WaitGroup
+		for i := range podsPerRound {
+			wg.Go(func() {
+				_, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, gpuPod(fmt.Sprintf("r%d-pod-%d", round, i), "one"), metav1.CreateOptions{})
+				assert.NoError(t, err)
+			})
+		}
+		for i := range reservationsPerRound {
+			wg.Go(func() {
+				createReservation(t, ns, &gpudrav1.GpuReservation{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("r%d-res-%d", round, i)},
+					Spec: gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 2, TTL: metav1.Duration{Duration: time.Minute}}})
+			})
+		}
+		wg.Wait()
+		// Let both sides place what fits.
+		require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, p := range pods.Items {
+				if p.Status.Phase != v1.PodRunning && !unschedulable(&p) {
+					return false, nil
+				}
+			}
+			return true, nil
+		}))
+		time.Sleep(time.Second)
+		// Clear the round: pods, then reservations (their claims go with them).
+		deleteAllPods(t, ns)
+		for i := range reservationsPerRound {
+			_ = dyn(t).Resource(gpudrav1.GpuReservations).Namespace(ns).Delete(ctx, fmt.Sprintf("r%d-res-%d", round, i), metav1.DeleteOptions{})
+		}
+		require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			claims, err := cluster.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+			return err == nil && len(claims.Items) == 0, nil
+		}), "round %d: claims not released", round)
+	}
+	close(stop)
+	watcher.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, doubles, "devices in two claims at once")
+	assert.Positive(t, bySource["scheduler"], "the scheduler allocated")
+	assert.Positive(t, bySource["controller"], "the controller allocated")
+}
+
+func unschedulable(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,220 @@
+package gang
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+)
+
+// LabelPodGang is the label Grove puts on the pods of a PodGang.
+const LabelPodGang = "grove.io/podgang"
+
+// Gang is the pods of one gang that carry gpudra's scheduling gate, and
+// whether enough of them exist to plan.
+type Gang struct {
+	// Key is "<namespace>/<name>".
+	Key, Namespace, Name string
+	// Grove: a Grove PodGang; otherwise pods labelled gpudra.dev/gang.
+	Grove bool
+	// Pods are the gated pods, sorted by name.
+	Pods []*corev1.Pod
+	// Missing says what the gang waits for before it can be planned
+	// ("2 of 4 pods", "the claims of pod a"); empty: ready.
+	Missing string
+	// Queue, Priority, QueuedAt and Duration come from the gang's pods:
+	// the queue annotation and declared duration of its first pod, the
+	// highest pod priority, the oldest pod's creation.
+	Queue    string
+	Priority int32
+	QueuedAt time.Time
+	Duration *time.Duration
+}
+
+// gated says whether the pod carries gpudra's gate.
+func gated(p *corev1.Pod) bool {
+	return slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate })
+}
+
+// gangKey is the gang a gated pod belongs to, or "" for none.
+func gangKey(p *corev1.Pod) (name string, grove bool) {
+	if n := p.Labels[gpudrav1.LabelGang]; n != "" {
+		return n, false
+	}
+	if n := p.Labels[LabelPodGang]; n != "" {
+		return n, true
+	}
+	return "", false
+}
+
+// podGangGroups reads a Grove PodGang's spec.podgroups: each group's pod
+// names and minReplicas.
+type podGroup struct {
+	name        string
+	pods        []string
+	minReplicas int64
+}
+
+func podGangGroups(pg *unstructured.Unstructured) ([]podGroup, error) {
+	raw, _, err := unstructured.NestedSlice(pg.Object, "spec", "podgroups")
+	if err != nil {
+		return nil, fmt.Errorf("PodGang %s/%s: spec.podgroups: %w", pg.GetNamespace(), pg.GetName(), err)
+	}
+	var out []podGroup
+	for i, r := range raw {
+		m, ok := r.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("PodGang %s/%s: spec.podgroups[%d] is not an object", pg.GetNamespace(), pg.GetName(), i)
+		}
+		g := podGroup{}
+		g.name, _, _ = unstructured.NestedString(m, "name")
+		g.minReplicas, _, _ = unstructured.NestedInt64(m, "minReplicas")
+		refs, _, _ := unstructured.NestedSlice(m, "podReferences")
+		for _, ref := range refs {
+			if rm, ok := ref.(map[string]any); ok {
+				if n, _, _ := unstructured.NestedString(rm, "name"); n != "" {
+					g.pods = append(g.pods, n)
+				}
+			}
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// collectGangs groups gated pods into gangs and says, for each, whether it
+// can be planned: for plain pods, the gang-size annotation's number of pods
+// exist; for Grove, the PodGang exists and each of its groups has at least
+// minReplicas gated pods. In both cases every pod's claims must exist.
+// podGangs looks up a PodGang (nil when absent); claims a claim.
+func collectGangs(pods []*corev1.Pod, podGangs func(namespace, name string) *unstructured.Unstructured,
+	claims func(namespace, name string) *resourceapi.ResourceClaim) []*Gang {
+	byKey := map[string]*Gang{}
+	for _, p := range pods {
+		if !gated(p) || p.DeletionTimestamp != nil {
+			continue
+		}
+		name, grove := gangKey(p)
+		if name == "" {
+			continue
+		}
+		key := p.Namespace + "/" + name
+		g := byKey[key]
+		if g == nil {
+			g = &Gang{Key: key, Namespace: p.Namespace, Name: name, Grove: grove, Queue: gpudrav1.DefaultQueue}
+			byKey[key] = g
+		}
+		g.Pods = append(g.Pods, p)
+	}
+	out := make([]*Gang, 0, len(byKey))
+	for _, g := range byKey {
+		slices.SortFunc(g.Pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+		first := g.Pods[0]
+		if q := first.Annotations[gpudrav1.AnnotationQueue]; q != "" {
+			g.Queue = q
+		}
+		if d, err := time.ParseDuration(first.Annotations[gpudrav1.AnnotationDuration]); err == nil && d > 0 {
+			g.Duration = &d
+		}
+		g.QueuedAt = first.CreationTimestamp.Time
+		for i, p := range g.Pods {
+			if pr := p.Spec.Priority; pr != nil && (i == 0 || *pr > g.Priority) {
+				g.Priority = *pr
+			}
+			if p.CreationTimestamp.Time.Before(g.QueuedAt) {
+				g.QueuedAt = p.CreationTimestamp.Time
+			}
+		}
+		g.Missing = g.missingPods(podGangs)
+		if g.Missing == "" {
+			g.Missing = g.missingClaims(claims)
+		}
+		out = append(out, g)
+	}
+	slices.SortFunc(out, func(a, b *Gang) int { return cmp.Compare(a.Key, b.Key) })
+	return out
+}
+
+func (g *Gang) missingPods(podGangs func(namespace, name string) *unstructured.Unstructured) string {
+	if !g.Grove {
+		raw := g.Pods[0].Annotations[gpudrav1.AnnotationGangSize]
+		size, err := strconv.Atoi(raw)
+		if err != nil || size < 1 {
+			return fmt.Sprintf("a valid %s annotation (got %q)", gpudrav1.AnnotationGangSize, raw)
+		}
+		if len(g.Pods) < size {
+			return fmt.Sprintf("%d of %d pods exist", len(g.Pods), size)
+		}
+		return ""
+	}
+	pg := podGangs(g.Namespace, g.Name)
+	if pg == nil {
+		return "its PodGang " + g.Name
+	}
+	groups, err := podGangGroups(pg)
+	if err != nil {
+		return err.Error()
+	}
+	present := map[string]bool{}
+	for _, p := range g.Pods {
+		present[p.Name] = true
+	}
+	var missing []string
+	for _, grp := range groups {
+		n := 0
+		for _, name := range grp.pods {
+			if present[name] {
+				n++
+			}
+		}
+		if int64(n) < grp.minReplicas {
+			missing = append(missing, fmt.Sprintf("group %s: %d of %d pods", grp.name, n, grp.minReplicas))
+		}
+	}
+	return strings.Join(missing, "; ")
+}
+
+func (g *Gang) missingClaims(claims func(namespace, name string) *resourceapi.ResourceClaim) string {
+	for _, p := range g.Pods {
+		names, err := podClaimNames(p)
+		if err != nil {
+			return err.Error()
+		}
+		for _, n := range names {
+			if claims(p.Namespace, n) == nil {
+				return fmt.Sprintf("claim %s of pod %s", n, p.Name)
+			}
+		}
+	}
+	return ""
+}
+
+// podClaimNames are the names of a pod's ResourceClaims: those it names,
+// and those made from its templates (in its status once the claim
+// controller made them).
+func podClaimNames(p *corev1.Pod) ([]string, error) {
+	var names []string
+	for _, rc := range p.Spec.ResourceClaims {
+		switch {
+		case rc.ResourceClaimName != nil:
+			names = append(names, *rc.ResourceClaimName)
+		case rc.ResourceClaimTemplateName != nil:
+			i := slices.IndexFunc(p.Status.ResourceClaimStatuses, func(s corev1.PodResourceClaimStatus) bool { return s.Name == rc.Name })
+			if i < 0 {
+				return nil, fmt.Errorf("the claim %s of pod %s (not made from its template yet)", rc.Name, p.Name)
+			}
+			if n := p.Status.ResourceClaimStatuses[i].ResourceClaimName; n != nil {
+				names = append(names, *n)
+			}
+		}
+	}
+	return names, nil
+}

@@ -1,0 +1,169 @@
+package gang
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+)
+
+// metrics of the gang and reservation controller. Gauges are set from each
+// round's state, so they never drift from what the statuses say.
+type metrics struct {
+	queueLength   *prometheus.GaugeVec
+	queueDevices  *prometheus.GaugeVec
+	waitSeconds   *prometheus.HistogramVec
+	held          prometheus.Gauge
+	consumed      prometheus.Gauge
+	expired       prometheus.Counter
+	admitted      *prometheus.CounterVec
+	conflicts     prometheus.Counter
+	planSeconds   prometheus.Histogram
+	devices       *prometheus.GaugeVec
+	waitingDemand *prometheus.GaugeVec
+	unsatisfiable *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		queueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_queue_length", Help: "Reservations and gangs waiting, by queue.",
+		}, []string{"queue"}),
+		queueDevices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_queue_waiting_devices", Help: "Devices the waiting reservations and gangs ask for, by queue.",
+		}, []string{"queue"}),
+		waitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gpudra_queue_wait_seconds", Help: "Time from queued to allocated, by queue and kind (GpuReservation, Gang).",
+			Buckets: prometheus.ExponentialBuckets(0.1, 3, 12),
+		}, []string{"queue", "kind"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpudra_reservation_held_devices", Help: "Devices held by reservations that no pod uses yet.",
+		}),
+		consumed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpudra_reservation_consumed_devices", Help: "Devices of reservations that pods use.",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpudra_reservations_expired_total", Help: "Reservations released at their TTL.",
+		}),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpudra_gang_allocations_total", Help: "Reservations and gangs whose devices were allocated, by kind.",
+		}, []string{"kind"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpudra_gang_fence_conflicts_total", Help: "Plans dropped because a device was taken between planning and writing (planned again).",
+		}),
+		planSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpudra_gang_plan_duration_seconds", Help: "Time to plan one reservation or gang with pkg/allocator.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_class_devices", Help: "Devices matching each DeviceClass, by state: free, held (by a reservation, unused) or allocated.",
+		}, []string{"device_class", "state"}),
+		waitingDemand: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_class_waiting_demand_devices", Help: "Devices of each DeviceClass that waiting reservations and gangs ask for: what an autoscaler would add.",
+		}, []string{"device_class"}),
+		unsatisfiable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_queue_unsatisfiable", Help: "Waiting reservations and gangs that would not fit even on an empty cluster, by queue.",
+		}, []string{"queue"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.queueLength, m.queueDevices, m.waitSeconds, m.held, m.consumed, m.expired,
+		m.admitted, m.conflicts, m.planSeconds, m.devices, m.waitingDemand, m.unsatisfiable} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register gang controller metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// classCounts counts, per DeviceClass, the devices that match it: free,
+// held by a reservation's unused claim, or allocated otherwise. Devices
+// partly used through shared counters (a GPU with a MIG device in use)
+// count as allocated. Only exact use is counted: a shared device is free.
+type classCount struct{ free, held, allocated int }
+
+func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.DeviceClass, slices []*resourceapi.ResourceSlice,
+	allocated []*resourceapi.ResourceClaim, heldClaims sets.Set[string]) map[string]classCount {
+	type devKey struct{ driver, pool, device string }
+	type setKey struct{ driver, pool, set string }
+	state := map[devKey]string{}
+	for _, c := range allocated {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		s := "allocated"
+		if heldClaims.Has(c.Namespace+"/"+c.Name) && len(c.Status.ReservedFor) == 0 {
+			s = "held"
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.ShareID == nil {
+				state[devKey{r.Driver, r.Pool, r.Device}] = s
+			}
+		}
+	}
+	usedSets := sets.New[setKey]()
+	for _, sl := range slices {
+		for _, d := range sl.Spec.Devices {
+			if _, ok := state[devKey{sl.Spec.Driver, sl.Spec.Pool.Name, d.Name}]; ok {
+				for _, cc := range d.ConsumesCounters {
+					usedSets.Insert(setKey{sl.Spec.Driver, sl.Spec.Pool.Name, cc.CounterSet})
+				}
+			}
+		}
+	}
+	out := map[string]classCount{}
+	for _, class := range classes {
+		var cnt classCount
+		for _, sl := range slices {
+			for _, d := range sl.Spec.Devices {
+				if !matches(ctx, cache, class, sl.Spec.Driver, d) {
+					continue
+				}
+				switch s := state[devKey{sl.Spec.Driver, sl.Spec.Pool.Name, d.Name}]; {
+				case s == "held":
+					cnt.held++
+				case s == "allocated":
+					cnt.allocated++
+				case usesSet(d, sl, usedSets, func(driver, pool, set string) setKey { return setKey{driver, pool, set} }):
+					cnt.allocated++
+				default:
+					cnt.free++
+				}
+			}
+		}
+		out[class.Name] = cnt
+	}
+	return out
+}
+
+func usesSet[K comparable](d resourceapi.Device, sl *resourceapi.ResourceSlice, used sets.Set[K], key func(driver, pool, set string) K) bool {
+	for _, cc := range d.ConsumesCounters {
+		if used.Has(key(sl.Spec.Driver, sl.Spec.Pool.Name, cc.CounterSet)) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches evaluates a class's CEL selectors on a device; an expression
+// that does not compile or fails matches nothing.
+func matches(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceClass, driver string, d resourceapi.Device) bool {
+	for _, sel := range class.Spec.Selectors {
+		if sel.CEL == nil {
+			continue
+		}
+		res := cache.GetOrCompile(sel.CEL.Expression)
+		if res.Error != nil {
+			return false
+		}
+		ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: d.AllowMultipleAllocations})
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,211 @@
+package gang
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/gpudra/gpudra/pkg/allocator"
+)
+
+// snapshot is the cluster as one round sees it. allocated grows as the
+// round allocates, since the informers lag behind the round's own writes.
+type snapshot struct {
+	slices    []*resourceapi.ResourceSlice
+	classes   []*resourceapi.DeviceClass
+	nodes     []*corev1.Node
+	allocated []*resourceapi.ResourceClaim
+	// domains maps pool/device to NVLink domain, built on first use.
+	domains map[string]string
+}
+
+// domainOf is a device's NVLink domain ("" without one).
+func (s *snapshot) domainOf(pool, device string) string {
+	if s.domains == nil {
+		s.domains = map[string]string{}
+		for _, sl := range s.slices {
+			if sl.Spec.Driver != allocator.DriverName {
+				continue
+			}
+			for _, d := range sl.Spec.Devices {
+				if a, ok := d.Attributes[allocator.NVLinkDomainAttribute]; ok && a.StringValue != nil {
+					s.domains[sl.Spec.Pool.Name+"/"+d.Name] = *a.StringValue
+				} else if a, ok := d.Attributes["nvlinkDomain"]; ok && a.StringValue != nil {
+					s.domains[sl.Spec.Pool.Name+"/"+d.Name] = *a.StringValue
+				}
+			}
+		}
+	}
+	return s.domains[pool+"/"+device]
+}
+
+// gangGroups turns a gang's pods into allocator groups: the pods that
+// share a claim are one group (their devices must be on one node), limited
+// to the nodes their node selectors and affinity allow and to the node of
+// any claim they have that is already allocated. It returns the groups
+// with something to allocate; a gang whose claims are all allocated has
+// none.
+func gangGroups(g *Gang, nodes []*corev1.Node, claim func(namespace, name string) *resourceapi.ResourceClaim) ([]allocator.Group, error) {
+	// Union-find over pods by shared claim.
+	parent := make([]int, len(g.Pods))
+	for i := range parent {
+		parent[i] = i
+	}
+	var find func(int) int
+	find = func(i int) int {
+		if parent[i] != i {
+			parent[i] = find(parent[i])
+		}
+		return parent[i]
+	}
+	owner := map[string]int{}
+	podClaims := make([][]*resourceapi.ResourceClaim, len(g.Pods))
+	for i, p := range g.Pods {
+		names, err := podClaimNames(p)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			c := claim(p.Namespace, n)
+			if c == nil {
+				return nil, fmt.Errorf("claim %s of pod %s does not exist", n, p.Name)
+			}
+			podClaims[i] = append(podClaims[i], c)
+			if j, ok := owner[n]; ok {
+				parent[find(i)] = find(j)
+			} else {
+				owner[n] = i
+			}
+		}
+	}
+	type acc struct {
+		pods   []string
+		claims []*resourceapi.ResourceClaim
+		seen   sets.Set[string]
+		nodes  sets.Set[string]
+	}
+	roots := map[int]*acc{}
+	var order []int
+	for i, p := range g.Pods {
+		r := find(i)
+		a := roots[r]
+		if a == nil {
+			a = &acc{seen: sets.New[string]()}
+			roots[r] = a
+			order = append(order, r)
+		}
+		a.pods = append(a.pods, p.Name)
+		allowed, err := podNodes(p, nodes)
+		if err != nil {
+			return nil, err
+		}
+		a.nodes = intersect(a.nodes, allowed)
+		for _, c := range podClaims[i] {
+			if a.seen.Has(c.Name) {
+				continue
+			}
+			a.seen.Insert(c.Name)
+			if c.Status.Allocation != nil {
+				a.nodes = intersect(a.nodes, allocationNodes(c.Status.Allocation, nodes))
+				continue
+			}
+			a.claims = append(a.claims, c)
+		}
+	}
+	var groups []allocator.Group
+	for _, r := range order {
+		a := roots[r]
+		if len(a.claims) == 0 {
+			continue
+		}
+		groups = append(groups, allocator.Group{Name: "pod " + strings.Join(a.pods, "+"), Claims: a.claims, Nodes: a.nodes})
+	}
+	return groups, nil
+}
+
+// podNodes are the nodes a pod's nodeSelector and required node affinity
+// allow; nil means all.
+func podNodes(p *corev1.Pod, nodes []*corev1.Node) (sets.Set[string], error) {
+	if len(p.Spec.NodeSelector) == 0 && (p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil) {
+		return nil, nil
+	}
+	req := nodeaffinity.GetRequiredNodeAffinity(p)
+	out := sets.New[string]()
+	for _, n := range nodes {
+		ok, err := req.Match(n)
+		if err != nil {
+			return nil, fmt.Errorf("node affinity of pod %s: %w", p.Name, err)
+		}
+		if ok {
+			out.Insert(n.Name)
+		}
+	}
+	return out, nil
+}
+
+// allocationNodes are the nodes an allocated claim can be used on.
+func allocationNodes(a *resourceapi.AllocationResult, nodes []*corev1.Node) sets.Set[string] {
+	if a.NodeSelector == nil {
+		return nil
+	}
+	sel, err := nodeaffinity.NewNodeSelector(a.NodeSelector)
+	if err != nil {
+		return sets.New[string]()
+	}
+	out := sets.New[string]()
+	for _, n := range nodes {
+		if sel.Match(n) {
+			out.Insert(n.Name)
+		}
+	}
+	return out
+}
+
+// intersect treats nil as "everything".
+func intersect(a, b sets.Set[string]) sets.Set[string] {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return a.Intersection(b)
+}
+
+// demand is the number of devices a set of groups asks for, as the
+// allocator estimates it, for queue metrics and fair share.
+func demand(groups []allocator.Group, claims []*resourceapi.ResourceClaim) int64 {
+	var n int64
+	count := func(c *resourceapi.ResourceClaim) {
+		for _, r := range c.Spec.Devices.Requests {
+			switch {
+			case r.Exactly != nil:
+				n += max(r.Exactly.Count, 1)
+			case len(r.FirstAvailable) > 0:
+				n += max(r.FirstAvailable[0].Count, 1)
+			}
+		}
+	}
+	for _, g := range groups {
+		for _, c := range g.Claims {
+			count(c)
+		}
+	}
+	for _, c := range claims {
+		count(c)
+	}
+	return n
+}
+
+// input builds the allocator's input for one item over the snapshot.
+func (s *snapshot) input(strategy allocator.Strategy, claims []*resourceapi.ResourceClaim, groups []allocator.Group, empty bool) allocator.Input {
+	in := allocator.Input{Claims: claims, Groups: groups, Slices: s.slices, Classes: s.classes, Nodes: s.nodes, Strategy: strategy}
+	if !empty {
+		in.Allocated = s.allocated
+	}
+	return in
+}

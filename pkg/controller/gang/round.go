@@ -1,0 +1,341 @@
+package gang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/allocator"
+	"github.com/gpudra/gpudra/pkg/controller/queue"
+)
+
+// Kinds of queue items.
+const (
+	KindReservation = gpudrav1.KindGpuReservation
+	KindGang        = "Gang"
+)
+
+// item is one reservation or gang waiting in a queue.
+type item struct {
+	queue.Item
+	kind      string
+	queueName string
+	// res or gang, by kind.
+	res  *gpudrav1.GpuReservation
+	gang *Gang
+	// claims (a reservation's) and groups (a gang's) are what to plan;
+	// create are the claims (namespace/name) that do not exist yet.
+	claims     []*resourceapi.ResourceClaim
+	groups     []allocator.Group
+	create     sets.Set[string]
+	sameDomain bool
+	classes    []string
+}
+
+// outcome is what a round decided for a waiting item.
+type outcome struct {
+	reason, message string
+	position        int
+}
+
+// round plans every waiting item, in queue order, and brings every
+// reservation's status up to date.
+func (c *Controller) round(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	now := c.opts.Now()
+	snap := c.snapshot()
+	var errs []error
+
+	// Reservations: held ones are kept up to date (in use, TTL); queued
+	// ones become items.
+	var items []*item
+	// FairShare weighs each namespace's allocated devices (held or used,
+	// by reservations, gangs or single pods) against its share.
+	heldByNamespace := map[string]int64{}
+	for _, cl := range snap.allocated {
+		heldByNamespace[cl.Namespace] += int64(len(cl.Status.Allocation.Devices.Results))
+	}
+	heldClaims := sets.New[string]()
+	var heldDevices, consumedDevices int
+	for _, obj := range c.reservations.List() {
+		r, err := gpudrav1.FromUnstructured[gpudrav1.GpuReservation](obj.(*unstructured.Unstructured))
+		if err != nil {
+			logger.Error(err, "Unreadable GpuReservation")
+			continue
+		}
+		r.Default()
+		switch r.Status.Phase {
+		case gpudrav1.ReservationFailed:
+			continue
+		case gpudrav1.ReservationHeld, gpudrav1.ReservationConsumed, gpudrav1.ReservationExpired:
+			claims := c.reservationClaimsOf(r)
+			for _, cl := range claims {
+				heldClaims.Insert(cl.Namespace + "/" + cl.Name)
+				if cl.Status.Allocation != nil {
+					n := len(cl.Status.Allocation.Devices.Results)
+					if len(cl.Status.ReservedFor) > 0 {
+						consumedDevices += n
+					} else {
+						heldDevices += n
+					}
+				}
+			}
+			if err := c.syncHeld(ctx, r, claims, snap, now); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if c.isRecent(KindReservation + "/" + r.Namespace + "/" + r.Name) {
+			continue // just held; the informer has not caught up
+		}
+		if verrs := gpudrav1.ValidateReservation(r); len(verrs) > 0 {
+			errs = append(errs, c.setReservationStatus(ctx, r, func(st *gpudrav1.GpuReservationStatus) {
+				st.Phase, st.Reason, st.Message, st.QueuePosition = gpudrav1.ReservationFailed, gpudrav1.ReasonInvalid, verrs.ToAggregate().Error(), 0
+			}))
+			continue
+		}
+		it := &item{kind: KindReservation, queueName: r.Spec.Queue, res: r, create: sets.New[string](), sameDomain: r.Spec.SameNVLinkDomain,
+			classes: []string{r.Spec.DeviceClassName}}
+		it.claims = reservationClaims(r, func(ns, name string) *resourceapi.ResourceClaim {
+			if cl := c.claim(ns, name); cl != nil && ownedBy(cl, r) {
+				return cl
+			}
+			return nil
+		})
+		allocated := 0
+		for _, cl := range it.claims {
+			if cl.UID == "" {
+				it.create.Insert(cl.Namespace + "/" + cl.Name)
+			}
+			if cl.Status.Allocation != nil {
+				allocated++
+			}
+		}
+		if allocated == len(it.claims) {
+			// Held before its status said so (a leader that stopped
+			// between the two writes): say so now.
+			errs = append(errs, c.syncHeld(ctx, r, it.claims, snap, now))
+			continue
+		}
+		queuedAt := r.CreationTimestamp.Time
+		if r.Status.QueuedAt != nil {
+			queuedAt = r.Status.QueuedAt.Time
+		}
+		var dur *time.Duration
+		if r.Spec.Duration != nil {
+			dur = &r.Spec.Duration.Duration
+		}
+		it.Item = queue.Item{Key: KindReservation + "/" + r.Namespace + "/" + r.Name, Namespace: r.Namespace, Priority: r.Spec.Priority,
+			QueuedAt: queuedAt, Duration: dur, Devices: demand(nil, it.claims)}
+		items = append(items, it)
+	}
+	c.metrics.held.Set(float64(heldDevices))
+	c.metrics.consumed.Set(float64(consumedDevices))
+
+	// Gangs: complete ones become items; the others wait for their pods.
+	for _, g := range collectGangs(c.gatedPods(), c.podGang, c.claim) {
+		if g.Missing != "" {
+			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+g.Missing)
+			continue
+		}
+		groups, err := gangGroups(g, snap.nodes, c.claim)
+		if err != nil {
+			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+err.Error())
+			continue
+		}
+		if len(groups) == 0 {
+			// Everything is allocated (a round stopped between writing and
+			// lifting the gates, or the pods use held claims only).
+			errs = append(errs, c.release(ctx, g))
+			continue
+		}
+		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
+		it.Item = queue.Item{Key: KindGang + "/" + g.Key, Namespace: g.Namespace, Priority: g.Priority, QueuedAt: g.QueuedAt,
+			Duration: g.Duration, Devices: demand(groups, nil)}
+		for _, grp := range groups {
+			for _, cl := range grp.Claims {
+				it.classes = append(it.classes, requestClasses(cl)...)
+			}
+		}
+		items = append(items, it)
+	}
+
+	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
+	if now.Sub(c.lastClassCount) > 15*time.Second {
+		c.lastClassCount = now
+		for class, cnt := range countByClass(ctx, c.cel, snap.classes, snap.slices, snap.allocated, heldClaims) {
+			c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
+			c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
+			c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// planQueues orders each queue's items by its policy and plans them in
+// order. An item that would fit on the cluster but not now holds back the
+// items behind it (no small item starves a big one); one that could never
+// fit does not.
+func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapshot, held map[string]int64, now time.Time) error {
+	byQueue := map[string][]*item{}
+	for _, it := range items {
+		byQueue[it.queueName] = append(byQueue[it.queueName], it)
+	}
+	c.metrics.queueLength.Reset()
+	c.metrics.queueDevices.Reset()
+	c.metrics.unsatisfiable.Reset()
+	c.metrics.waitingDemand.Reset()
+	var errs []error
+	for _, name := range sortedKeys(byQueue) {
+		policy := queue.PolicyFor(c.queue(name))
+		keyed := map[string]*item{}
+		var qitems []queue.Item
+		for _, it := range byQueue[name] {
+			keyed[it.Key] = it
+			qitems = append(qitems, it.Item)
+		}
+		blocked := ""
+		waiting, waitingDevices, unsatisfiable := 0, int64(0), 0
+		for _, qi := range queue.Order(policy, qitems, now, held) {
+			it := keyed[qi.Key]
+			var out outcome
+			if blocked != "" {
+				out = outcome{reason: gpudrav1.ReasonBehindInQueue, message: "behind " + blocked + " in queue " + name}
+			} else {
+				var err error
+				out, err = c.plan(ctx, it, snap, now)
+				if err != nil {
+					errs = append(errs, err)
+				}
+				switch out.reason {
+				case gpudrav1.ReasonAllocated:
+					held[it.Namespace] += it.Devices
+					continue
+				case gpudrav1.ReasonWaitingForDevices:
+					blocked = it.Key
+				case gpudrav1.ReasonUnsatisfiable:
+					unsatisfiable++
+				}
+			}
+			waiting++
+			waitingDevices += it.Devices
+			for _, class := range it.classes {
+				c.metrics.waitingDemand.WithLabelValues(class).Add(float64(it.Devices) / float64(len(it.classes)))
+			}
+			out.position = waiting
+			errs = append(errs, c.reportWaiting(ctx, it, out, now))
+		}
+		c.metrics.queueLength.WithLabelValues(name).Set(float64(waiting))
+		c.metrics.queueDevices.WithLabelValues(name).Set(float64(waitingDevices))
+		c.metrics.unsatisfiable.WithLabelValues(name).Set(float64(unsatisfiable))
+		errs = append(errs, c.setQueueStatus(ctx, name, waiting, waitingDevices, blocked))
+	}
+	return errors.Join(errs...)
+}
+
+// plan tries to allocate one item now.
+func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now time.Time) (outcome, error) {
+	logger := klog.FromContext(ctx).WithValues("item", it.Key)
+	start := time.Now()
+	result, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, false))
+	c.metrics.planSeconds.Observe(time.Since(start).Seconds())
+	if err == nil && it.sameDomain && len(result.NVLinkDomains) > 1 {
+		err = &allocator.NotFitError{Unit: it.Key, Devices: it.Devices}
+		err = fmt.Errorf("the free devices span %d NVLink domains (%v), one is required: %w", len(result.NVLinkDomains), result.NVLinkDomains, err)
+	}
+	var nf *allocator.NotFitError
+	switch {
+	case errors.As(err, &nf):
+		// Would it fit on an empty cluster? If not, waiting cannot help.
+		empty, eerr := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, true))
+		if eerr != nil || (it.sameDomain && len(empty.NVLinkDomains) > 1) {
+			return outcome{reason: gpudrav1.ReasonUnsatisfiable,
+				message: fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, errOr(eerr, err))}, nil
+		}
+		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err)}, nil
+	case err != nil:
+		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, fmt.Errorf("plan %s: %w", it.Key, err)
+	}
+	if err := c.committer.commit(ctx, result, it.create); err != nil {
+		if errors.Is(err, ErrConflict) {
+			c.metrics.conflicts.Inc()
+			logger.V(2).Info("Planned devices were taken; planning again", "err", err)
+			c.kick()
+			return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, nil
+		}
+		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, fmt.Errorf("allocate %s: %w", it.Key, err)
+	}
+	// The informers lag: what was just allocated counts as used for the
+	// rest of the round.
+	for _, a := range result.Allocations {
+		cl := a.Claim.DeepCopy()
+		cl.Status.Allocation = a.Result.DeepCopy()
+		snap.allocated = append(snap.allocated, cl)
+	}
+	c.remember(it.Key)
+	c.metrics.admitted.WithLabelValues(it.kind).Inc()
+	c.metrics.waitSeconds.WithLabelValues(it.queueName, it.kind).Observe(now.Sub(it.QueuedAt).Seconds())
+	logger.Info("Allocated", "devices", it.Devices, "nodes", result.Nodes, "nvlinkDomains", result.NVLinkDomains)
+	switch it.kind {
+	case KindReservation:
+		return outcome{reason: gpudrav1.ReasonAllocated}, c.setReservationStatus(ctx, it.res, func(st *gpudrav1.GpuReservationStatus) {
+			st.Phase, st.Reason, st.QueuePosition = gpudrav1.ReservationHeld, gpudrav1.ReasonAllocated, 0
+			st.Message = fmt.Sprintf("%d devices held on %v", it.Devices, result.Nodes)
+			st.HeldAt = metaTime(now)
+			st.ExpiresAt = metaTime(now.Add(it.res.Spec.TTL.Duration))
+			st.Nodes, st.NVLinkDomains = result.Nodes, result.NVLinkDomains
+			st.Claims, st.Devices = nil, 0
+			for _, a := range result.Allocations {
+				h := gpudrav1.HeldClaim{Name: a.Claim.Name, Node: a.Node}
+				for _, d := range a.Result.Devices.Results {
+					h.Devices = append(h.Devices, d.Pool+"/"+d.Device)
+				}
+				st.Devices += int32(len(h.Devices))
+				st.Claims = append(st.Claims, h)
+			}
+		})
+	default:
+		c.recordGang(it.gang, corev1.EventTypeNormal, ReasonGangAllocated,
+			fmt.Sprintf("gang %s: %d devices allocated on %v (NVLink domains %v); scheduling gates lifted", it.gang.Name, it.Devices, result.Nodes, result.NVLinkDomains))
+		return outcome{reason: gpudrav1.ReasonAllocated}, c.release(ctx, it.gang)
+	}
+}
+
+func errOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// requestClasses are the device classes a claim asks for.
+func requestClasses(cl *resourceapi.ResourceClaim) []string {
+	var out []string
+	for _, r := range cl.Spec.Devices.Requests {
+		switch {
+		case r.Exactly != nil:
+			out = append(out, r.Exactly.DeviceClassName)
+		case len(r.FirstAvailable) > 0:
+			out = append(out, r.FirstAvailable[0].DeviceClassName)
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
