@@ -3,6 +3,7 @@ package gang
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -86,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // count as allocated. Only exact use is counted: a shared device is free.
 type classCount struct{ free, held, allocated int }
 
-func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.DeviceClass, slices []*resourceapi.ResourceSlice,
+func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.DeviceClass, resourceSlices []*resourceapi.ResourceSlice,
 	allocated []*resourceapi.ResourceClaim, heldClaims sets.Set[string]) map[string]classCount {
 	type devKey struct{ driver, pool, device string }
 	type setKey struct{ driver, pool, set string }
@@ -106,7 +107,7 @@ func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.
 		}
 	}
 	usedSets := sets.New[setKey]()
-	for _, sl := range slices {
+	for _, sl := range resourceSlices {
 		for _, d := range sl.Spec.Devices {
 			if _, ok := state[devKey{sl.Spec.Driver, sl.Spec.Pool.Name, d.Name}]; ok {
 				for _, cc := range d.ConsumesCounters {
@@ -118,7 +119,7 @@ func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.
 	out := map[string]classCount{}
 	for _, class := range classes {
 		var cnt classCount
-		for _, sl := range slices {
+		for _, sl := range resourceSlices {
 			for _, d := range sl.Spec.Devices {
 				if !matches(ctx, cache, class, sl.Spec.Driver, d) {
 					continue
@@ -128,7 +129,9 @@ func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.
 					cnt.held++
 				case s == "allocated":
 					cnt.allocated++
-				case usesSet(d, sl, usedSets, func(driver, pool, set string) setKey { return setKey{driver, pool, set} }):
+				case slices.ContainsFunc(d.ConsumesCounters, func(cc resourceapi.DeviceCounterConsumption) bool {
+					return usedSets.Has(setKey{sl.Spec.Driver, sl.Spec.Pool.Name, cc.CounterSet})
+				}):
 					cnt.allocated++
 				default:
 					cnt.free++
@@ -138,15 +141,6 @@ func countByClass(ctx context.Context, cache *cel.Cache, classes []*resourceapi.
 		out[class.Name] = cnt
 	}
 	return out
-}
-
-func usesSet[K comparable](d resourceapi.Device, sl *resourceapi.ResourceSlice, used sets.Set[K], key func(driver, pool, set string) K) bool {
-	for _, cc := range d.ConsumesCounters {
-		if used.Has(key(sl.Spec.Driver, sl.Spec.Pool.Name, cc.CounterSet)) {
-			return true
-		}
-	}
-	return false
 }
 
 // matches evaluates a class's CEL selectors on a device; an expression

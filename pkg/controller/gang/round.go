@@ -210,6 +210,11 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 			var out outcome
 			if blocked != "" {
 				out = outcome{reason: gpudrav1.ReasonBehindInQueue, message: "behind " + blocked + " in queue " + name}
+				// An item that could never fit says so even behind others.
+				if msg := c.unsatisfiable(ctx, it, snap); msg != "" {
+					out = outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}
+					unsatisfiable++
+				}
 			} else {
 				var err error
 				out, err = c.plan(ctx, it, snap, now)
@@ -256,10 +261,8 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 	switch {
 	case errors.As(err, &nf):
 		// Would it fit on an empty cluster? If not, waiting cannot help.
-		empty, eerr := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, true))
-		if eerr != nil || (it.sameDomain && len(empty.NVLinkDomains) > 1) {
-			return outcome{reason: gpudrav1.ReasonUnsatisfiable,
-				message: fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, errOr(eerr, err))}, nil
+		if msg := c.unsatisfiable(ctx, it, snap); msg != "" {
+			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}, nil
 		}
 		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err)}, nil
 	case err != nil:
@@ -310,11 +313,17 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 	}
 }
 
-func errOr(a, b error) error {
-	if a != nil {
-		return a
+// unsatisfiable says why an item would not fit even on an empty cluster,
+// or "" when it would.
+func (c *Controller) unsatisfiable(ctx context.Context, it *item, snap *snapshot) string {
+	empty, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, true))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, err)
+	case it.sameDomain && len(empty.NVLinkDomains) > 1:
+		return fmt.Sprintf("%d devices do not fit in one NVLink domain even on an empty cluster", it.Devices)
 	}
-	return b
+	return ""
 }
 
 // requestClasses are the device classes a claim asks for.
