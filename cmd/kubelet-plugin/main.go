@@ -1,6 +1,7 @@
-// Command gpudra-kubelet-plugin is gpudra's DRA kubelet plugin: it runs on
-// every GPU node, publishes the node's GPUs and prepares claims for the
-// kubelet.
+// Command gpudra-kubelet-plugin is gpudra's node agent: it runs on every
+// GPU node as the DRA kubelet plugin (--mode=dra: publishes the node's GPUs
+// and prepares claims for the kubelet) or as the classic device plugin
+// (--mode=device-plugin, docs/device-plugin.md), one mode per node.
 package main
 
 import (
@@ -46,12 +47,44 @@ func driverTool(tools drivertools.Runner, flag, flagValue, name string) (string,
 	return "", nil
 }
 
-// run is the plugin's wiring: the API client, the GPU backend, the plugin
+// newBackend is the GPU backend of --backend, and where the container
+// runtime finds the driver's files the backend discovers (empty: where they
+// were found).
+func newBackend(ctx context.Context, f *options, tools drivertools.Runner) (nvdevice.Interface, string, error) {
+	switch f.backend {
+	case "nvml":
+		smi, err := driverTool(tools, "nvidia-smi", f.nvidiaSMI, "nvidia-smi")
+		if err != nil {
+			return nil, "", err
+		}
+		opts := nvml.Options{DriverRoot: f.driverRoot, ProcRoot: f.procRoot}
+		if smi != "" {
+			opts.ComputePolicy = drivertools.NvidiaSMI{Runner: tools, Path: smi}
+		}
+		backend, err := nvml.New(ctx, opts)
+		if err != nil {
+			return nil, "", err
+		}
+		// The driver's files the backend discovers under --driver-root
+		// are at --host-driver-root for the container runtime.
+		return backend, f.hostDriverRoot, nil
+	case "sim":
+		backend, err := sim.NewBuiltin(f.machine, f.nodeName)
+		return backend, "", err
+	}
+	return nil, "", fmt.Errorf("--backend: unknown backend %q, want nvml or sim", f.backend)
+}
+
+// run is the node agent's wiring in DRA mode (device plugin mode is
+// runDevicePlugin): the API client, the GPU backend, the plugin
 // and its metrics server. A fatal error in the background cancels ctx with
 // its cause, which run returns.
 func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs []string) error {
 	if err := f.validate(gates); err != nil {
 		return err
+	}
+	if f.mode == modeDevicePlugin {
+		return runDevicePlugin(ctx, f)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -72,28 +105,18 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	if err != nil {
 		return err
 	}
-	var backend nvdevice.Interface
-	// The driver's files the backend discovers under --driver-root are at
-	// --host-driver-root for the container runtime.
-	var driverFilesHostRoot string
-	switch f.backend {
-	case "nvml":
-		smi, err := driverTool(tools, "nvidia-smi", f.nvidiaSMI, "nvidia-smi")
-		if err != nil {
-			return err
-		}
-		opts := nvml.Options{DriverRoot: f.driverRoot, ProcRoot: f.procRoot}
-		if smi != "" {
-			opts.ComputePolicy = drivertools.NvidiaSMI{Runner: tools, Path: smi}
-		}
-		if backend, err = nvml.New(ctx, opts); err != nil {
-			return err
-		}
-		driverFilesHostRoot = f.hostDriverRoot
-	case "sim":
-		if backend, err = sim.NewBuiltin(f.machine, f.nodeName); err != nil {
-			return err
-		}
+	// A node runs one mode: DRA starts only when no pod holds a GPU through
+	// a device plugin.
+	dpConfig, err := loadDevicePluginConfig(f.devicePluginConfig)
+	if err != nil {
+		return err
+	}
+	if err := checkDevicePluginDrained(ctx, client, f, dpConfig); err != nil {
+		return err
+	}
+	backend, driverFilesHostRoot, err := newBackend(ctx, f, tools)
+	if err != nil {
+		return err
 	}
 	defer backend.Close()
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,

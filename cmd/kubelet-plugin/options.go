@@ -13,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpudra/gpudra/pkg/component"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -26,6 +27,8 @@ type options struct {
 	backend, machine, procRoot, podUID, metricsAddr                       string
 	mpsControl, mpsServerImage, namespace, hostDriverRoot, nvidiaSMI      string
 	cdiHook                                                               string
+	mode, devicePluginConfig, gpuResourceName, devicePluginDir            string
+	kubeletDeviceCheckpoint                                               string
 	taintEffect                                                           string
 	fractional                                                            bool
 	qps                                                                   float64
@@ -82,8 +85,24 @@ func addFlags(fs *pflag.FlagSet) *options {
 	component.Uint64ListVar(fs, &o.healthIgnoredXIDs, "health-ignored-xids", slices.Sorted(maps.Keys(nvdevice.ApplicationXIDs)),
 		"XIDs that never make a GPU unhealthy (errors of the application, not of the GPU), comma-separated; --health-ignored-xids= (empty) ignores none")
 	env("health-ignored-xids", "HEALTH_IGNORED_XIDS")
+	fs.StringVar(&o.mode, "mode", modeDRA, "dra: the DRA kubelet plugin; device-plugin: the classic device plugin (nvidia.com/gpu, MIG and shared resources) for clusters without DRA. A node runs one mode: each refuses to start while the other still has GPUs handed out on the node")
+	env("mode", "MODE")
+	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "device plugin mode: a config file in the shape of NVIDIA's k8s-device-plugin config (version v1: flags.migStrategy, sharing.timeSlicing, sharing.mps; docs/device-plugin.md); empty: whole GPUs and MIG devices, no sharing")
+	env("device-plugin-config", "DEVICE_PLUGIN_CONFIG")
+	fs.StringVar(&o.gpuResourceName, "gpu-resource-name", deviceplugin.DefaultGPUResourceName, "device plugin mode: the extended resource of whole GPUs")
+	env("gpu-resource-name", "GPU_RESOURCE_NAME")
+	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "device plugin mode: the kubelet's device plugin directory (its socket and ours)")
+	env("device-plugin-dir", "DEVICE_PLUGIN_DIR")
+	fs.StringVar(&o.kubeletDeviceCheckpoint, "kubelet-device-checkpoint", deviceplugin.DefaultKubeletCheckpoint, "the kubelet device manager's checkpoint: DRA mode refuses to start while it records pods holding GPUs through a device plugin")
+	env("kubelet-device-checkpoint", "KUBELET_DEVICE_CHECKPOINT")
 	return o
 }
+
+// The node agent's modes (--mode).
+const (
+	modeDRA          = "dra"
+	modeDevicePlugin = "device-plugin"
+)
 
 // validate checks what the flag parser cannot: required values, values
 // that depend on each other, and the feature gates the flags need.
@@ -100,6 +119,17 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 	}
 	if o.backend != "nvml" && o.backend != "sim" {
 		errs = append(errs, fmt.Errorf("--backend: unknown backend %q, want nvml or sim", o.backend))
+	}
+	switch o.mode {
+	case modeDRA, modeDevicePlugin:
+	default:
+		errs = append(errs, fmt.Errorf("--mode (env MODE): unknown mode %q, want %s or %s", o.mode, modeDRA, modeDevicePlugin))
+	}
+	if err := deviceplugin.ValidResourceName(o.gpuResourceName); err != nil {
+		errs = append(errs, fmt.Errorf("--gpu-resource-name (env GPU_RESOURCE_NAME): %w", err))
+	}
+	if o.mode == modeDevicePlugin && o.devicePluginDir == "" {
+		errs = append(errs, errors.New("--device-plugin-dir (env DEVICE_PLUGIN_DIR) is required in device plugin mode"))
 	}
 	if err := (plugin.Config{FractionalGPUs: o.fractional, FeatureGates: gates}).CheckFeatures(); err != nil {
 		errs = append(errs, err)

@@ -40,7 +40,8 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "mps-control-binary": "MPS_CONTROL_BINARY",
 		"mps-server-image": "MPS_SERVER_IMAGE", "namespace": "POD_NAMESPACE", "host-driver-root": "HOST_DRIVER_ROOT",
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
-		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK",
+		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
+		"gpu-resource-name": "GPU_RESOURCE_NAME", "device-plugin-dir": "DEVICE_PLUGIN_DIR", "kubelet-device-checkpoint": "KUBELET_DEVICE_CHECKPOINT",
 	}
 	for flag, envName := range want {
 		assert.Equal(t, envName, component.EnvOf(c.Flags, flag), flag)
@@ -51,6 +52,8 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", qps: 100, burst: 300,
 		// nvdevice.ApplicationXIDs, sorted.
 		healthIgnoredXIDs: []uint64{13, 31, 43, 45, 68, 109},
+		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",
+		kubeletDeviceCheckpoint: "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
 	}, *o)
 }
 
@@ -71,8 +74,15 @@ func TestEnvironment(t *testing.T) {
 		{name: "KUBE_API_BURST=3e2", env: map[string]string{"KUBE_API_BURST": "3e2"},
 			wantErr: []string{`environment variable KUBE_API_BURST="3e2" (--kube-api-burst)`}},
 		{name: "the chart's environment", env: map[string]string{"NODE_NAME": "node-a", "KUBE_API_QPS": "20.5", "KUBE_API_BURST": "40",
-			"FRACTIONAL_GPUS": "true", "HEALTH_IGNORED_XIDS": "13,43", "POD_NAMESPACE": "gpudra", "METRICS_ADDRESS": ":19477"},
+			"FRACTIONAL_GPUS": "true", "HEALTH_IGNORED_XIDS": "13,43", "POD_NAMESPACE": "gpudra", "METRICS_ADDRESS": ":19477",
+			"MODE": "device-plugin", "GPU_RESOURCE_NAME": "example.com/gpu", "DEVICE_PLUGIN_CONFIG": "/config/config.yaml",
+			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp"},
 			check: func(t *testing.T, o *options) {
+				assert.Equal(t, "device-plugin", o.mode)
+				assert.Equal(t, "example.com/gpu", o.gpuResourceName)
+				assert.Equal(t, "/config/config.yaml", o.devicePluginConfig)
+				assert.Equal(t, "/dp", o.devicePluginDir)
+				assert.Equal(t, "/dp/cp", o.kubeletDeviceCheckpoint)
 				assert.Equal(t, "node-a", o.nodeName)
 				assert.InDelta(t, 20.5, o.qps, 0)
 				assert.Equal(t, 40, o.burst)
@@ -121,6 +131,14 @@ func TestValidate(t *testing.T) {
 		{[]string{"--node-name=a", "--unhealthy-taint-effect=Evict"}, `--unhealthy-taint-effect: "Evict" is not NoSchedule or NoExecute`},
 		{[]string{"--node-name=a", "--backend=cuda"}, `--backend: unknown backend "cuda", want nvml or sim`},
 		{[]string{"--node-name=a", "--mps-server-image=x"}, "--mps-server-image needs --namespace (env POD_NAMESPACE)"},
+		{[]string{"--node-name=a", "--mode=device-plugin"}, ""},
+		{[]string{"--node-name=a", "--mode=device-plugin", "--gpu-resource-name=example.com/gpu", "--device-plugin-config=/etc/dp.yaml"}, ""},
+		{[]string{"--node-name=a", "--mode=DRA"}, `--mode (env MODE): unknown mode "DRA", want dra or device-plugin`},
+		{[]string{"--node-name=a", "--mode=device-plugin", "--gpu-resource-name=gpu"},
+			`--gpu-resource-name (env GPU_RESOURCE_NAME): "gpu" is not a valid extended resource name (domain/name)`},
+		{[]string{"--node-name=a", "--gpu-resource-name=kubernetes.io/gpu"}, `--gpu-resource-name (env GPU_RESOURCE_NAME): "kubernetes.io/gpu": the kubernetes.io domain is reserved`},
+		{[]string{"--node-name=a", "--mode=device-plugin", "--device-plugin-dir="}, "--device-plugin-dir (env DEVICE_PLUGIN_DIR) is required in device plugin mode"},
+		{[]string{"--node-name=a", "--device-plugin-dir="}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

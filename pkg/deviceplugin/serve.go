@@ -61,13 +61,16 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.CDI == nil {
 		return errors.New("device plugin: no CDI writer")
 	}
-	if err := WriteCDISpec(o.CDI, inv, host); err != nil {
-		return err
-	}
 	if len(resources) == 0 {
+		// Nothing to advertise (every GPU in MIG mode without MIG
+		// devices): no CDI spec either, since a spec without devices is
+		// invalid.
 		logger.Info("No GPU or MIG device to advertise; waiting", "gpus", len(inv.GPUs))
 		<-ctx.Done()
 		return nil
+	}
+	if err := WriteCDISpec(o.CDI, inv, host); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/drivertools"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// loadDevicePluginConfig reads --device-plugin-config; empty: nil (the
+// defaults).
+func loadDevicePluginConfig(path string) (*deviceplugin.Config, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--device-plugin-config: %w", err)
+	}
+	cfg, err := deviceplugin.ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("--device-plugin-config=%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// runDevicePlugin is the node agent in device plugin mode: it refuses to
+// start while the DRA side still has claims prepared on the node, then
+// serves the classic device plugin API (pkg/deviceplugin) over the same
+// backend, CDI directory, driver spec and health policy as DRA mode.
+func runDevicePlugin(ctx context.Context, f *options) error {
+	if err := deviceplugin.CheckDRADrained(f.pluginDataDir); err != nil {
+		return err
+	}
+	cfg, err := loadDevicePluginConfig(f.devicePluginConfig)
+	if err != nil {
+		return err
+	}
+	if cfg != nil && cfg.Sharing.MPS != nil {
+		// pkg/deviceplugin needs an MPS control daemon per GPU (its
+		// MPSPipeDir) that this mode does not run yet: refuse rather than
+		// advertise replicas whose every Allocate fails.
+		return fmt.Errorf("--device-plugin-config=%s: sharing.mps is not supported by the node agent's device plugin mode yet (no MPS control daemon is run for it); use sharing.timeSlicing, or DRA mode for MPS", f.devicePluginConfig)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	tools := drivertools.Runner{Root: f.driverRoot}
+	backend, driverFilesHostRoot, err := newBackend(ctx, f, tools)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	writer, err := cdi.NewWriter(f.cdiDir)
+	if err != nil {
+		return err
+	}
+	extra, err := writeDriverSpec(ctx, backend, writer, cdi.DriverOptions{HostRoot: driverFilesHostRoot, HookPath: f.cdiHook})
+	if err != nil {
+		return err
+	}
+	if f.metricsAddr != "" {
+		// /metrics (the registry's process metrics) and /healthz; the
+		// device plugin's sockets are checked by the kubelet, not here.
+		go func() {
+			if err := plugin.Serve(ctx, f.metricsAddr, plugin.NewMetrics().Handler()); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	klog.FromContext(ctx).Info("gpudra device plugin running", "node", f.nodeName, "backend", f.backend, "gpuResource", f.gpuResourceName,
+		"config", f.devicePluginConfig)
+	err = deviceplugin.Serve(ctx, deviceplugin.ServeOptions{
+		Backend:         backend,
+		Resources:       deviceplugin.ResourceOptions{GPUResourceName: f.gpuResourceName, Config: cfg},
+		CDI:             writer,
+		XIDPolicy:       nvdevice.NewXIDPolicy(f.healthIgnoredXIDs),
+		PluginDir:       f.devicePluginDir,
+		ExtraCDIDevices: extra,
+	})
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return errors.Join(err, cause)
+	}
+	return err
+}
+
+// writeDriverSpec writes the driver's common CDI spec as DRA mode does at
+// start (cdi.BuildDriverSpec from what the backend discovers) and returns
+// the CDI devices every container then gets: the driver device, or none
+// when the backend finds no driver files (a simulated machine without a
+// driver root). The spec is written once: a driver upgrade needs a restart
+// of the agent in this mode.
+func writeDriverSpec(ctx context.Context, backend nvdevice.DriverFiler, writer *cdi.Writer, opts cdi.DriverOptions) ([]string, error) {
+	files, err := backend.DriverFiles(ctx)
+	if errors.Is(err, nvdevice.ErrNotFound) {
+		klog.FromContext(ctx).Info("No driver files found: containers get no driver libraries from the CDI spec", "reason", err.Error())
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the driver's user-space files: %w", err)
+	}
+	spec, err := cdi.BuildDriverSpec(files, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := writer.WriteDriver(spec); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Wrote the driver's CDI spec", "driverVersion", files.Version, "root", files.Root)
+	return []string{cdi.DriverDeviceID}, nil
+}
+
+// checkDevicePluginDrained refuses DRA mode while the kubelet's device
+// manager records pods of this node holding GPUs through a device plugin
+// (gpudra's or NVIDIA's). The kubelet keeps the entries of deleted pods
+// until its next device plugin allocation, so pods that no longer run on
+// the node (per the API) are left out; when the pods cannot be listed,
+// every entry counts.
+func checkDevicePluginDrained(ctx context.Context, client kubernetes.Interface, f *options, cfg *deviceplugin.Config) error {
+	names := deviceplugin.OurResourceNames(f.gpuResourceName, cfg)
+	err := deviceplugin.CheckDevicePluginDrained(f.kubeletDeviceCheckpoint, names)
+	if err == nil || client == nil {
+		return err
+	}
+	pods, listErr := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", f.nodeName).String()})
+	if listErr != nil {
+		klog.FromContext(ctx).Info("Cannot list this node's pods: every pod in the kubelet's device checkpoint counts", "err", listErr.Error())
+		return err
+	}
+	running := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			running[string(p.UID)] = true
+		}
+	}
+	return deviceplugin.CheckDevicePluginDrainedExcept(f.kubeletDeviceCheckpoint, names, func(uid string) bool { return !running[uid] })
+}
