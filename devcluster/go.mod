@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/ai-dynamo/grove/operator/api v0.1.0-alpha.12-rc1
+	github.com/google/cadvisor/lib v0.60.5
 	github.com/gpudra/gpudra v0.0.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/stretchr/testify v1.12.1

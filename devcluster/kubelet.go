@@ -56,8 +56,11 @@ type kubelet struct {
 	client kubernetes.Interface
 	cdiDir string
 	// devices names the GPUs a container's device nodes give it.
-	devices  DeviceIdentifier
-	dra      *dra.Manager
+	devices DeviceIdentifier
+	dra     *dra.Manager
+	// dm is the kubelet's device manager, on nodes in device-plugin mode
+	// (deviceplugin.go); nil otherwise.
+	dm       *deviceManager
 	pods     corelisters.PodLister
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
@@ -82,6 +85,9 @@ type kubeletDirs struct {
 	CDI      string
 	// Devices names the GPUs a container's device nodes give it.
 	Devices DeviceIdentifier
+	// DevicePlugins, when set, runs the kubelet's device manager with its
+	// registration socket there (device-plugin mode).
+	DevicePlugins string
 }
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
@@ -152,10 +158,22 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 	}
 	plugins := pluginmanager.NewPluginManager(dirs.Registry, recorder)
 	plugins.AddHandler(pluginregistrationv1.DRAPlugin, manager.GetWatcherHandler())
+	if dirs.DevicePlugins != "" {
+		if k.dm, err = startDeviceManager(logger, dirs.DevicePlugins, activePods, allReady); err != nil {
+			manager.Stop()
+			broadcaster.Shutdown()
+			return nil, nil, fmt.Errorf("node %s: %w", node, err)
+		}
+		plugins.AddHandler(pluginregistrationv1.DevicePlugin, k.dm.m.GetWatcherHandler())
+	}
 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2 + kubeletWorkers)
+	if k.dm != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); k.syncNodeStatus(ctx) }()
+	}
 	go func() { defer wg.Done(); plugins.Run(ctx, allReady, ctx.Done()) }()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
@@ -172,6 +190,9 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 		// Their contexts ended with ctx; wait for them to quit.
 		k.stopAllProcesses(ctx)
 		factory.Shutdown()
+		if k.dm != nil {
+			_ = k.dm.m.Stop(logger)
+		}
 		manager.Stop()
 		broadcaster.Shutdown()
 		close(done)
@@ -257,7 +278,7 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if run != nil {
 		k.startProcess(ctx, pod, run)
 	}
-	views, err := k.containerViews(pod)
+	views, err := k.containerViews(ctx, pod)
 	if err != nil {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
 		return err
@@ -297,8 +318,9 @@ func (k *kubelet) syncGone(ctx context.Context, key string, current types.UID) e
 }
 
 // containerViews resolves each container's CDI devices as a container
-// runtime would.
-func (k *kubelet) containerViews(pod *v1.Pod) (map[string]ContainerView, error) {
+// runtime would: DRA's, and the device manager's on a node in
+// device-plugin mode.
+func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]ContainerView, error) {
 	views := map[string]ContainerView{}
 	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range containers {
@@ -310,6 +332,15 @@ func (k *kubelet) containerViews(pod *v1.Pod) (map[string]ContainerView, error) 
 		ids := make([]string, 0, len(info.CDIDevices))
 		for _, d := range info.CDIDevices {
 			ids = append(ids, d.Name)
+		}
+		if k.dm != nil {
+			// Device plugin resources: allocated by the device manager,
+			// CDI devices from the plugin's Allocate answer.
+			more, err := k.dm.cdiDevices(ctx, pod, c)
+			if err != nil {
+				return nil, fmt.Errorf("container %s: %w", c.Name, err)
+			}
+			ids = append(ids, more...)
 		}
 		view, err := ResolveCDI(k.cdiDir, ids, k.devices)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -41,6 +42,14 @@ type NodeOptions struct {
 	// FractionalGPUs runs the plugin with --fractional-gpus: whole GPUs
 	// with MIG off are shared by several claims (consumable capacity).
 	FractionalGPUs bool
+	// Mode is the node agent's mode: ModeDRA (empty) runs the DRA kubelet
+	// plugin, ModeDevicePlugin runs the classic device plugin
+	// (pkg/deviceplugin) and the kubelet's real device manager
+	// (deviceplugin.go); DevicePluginConfig and GPUResourceName are its
+	// config file and whole-GPU resource name (nil, empty: defaults).
+	Mode               string
+	DevicePluginConfig *deviceplugin.Config
+	GPUResourceName    string
 }
 
 // Node is a simulated GPU node: a Node object, the simulated machine, the
@@ -56,6 +65,11 @@ type Node struct {
 	pluginCfg  plugin.Config
 	bootID     string
 	kubeletEnd <-chan struct{}
+	// mode is ModeDRA or ModeDevicePlugin; dpOpts are the device plugin's
+	// resource options and dp its running instance (device-plugin mode).
+	mode          string
+	dpOpts        deviceplugin.ResourceOptions
+	kubeletClient kubernetes.Interface
 
 	mu sync.Mutex
 	// current is the running plugin instance, nil while stopped.
@@ -63,6 +77,7 @@ type Node struct {
 	// starts counts plugin starts: each start is a new plugin pod, with its
 	// own pod UID (and sockets), as in the chart's DaemonSet.
 	starts int
+	dp     *devicePluginInstance
 }
 
 // PluginInstance is one running plugin pod of a node.
@@ -130,6 +145,13 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if opts.Machine == "" {
 		opts.Machine = "dgx-h100"
 	}
+	switch opts.Mode {
+	case "":
+		opts.Mode = ModeDRA
+	case ModeDRA, ModeDevicePlugin:
+	default:
+		return nil, fmt.Errorf("node %s: unknown mode %q, want %s or %s", opts.Name, opts.Mode, ModeDRA, ModeDevicePlugin)
+	}
 	c.mu.Lock()
 	if _, dup := c.nodes[opts.Name]; dup {
 		c.mu.Unlock()
@@ -140,8 +162,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 	}
-	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID}
-	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet")} {
+	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID,
+		mode: opts.Mode, dpOpts: deviceplugin.ResourceOptions{GPUResourceName: opts.GPUResourceName, Config: opts.DevicePluginConfig}}
+	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet"), n.DevicePluginDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}
@@ -163,12 +186,17 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err != nil {
 		return nil, err
 	}
-	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, kubeletDirs{
+	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
-		Devices: MachineDevices(machine)})
+		Devices: MachineDevices(machine)}
+	if opts.Mode == ModeDevicePlugin {
+		dirs.DevicePlugins = n.DevicePluginDir()
+	}
+	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, dirs)
 	if err != nil {
 		return nil, err
 	}
+	n.kubeletClient = kubeletClient
 
 	// The plugin's own client (core and resource groups only), as the
 	// binary builds it, so that a call to any other group fails here.
@@ -205,6 +233,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 func (n *Node) StartPlugin() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.mode == ModeDevicePlugin {
+		return n.startDevicePluginLocked()
+	}
 	if n.current != nil {
 		return fmt.Errorf("node %s: plugin is running", n.Name)
 	}
@@ -257,6 +288,7 @@ func (n *Node) StartRollingUpdate() (*PluginInstance, error) {
 func (n *Node) StopPlugin() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.stopDevicePluginLocked()
 	if n.current == nil {
 		return
 	}
@@ -303,6 +335,9 @@ func (n *Node) RestartPluginContainer() (int, error) {
 func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error {
 	labels := map[string]string{"kubernetes.io/hostname": opts.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
 		"gpu.gpudra.dev/present": "true"}
+	if opts.Mode == ModeDevicePlugin {
+		labels[DevicePluginModeLabel] = ModeDevicePlugin
+	}
 	for k, v := range opts.Labels {
 		labels[k] = v
 	}
@@ -346,7 +381,13 @@ func (c *Cluster) clientFor(agent string) (kubernetes.Interface, error) {
 
 // WaitForSlices waits until the API server holds every ResourceSlice the
 // node's plugin means to publish.
+//
+// In device-plugin mode it waits for the device plugin's resources
+// instead (WaitForDevicePlugin).
 func (n *Node) WaitForSlices(ctx context.Context) error {
+	if n.mode == ModeDevicePlugin {
+		return n.WaitForDevicePlugin(ctx)
+	}
 	p := n.Plugin()
 	if p == nil {
 		return fmt.Errorf("node %s: plugin is not running", n.Name)

@@ -78,7 +78,10 @@ func run(m *testing.M) int {
 	defer cluster.Stop()
 	// As in the demo: one DGX H100 in MIG mode, one with MIG off.
 	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig"},
-		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml"))}
+		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml")),
+		// Device-plugin mode (deviceplugin_test.go): labelled and tainted,
+		// with no ResourceSlices, so DRA tests never land there.
+		devcluster.DevicePluginNode(dpNode, dpMachine, nil)}
 	for _, opts := range nodes {
 		n, err := cluster.AddNode(ctx, opts)
 		if err == nil {
@@ -93,7 +96,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "device classes:", err)
 		return 1
 	}
-	fmt.Printf("devcluster with 2 simulated DGX H100 nodes and a fractional H100 ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
+	fmt.Printf("devcluster with 2 simulated DGX H100 nodes, a fractional H100 and a device-plugin node ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
 	code := m.Run()
 	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
 		_ = os.RemoveAll(logDir)

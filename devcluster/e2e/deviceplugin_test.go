@@ -1,0 +1,286 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// The device-plugin-mode nodes: dpNode (added by TestMain) has GPUs 0-5
+// whole and GPUs 6-7 in MIG mode (two 1g.10gb on GPU 6, one 3g.40gb on
+// GPU 7); dpSharedNode (added by the time-slicing test) has one H100
+// time-sliced into four nvidia.com/gpu.shared replicas.
+const (
+	dpNode       = "dp-h100-0"
+	dpMachine    = "testdata/dp-h100.yaml"
+	dpSharedNode = "dp-h100-ts-0"
+)
+
+// dpPod asks for device plugin resources (limits, as the device plugin API
+// wants) on one device-plugin node.
+func dpPod(name, node string, resources map[string]int64) *v1.Pod {
+	limits := v1.ResourceList{}
+	for r, n := range resources {
+		limits[v1.ResourceName(r)] = *resource.NewQuantity(n, resource.DecimalSI)
+	}
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1.PodSpec{
+			RestartPolicy: v1.RestartPolicyNever,
+			NodeSelector:  map[string]string{"kubernetes.io/hostname": node},
+			Tolerations:   []v1.Toleration{{Key: devcluster.DevicePluginTaintKey, Operator: v1.TolerationOpExists}},
+			Containers: []v1.Container{{Name: "cuda", Image: "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+				Resources: v1.ResourceRequirements{Limits: limits}}},
+		},
+	}
+}
+
+// inventory is the node's GPUs and MIG devices by UUID.
+func inventory(t *testing.T, node *devcluster.Node) (map[string]nvdevice.GPU, map[string]nvdevice.MigDevice) {
+	t.Helper()
+	inv, err := node.Machine.Inventory(context.Background())
+	require.NoError(t, err)
+	gpus, migs := map[string]nvdevice.GPU{}, map[string]nvdevice.MigDevice{}
+	for _, g := range inv.GPUs {
+		gpus[g.UUID] = g
+		for _, m := range g.MIG.Devices {
+			migs[m.UUID] = m
+		}
+	}
+	return gpus, migs
+}
+
+// nodeResource is the node's capacity and allocatable of one resource.
+func nodeResource(t *testing.T, node, name string) (capacity, allocatable int64) {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	require.NoError(t, err)
+	c, a := n.Status.Capacity[v1.ResourceName(name)], n.Status.Allocatable[v1.ResourceName(name)]
+	return c.Value(), a.Value()
+}
+
+func waitAllocatable(t *testing.T, node, name string, want int64) {
+	t.Helper()
+	var got int64
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, got = nodeResource(t, node, name)
+		return got == want, nil
+	})
+	require.NoError(t, err, "node %s: allocatable %s is %d, want %d", node, name, got, want)
+}
+
+// The device-plugin node's Node object carries what the kubelet's device
+// manager reports from the plugin's ListAndWatch: whole GPUs as
+// nvidia.com/gpu, MIG devices per profile.
+func TestDevicePluginNodeAllocatable(t *testing.T) {
+	node := cluster.Node(dpNode)
+	require.NotNil(t, node)
+	assert.Equal(t, devcluster.ModeDevicePlugin, node.Mode())
+	for name, want := range map[string]int64{"nvidia.com/gpu": 6, "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1} {
+		c, a := nodeResource(t, dpNode, name)
+		assert.Equal(t, want, c, "capacity %s", name)
+		assert.Equal(t, want, a, "allocatable %s", name)
+	}
+	// No DRA on this node: nothing published.
+	slices, err := cluster.Client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, s := range slices.Items {
+		assert.NotEqual(t, dpNode, s.Spec.Pool.Name, "slice %s", s.Name)
+	}
+}
+
+// nvidia.com/gpu: 2 is scheduled by extended resource, allocated by the
+// kubelet's device manager (GetPreferredAllocation, Allocate), and the
+// container's CDI devices give it exactly two whole GPUs of one NVLink
+// domain; a second such pod gets two others, a pod asking for more than
+// what is left stays pending.
+func TestDevicePluginTwoGPUs(t *testing.T) {
+	node := cluster.Node(dpNode)
+	require.NotNil(t, node)
+	ns := namespace(t)
+	gpus, _ := inventory(t, node)
+
+	create(t, ns, nil, dpPod("two", dpNode, map[string]int64{"nvidia.com/gpu": 2}), dpPod("two-more", dpNode, map[string]int64{"nvidia.com/gpu": 2}))
+	seen := map[string]string{}
+	for _, name := range []string{"two", "two-more"} {
+		pod := waitRunning(t, ns, name)
+		assert.Equal(t, dpNode, pod.Spec.NodeName)
+		view := views(t, pod)["cuda"]
+		require.Len(t, view.VisibleGPUs(), 2, "%s: %+v", name, view)
+		domains := map[string]bool{}
+		for _, uuid := range view.VisibleGPUs() {
+			g, ok := gpus[uuid]
+			require.True(t, ok, "%s sees %s, not a whole GPU of the node", name, uuid)
+			assert.False(t, g.MIG.Enabled, "%s got GPU %d in MIG mode", name, g.Index)
+			require.NotEmpty(t, g.NVLink.Domain, "GPU %d has no NVLink domain", g.Index)
+			domains[g.NVLink.Domain] = true
+			require.NotContains(t, seen, uuid, "GPU %s given to %s and %s", uuid, seen[uuid], name)
+			seen[uuid] = name
+		}
+		assert.Len(t, domains, 1, "%s: GPUs of one NVLink domain", name)
+		// The same container edits as DRA's: device-plugin CDI names from
+		// the node-wide spec, plus the driver's common spec.
+		for _, uuid := range view.VisibleGPUs() {
+			g := gpus[uuid]
+			assert.Contains(t, view.CDIDevices, deviceplugin.CDIDeviceName(slicebuilder.GPUDeviceName(&g)), name)
+		}
+		assert.NotEmpty(t, view.DriverMounts, "%s: driver files", name)
+	}
+	// 6 whole GPUs, 4 taken: a pod asking for 3 does not fit.
+	create(t, ns, nil, dpPod("three", dpNode, map[string]int64{"nvidia.com/gpu": 3}))
+	assert.Contains(t, waitUnschedulable(t, ns, "three").Message, "nvidia.com/gpu", "unschedulable for the extended resource")
+
+	// Deleting a pod frees its GPUs: the kubelet's device manager gives
+	// them to the waiting pod (once the scheduler sees room).
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(context.Background(), "two", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "two")
+	pod := waitRunning(t, ns, "three")
+	assert.Len(t, views(t, pod)["cuda"].VisibleGPUs(), 3)
+}
+
+// A MIG resource (mixed strategy) gets the MIG device configured on the
+// node: the container's device nodes give it that MIG device only.
+func TestDevicePluginMIGDevice(t *testing.T) {
+	node := cluster.Node(dpNode)
+	require.NotNil(t, node)
+	ns := namespace(t)
+	gpus, migs := inventory(t, node)
+
+	create(t, ns, nil, dpPod("mig-small", dpNode, map[string]int64{"nvidia.com/mig-1g.10gb": 1}),
+		dpPod("mig-big", dpNode, map[string]int64{"nvidia.com/mig-3g.40gb": 1}))
+	for name, profile := range map[string]string{"mig-small": "1g.10gb", "mig-big": "3g.40gb"} {
+		pod := waitRunning(t, ns, name)
+		view := views(t, pod)["cuda"]
+		require.Len(t, view.VisibleGPUs(), 1, "%s: %+v", name, view)
+		m, ok := migs[view.VisibleGPUs()[0]]
+		require.True(t, ok, "%s sees %s, not a MIG device", name, view.VisibleGPUs()[0])
+		assert.Equal(t, profile, m.Profile, name)
+		for _, g := range gpus {
+			assert.NotContains(t, view.VisibleGPUs(), g.UUID, "%s sees a whole GPU", name)
+		}
+	}
+}
+
+// Time-slicing (the config file in NVIDIA's shape): one H100 advertised as
+// four nvidia.com/gpu.shared replicas; four pods share the one GPU, a
+// fifth does not fit.
+func TestDevicePluginTimeSlicing(t *testing.T) {
+	ctx := context.Background()
+	node := cluster.Node(dpSharedNode)
+	if node == nil {
+		cfg, err := deviceplugin.ParseConfig([]byte(`version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+      rename: nvidia.com/gpu.shared
+`))
+		require.NoError(t, err)
+		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpSharedNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
+		require.NoError(t, err)
+		require.NoError(t, node.WaitForDevicePlugin(ctx))
+	}
+	c, a := nodeResource(t, dpSharedNode, "nvidia.com/gpu.shared")
+	assert.Equal(t, int64(4), c)
+	assert.Equal(t, int64(4), a)
+
+	ns := namespace(t)
+	gpus, _ := inventory(t, node)
+	require.Len(t, gpus, 1)
+	var only string
+	for uuid := range gpus {
+		only = uuid
+	}
+	for i := range 5 {
+		create(t, ns, nil, dpPod(fmt.Sprintf("share-%d", i), dpSharedNode, map[string]int64{"nvidia.com/gpu.shared": 1}))
+	}
+	running := 0
+	for i := range 4 {
+		pod := waitRunning(t, ns, fmt.Sprintf("share-%d", i))
+		assert.Equal(t, []string{only}, views(t, pod)["cuda"].VisibleGPUs(), "pod %s", pod.Name)
+		running++
+	}
+	assert.Equal(t, 4, running, "four pods share one GPU")
+	// The fifth is unschedulable: four replicas only.
+	assert.Contains(t, waitUnschedulable(t, ns, "share-4").Message, "nvidia.com/gpu.shared")
+}
+
+// An unhealthy GPU (a critical XID through the simulated machine) leaves
+// allocatable: ListAndWatch reports it, the device manager counts it out;
+// a GPU reset brings it back.
+func TestDevicePluginUnhealthyGPULeavesAllocatable(t *testing.T) {
+	node := cluster.Node(dpNode)
+	require.NotNil(t, node)
+	ctx := context.Background()
+	inv, err := node.Machine.Inventory(ctx)
+	require.NoError(t, err)
+	var victim string
+	for _, g := range inv.GPUs {
+		if !g.MIG.Enabled {
+			victim = g.UUID
+			break
+		}
+	}
+	waitAllocatable(t, dpNode, "nvidia.com/gpu", 6)
+	require.NoError(t, node.Machine.InjectXID(victim, "", 48)) // double-bit ECC error
+	waitAllocatable(t, dpNode, "nvidia.com/gpu", 5)
+	c, _ := nodeResource(t, dpNode, "nvidia.com/gpu")
+	assert.Equal(t, int64(6), c, "capacity keeps the unhealthy GPU")
+
+	require.NoError(t, node.Machine.ResetGPU(victim))
+	waitAllocatable(t, dpNode, "nvidia.com/gpu", 6)
+}
+
+// Switching a node from DRA to device-plugin mode while a claim is
+// prepared there is refused with an error naming the claim, read from the
+// DRA plugin's real checkpoint; once the pod is gone, the check passes.
+// The other way round: the device-plugin node's real kubelet device
+// manager checkpoint refuses DRA mode while a pod holds GPUs there.
+func TestDevicePluginModeSwitchRefused(t *testing.T) {
+	ctx := context.Background()
+	const draNode = "dgx-h100-1"
+	node := cluster.Node(draNode)
+	require.NotNil(t, node)
+	ns := namespace(t)
+	pod := gpuPod("holder", "one-gpu")
+	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": draNode}
+	create(t, ns, template("one-gpu", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil, nil), pod)
+	claim := podClaim(t, waitRunning(t, ns, "holder"), "gpu")
+
+	err := deviceplugin.CheckDRADrained(node.PluginDataDir())
+	require.Error(t, err, "device plugin mode must be refused while a claim is prepared")
+	assert.Contains(t, err.Error(), claim.Namespace+"/"+claim.Name)
+	assert.Contains(t, err.Error(), string(claim.UID))
+	t.Logf("refusal: %v", err)
+
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "holder", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "holder")
+	require.NoError(t, wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return deviceplugin.CheckDRADrained(node.PluginDataDir()) == nil, nil
+	}), "drained node still refused")
+
+	// The other way round, from the kubelet's device manager checkpoint.
+	dp := cluster.Node(dpNode)
+	require.NotNil(t, dp)
+	create(t, ns, nil, dpPod("dp-holder", dpNode, map[string]int64{"nvidia.com/gpu": 1}))
+	held := waitRunning(t, ns, "dp-holder")
+	err = deviceplugin.CheckDevicePluginDrained(filepath.Join(dp.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)), deviceplugin.OurResourceNames("", nil))
+	require.Error(t, err, "DRA mode must be refused while a pod holds a device plugin GPU")
+	assert.Contains(t, err.Error(), string(held.UID))
+}
