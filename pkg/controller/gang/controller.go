@@ -94,6 +94,8 @@ type Controller struct {
 	// behind its own writes, and a round must not plan or report them
 	// again from a stale view.
 	recent map[string]time.Time
+	// verdicts remembers, per item, whether it could ever fit.
+	verdicts map[string]verdict
 	// lastClassCount is when the per-class device metrics were last
 	// counted: counting evaluates every class on every device.
 	lastClassCount time.Time
@@ -127,6 +129,7 @@ func New(opts Options) (*Controller, error) {
 		trigger:   make(chan struct{}, 1),
 		reported:  map[string]string{},
 		recent:    map[string]time.Time{},
+		verdicts:  map[string]verdict{},
 	}, nil
 }
 

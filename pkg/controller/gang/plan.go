@@ -2,10 +2,13 @@ package gang
 
 import (
 	"fmt"
+	"hash/fnv"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
@@ -21,6 +24,42 @@ type snapshot struct {
 	allocated []*resourceapi.ResourceClaim
 	// domains maps pool/device to NVLink domain, built on first use.
 	domains map[string]string
+	// fp is the fingerprint of slices, classes and nodes (0: not yet).
+	fp uint64
+}
+
+// fingerprint identifies the cluster's devices, classes and nodes as this
+// snapshot sees them: equal fingerprints, equal answers to "would it fit on
+// an empty cluster".
+func (s *snapshot) fingerprint() uint64 {
+	if s.fp != 0 {
+		return s.fp
+	}
+	h := fnv.New64a()
+	write := func(uid, rv string) {
+		_, _ = h.Write([]byte(uid))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(rv))
+		_, _ = h.Write([]byte{0})
+	}
+	var keys []string
+	for _, sl := range s.slices {
+		keys = append(keys, "s"+string(sl.UID)+"/"+sl.ResourceVersion)
+	}
+	for _, c := range s.classes {
+		keys = append(keys, "c"+string(c.UID)+"/"+c.ResourceVersion)
+	}
+	for _, n := range s.nodes {
+		// A node's status changes every few seconds; its labels are what
+		// placement reads.
+		keys = append(keys, "n"+n.Name+"/"+labels.FormatLabels(n.Labels))
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		write(k, "")
+	}
+	s.fp = h.Sum64() | 1
+	return s.fp
 }
 
 // domainOf is a device's NVLink domain ("" without one).

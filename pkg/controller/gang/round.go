@@ -314,16 +314,44 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 }
 
 // unsatisfiable says why an item would not fit even on an empty cluster,
-// or "" when it would.
+// or "" when it would. The answer depends only on the item and the
+// cluster's devices, so it is kept until the slices, classes or nodes
+// change: waiting items are asked every round.
 func (c *Controller) unsatisfiable(ctx context.Context, it *item, snap *snapshot) string {
+	fp := snap.fingerprint()
+	c.mu.Lock()
+	v, ok := c.verdicts[it.Key]
+	c.mu.Unlock()
+	// Kept a minute at most: a gang made again under its name with other
+	// node selectors asks for the same number of devices.
+	if ok && v.fingerprint == fp && v.devices == it.Devices && c.opts.Now().Sub(v.seen) < time.Minute {
+		return v.message
+	}
+	var msg string
 	empty, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, true))
 	switch {
 	case err != nil:
-		return fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, err)
+		msg = fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, err)
 	case it.sameDomain && len(empty.NVLinkDomains) > 1:
-		return fmt.Sprintf("%d devices do not fit in one NVLink domain even on an empty cluster", it.Devices)
+		msg = fmt.Sprintf("%d devices do not fit in one NVLink domain even on an empty cluster", it.Devices)
 	}
-	return ""
+	c.mu.Lock()
+	c.verdicts[it.Key] = verdict{fingerprint: fp, devices: it.Devices, message: msg, seen: c.opts.Now()}
+	for k, v := range c.verdicts {
+		if c.opts.Now().Sub(v.seen) > time.Minute {
+			delete(c.verdicts, k)
+		}
+	}
+	c.mu.Unlock()
+	return msg
+}
+
+// verdict is a remembered answer of unsatisfiable.
+type verdict struct {
+	fingerprint uint64
+	devices     int64
+	message     string
+	seen        time.Time
 }
 
 // requestClasses are the device classes a claim asks for.
