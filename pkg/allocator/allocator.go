@@ -311,7 +311,7 @@ func unitsOf(in Input) ([]*unit, error) {
 				return fmt.Errorf("claim %s is given twice; claims shared by pods belong in one group", key)
 			}
 			seen.Insert(key)
-			u.demand += claimDemand(c)
+			u.demand += ClaimDemand(c)
 		}
 		units = append(units, u)
 		return nil
@@ -343,10 +343,10 @@ func claimName(c *resourceapi.ResourceClaim) string {
 	return c.Namespace + "/" + c.Name
 }
 
-// claimDemand estimates how many devices a claim asks for: the count of
+// ClaimDemand estimates how many devices a claim asks for: the count of
 // each exact request (the first alternative of a firstAvailable list), 1
 // for a request for all devices.
-func claimDemand(c *resourceapi.ResourceClaim) int64 {
+func ClaimDemand(c *resourceapi.ResourceClaim) int64 {
 	var n int64
 	for _, r := range c.Spec.Devices.Requests {
 		switch {

@@ -131,7 +131,7 @@ func checkResult(t *testing.T, c *testCluster, in Input, r Result) {
 	}
 	for i, a := range r.Allocations {
 		require.Same(t, in.Claims[i], a.Claim)
-		assert.Equal(t, claimDemand(a.Claim), int64(len(a.Result.Devices.Results)), "claim %s", a.Claim.Name)
+		assert.Equal(t, ClaimDemand(a.Claim), int64(len(a.Result.Devices.Results)), "claim %s", a.Claim.Name)
 		for _, d := range a.Result.Devices.Results {
 			assert.Equal(t, a.Node, d.Pool)
 			key := d.Pool + "/" + d.Device

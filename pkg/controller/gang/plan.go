@@ -215,27 +215,17 @@ func intersect(a, b sets.Set[string]) sets.Set[string] {
 	return a.Intersection(b)
 }
 
-// demand is the number of devices a set of groups asks for, as the
-// allocator estimates it, for queue metrics and fair share.
+// demand is the number of devices a set of groups and claims asks for, as
+// the allocator estimates it, for queue metrics and fair share.
 func demand(groups []allocator.Group, claims []*resourceapi.ResourceClaim) int64 {
 	var n int64
-	count := func(c *resourceapi.ResourceClaim) {
-		for _, r := range c.Spec.Devices.Requests {
-			switch {
-			case r.Exactly != nil:
-				n += max(r.Exactly.Count, 1)
-			case len(r.FirstAvailable) > 0:
-				n += max(r.FirstAvailable[0].Count, 1)
-			}
-		}
-	}
 	for _, g := range groups {
 		for _, c := range g.Claims {
-			count(c)
+			n += allocator.ClaimDemand(c)
 		}
 	}
 	for _, c := range claims {
-		count(c)
+		n += allocator.ClaimDemand(c)
 	}
 	return n
 }

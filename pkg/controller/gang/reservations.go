@@ -3,6 +3,7 @@ package gang
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,16 +85,6 @@ func heldStatus(claims []*resourceapi.ResourceClaim, deviceDomain func(pool, dev
 		nodeSet.Insert(h.Node)
 		held = append(held, h)
 	}
-	slices.SortFunc(held, func(a, b gpudrav1.HeldClaim) int { return compareStrings(a.Name, b.Name) })
+	slices.SortFunc(held, func(a, b gpudrav1.HeldClaim) int { return strings.Compare(a.Name, b.Name) })
 	return held, devices, sets.List(nodeSet), sets.List(domainSet)
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -13,7 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
@@ -73,22 +75,8 @@ func (c *Controller) setReservationStatus(ctx context.Context, r *gpudrav1.GpuRe
 		}
 		c.record(r, typ, string(st.Phase), st.Reason+": "+st.Message)
 	}
-	// An update of the whole status, not a merge patch: fields that
-	// became empty must go.
-	obj, ok, err := c.reservations.GetByKey(r.Namespace + "/" + r.Name)
-	if err != nil || !ok {
-		return nil // deleted meanwhile
-	}
-	u := obj.(*unstructured.Unstructured).DeepCopy()
-	if err := setStatus(u, st); err != nil {
+	if written, err := c.updateStatus(ctx, c.reservations, gpudrav1.GpuReservations, r.Namespace, r.Name, st); !written {
 		return err
-	}
-	if _, err := c.opts.Dynamic.Resource(gpudrav1.GpuReservations).Namespace(r.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			c.kick() // the informer has a newer object; the next round redoes it
-			return nil
-		}
-		return fmt.Errorf("update status of GpuReservation %s/%s: %w", r.Namespace, r.Name, err)
 	}
 	r.Status = st
 	return nil
@@ -250,22 +238,35 @@ func (c *Controller) setQueueStatus(ctx context.Context, name string, waiting in
 	if reflect.DeepEqual(st, q.Status) {
 		return nil
 	}
-	obj, ok, err := c.queues.GetByKey(name)
+	_, err := c.updateStatus(ctx, c.queues, gpudrav1.GpuQueues, "", name, st)
+	return err
+}
+
+// updateStatus replaces the status of one of gpudra's objects: an update
+// of the whole status, not a merge patch, since fields that became empty
+// must go. A conflict or a deleted object is no error, and nothing
+// written: the informer has a newer object, and the next round redoes it.
+func (c *Controller) updateStatus(ctx context.Context, store cache.Store, gvr schema.GroupVersionResource, namespace, name string, status any) (written bool, err error) {
+	key := name
+	if namespace != "" {
+		key = namespace + "/" + name
+	}
+	obj, ok, err := store.GetByKey(key)
 	if err != nil || !ok {
-		return nil
+		return false, nil // deleted meanwhile
 	}
 	u := obj.(*unstructured.Unstructured).DeepCopy()
-	if err := setStatus(u, st); err != nil {
-		return err
+	if err := setStatus(u, status); err != nil {
+		return false, err
 	}
-	if _, err := c.opts.Dynamic.Resource(gpudrav1.GpuQueues).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.opts.Dynamic.Resource(gvr).Namespace(namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			c.kick()
-			return nil
+			return false, nil
 		}
-		return fmt.Errorf("update status of GpuQueue %s: %w", name, err)
+		return false, fmt.Errorf("update status of %s %s: %w", gvr.Resource, key, err)
 	}
-	return nil
+	return true, nil
 }
 
 // truncate keeps Event notes under the API's 1 kB limit.
