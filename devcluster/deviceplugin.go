@@ -36,6 +36,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // Node agent modes (NodeOptions.Mode).
@@ -234,6 +235,11 @@ func (n *Node) startDevicePluginLocked() error {
 	ctx, cancel := context.WithCancel(klog.NewContext(n.ctx,
 		klog.LoggerWithValues(klog.FromContext(n.ctx), "pluginPod", fmt.Sprintf("%s-device-plugin-%d", n.Name, n.starts))))
 	inst := &devicePluginInstance{cancel: cancel, done: make(chan struct{})}
+	mps, err := n.devicePluginMPS()
+	if err != nil {
+		cancel()
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
 	opts := deviceplugin.ServeOptions{
 		Backend:         n.Machine,
 		Resources:       deviceplugin.ResourceOptions{GPUResourceName: n.dpOpts.GPUResourceName, Config: n.dpOpts.Config},
@@ -241,6 +247,7 @@ func (n *Node) startDevicePluginLocked() error {
 		PluginDir:       n.DevicePluginDir(),
 		ExtraCDIDevices: []string{cdi.DriverDeviceID},
 		PollInterval:    100 * time.Millisecond,
+		MPS:             mps,
 	}
 	go func() {
 		defer close(inst.done)
@@ -251,6 +258,28 @@ func (n *Node) startDevicePluginLocked() error {
 	}()
 	n.dp = inst
 	return nil
+}
+
+// devicePluginMPS runs the MPS replicas' servers as the node agent does in
+// the chart: server pods (which this node's kubelet runs as processes,
+// processpods.go) under the plugin data directory, the fake
+// nvidia-cuda-mps-control as the daemon.
+func (n *Node) devicePluginMPS() (deviceplugin.MPSOptions, error) {
+	opts := deviceplugin.MPSOptions{KubeletCheckpoint: filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)),
+		SuperviseEvery: time.Second}
+	cfg := n.pluginCfg
+	if cfg.MPSControlBinary == "" {
+		return opts, nil
+	}
+	m, err := sharing.NewManager(sharing.Options{Root: filepath.Join(n.PluginDataDir(), "sharing"),
+		MPSControl: sharing.ExecMPSControl{Runner: cfg.DriverTools, Path: cfg.MPSControlBinary},
+		MPSServers: &sharing.PodServers{Client: cfg.Client, Namespace: cfg.Namespace, NodeName: n.Name, Image: cfg.MPSServerImage,
+			ImagePullPolicy: v1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot, ControlBinary: cfg.MPSControlBinary}})
+	if err != nil {
+		return opts, err
+	}
+	opts.MPS = m.MPS()
+	return opts, nil
 }
 
 // stopDevicePluginLocked stops the device plugin and waits for it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,8 +16,10 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/drivertools"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // loadDevicePluginConfig reads --device-plugin-config; empty: nil (the
@@ -40,19 +43,13 @@ func loadDevicePluginConfig(path string) (*deviceplugin.Config, error) {
 // start while the DRA side still has claims prepared on the node, then
 // serves the classic device plugin API (pkg/deviceplugin) over the same
 // backend, CDI directory, driver spec and health policy as DRA mode.
-func runDevicePlugin(ctx context.Context, f *options) error {
+func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 	if err := deviceplugin.CheckDRADrained(f.pluginDataDir); err != nil {
 		return err
 	}
 	cfg, err := loadDevicePluginConfig(f.devicePluginConfig)
 	if err != nil {
 		return err
-	}
-	if cfg != nil && cfg.Sharing.MPS != nil {
-		// pkg/deviceplugin needs an MPS control daemon per GPU (its
-		// MPSPipeDir) that this mode does not run yet: refuse rather than
-		// advertise replicas whose every Allocate fails.
-		return fmt.Errorf("--device-plugin-config=%s: sharing.mps is not supported by the node agent's device plugin mode yet (no MPS control daemon is run for it); use sharing.timeSlicing, or DRA mode for MPS", f.devicePluginConfig)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -63,6 +60,10 @@ func runDevicePlugin(ctx context.Context, f *options) error {
 	}
 	defer backend.Close()
 	writer, err := cdi.NewWriter(f.cdiDir)
+	if err != nil {
+		return err
+	}
+	mps, err := devicePluginMPS(f, cfg, tools, logArgs)
 	if err != nil {
 		return err
 	}
@@ -88,11 +89,50 @@ func runDevicePlugin(ctx context.Context, f *options) error {
 		XIDPolicy:       nvdevice.NewXIDPolicy(f.healthIgnoredXIDs),
 		PluginDir:       f.devicePluginDir,
 		ExtraCDIDevices: extra,
+		MPS:             mps,
 	})
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return errors.Join(err, cause)
 	}
 	return err
+}
+
+// devicePluginMPS runs the MPS replicas' servers (sharing.mps) as DRA
+// mode runs its MPS servers: pods of their own with --mps-server-image (the
+// chart), so that they outlive this container, under the same directory
+// and keys as DRA mode's. A config without MPS needs nothing; one with MPS
+// but no nvidia-cuda-mps-control is refused by deviceplugin.Serve.
+func devicePluginMPS(f *options, cfg *deviceplugin.Config, tools drivertools.Runner, logArgs []string) (deviceplugin.MPSOptions, error) {
+	opts := deviceplugin.MPSOptions{KubeletCheckpoint: f.kubeletDeviceCheckpoint}
+	if cfg == nil || cfg.Sharing.MPS == nil {
+		return opts, nil
+	}
+	control, err := driverTool(tools, "mps-control-binary", f.mpsControl, "nvidia-cuda-mps-control")
+	if err != nil || control == "" {
+		return opts, err
+	}
+	so := sharing.Options{Root: filepath.Join(f.pluginDataDir, "sharing"),
+		MPSControl: sharing.ExecMPSControl{Runner: tools, Path: control}}
+	if f.mpsServerImage != "" {
+		restCfg, err := kubeclient.RESTConfig(f.kubeconfig)
+		if err != nil {
+			return opts, err
+		}
+		restCfg.QPS, restCfg.Burst = float32(f.qps), f.burst
+		client, err := kubeclient.NewForConfig(restCfg)
+		if err != nil {
+			return opts, fmt.Errorf("API client (for MPS server pods): %w", err)
+		}
+		so.MPSServers = &sharing.PodServers{Client: client, Namespace: f.namespace, NodeName: f.nodeName,
+			Image: f.mpsServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: f.hostDriverRoot,
+			ControlBinary: control, LogArgs: logArgs}
+	}
+	m, err := sharing.NewManager(so)
+	if err != nil {
+		return opts, err
+	}
+	opts.MPS = m.MPS()
+	return opts, nil
 }
 
 // writeDriverSpec writes the driver's common CDI spec as DRA mode does at

@@ -4,6 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,11 +79,13 @@ func TestDevicePluginModeConfigErrors(t *testing.T) {
 		{filepath.Join(dir, "missing.yaml"), "--device-plugin-config: open " + filepath.Join(dir, "missing.yaml")},
 		{write("single.yaml", "version: v1\nflags:\n  migStrategy: single\n"), `single.yaml: flags.migStrategy: "single" is not supported`},
 		{write("unknown.yaml", "version: v1\nflags:\n  gdsEnabled: true\n"), `unknown.yaml: device plugin config: error unmarshaling JSON`},
+		// No nvidia-cuda-mps-control under an empty driver root.
 		{write("mps.yaml", "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"),
-			"mps.yaml: sharing.mps is not supported by the node agent's device plugin mode yet"},
+			"sharing.mps: this node has no MPS control binary"},
 	} {
 		t.Run(filepath.Base(tc.config), func(t *testing.T) {
-			err := runWith(t, context.Background(), "--node-name=a", "--backend=sim", "--mode=device-plugin", "--plugin-data-dir="+t.TempDir(),
+			err := runWith(t, context.Background(), "--node-name=a", "--backend=sim", "--sim-machine=dgx-h100-nomig", "--mode=device-plugin",
+				"--driver-root="+t.TempDir(), "--plugin-data-dir="+t.TempDir(),
 				"--cdi-dir="+t.TempDir(), "--device-plugin-dir="+t.TempDir(), "--metrics-address=", "--device-plugin-config="+tc.config)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
@@ -110,6 +115,47 @@ func TestDevicePluginModeStarts(t *testing.T) {
 		assert.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("device plugin mode did not stop")
+	}
+}
+
+// With sharing.mps, device plugin mode starts an MPS server per shared GPU
+// (processes here: no --mps-server-image) under the plugin data directory,
+// and writes each GPU's MPS spec before it advertises anything.
+func TestDevicePluginModeRunsMPSServers(t *testing.T) {
+	cdiDir, data := t.TempDir(), t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n      devices: [3]\n"), 0o600))
+	standIn, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runWith(t, ctx, "--node-name=a", "--backend=sim", "--sim-machine=dgx-h100-nomig", "--mode=device-plugin", "--plugin-data-dir="+data,
+			"--cdi-dir="+cdiDir, "--device-plugin-dir="+t.TempDir(), "--metrics-address=", "--device-plugin-config="+cfg,
+			"--mps-control-binary="+standIn)
+	}()
+	w, err := cdi.NewWriter(cdiDir)
+	require.NoError(t, err)
+	assert.Eventually(t, func() bool { return w.Exists(deviceplugin.MPSSpecUID("gpu-3")) }, 10*time.Second, 20*time.Millisecond,
+		"GPU 3's MPS spec")
+	assert.False(t, w.Exists(deviceplugin.MPSSpecUID("gpu-2")), "GPU 2 is not shared with MPS")
+	servers, err := filepath.Glob(filepath.Join(data, "sharing", "mps", "mps-*", "pipe", "control.pid"))
+	require.NoError(t, err)
+	assert.Len(t, servers, 1, "one MPS server, for GPU 3")
+	cancel()
+	select {
+	case err := <-done:
+		assert.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("device plugin mode did not stop")
+	}
+	// The server outlives the agent (its clients keep running); stop it.
+	for _, pid := range servers {
+		b, err := os.ReadFile(pid)
+		require.NoError(t, err)
+		p, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		require.NoError(t, err)
+		_ = syscall.Kill(p, syscall.SIGTERM)
 	}
 }
 

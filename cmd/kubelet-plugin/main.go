@@ -84,7 +84,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return err
 	}
 	if f.mode == modeDevicePlugin {
-		return runDevicePlugin(ctx, f)
+		return runDevicePlugin(ctx, f, logArgs)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

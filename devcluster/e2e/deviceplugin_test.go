@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,17 +19,20 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 // The device-plugin-mode nodes: dpNode (added by TestMain) has GPUs 0-5
 // whole and GPUs 6-7 in MIG mode (two 1g.10gb on GPU 6, one 3g.40gb on
 // GPU 7); dpSharedNode (added by the time-slicing test) has one H100
-// time-sliced into four nvidia.com/gpu.shared replicas.
+// time-sliced into four nvidia.com/gpu.shared replicas, dpMPSNode (added
+// by the MPS test) one H100 shared by two MPS replicas.
 const (
 	dpNode       = "dp-h100-0"
 	dpMachine    = "testdata/dp-h100.yaml"
 	dpSharedNode = "dp-h100-ts-0"
+	dpMPSNode    = "dp-h100-mps-0"
 )
 
 // dpPod asks for device plugin resources (limits, as the device plugin API
@@ -219,6 +223,64 @@ sharing:
 	assert.Equal(t, 4, running, "four pods share one GPU")
 	// The fifth is unschedulable: four replicas only.
 	assert.Contains(t, waitUnschedulable(t, ns, "share-4").Message, "nvidia.com/gpu.shared")
+}
+
+// MPS replicas (sharing.mps): one MPS server pod for the GPU, started by
+// the agent before it advertises the replicas and configured with one
+// replica's share as the daemon's defaults; each replica's container gets
+// the server's pipe directory and /dev/shm and the same share in its
+// environment, through the CDI spec Allocate names; a third pod does not
+// fit two replicas.
+func TestDevicePluginMPS(t *testing.T) {
+	ctx := context.Background()
+	node := cluster.Node(dpMPSNode)
+	if node == nil {
+		cfg, err := deviceplugin.ParseConfig([]byte(`version: v1
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 2
+`))
+		require.NoError(t, err)
+		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpMPSNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
+		require.NoError(t, err)
+		require.NoError(t, node.WaitForDevicePlugin(ctx))
+	}
+	c, a := nodeResource(t, dpMPSNode, "nvidia.com/gpu")
+	assert.Equal(t, int64(2), c)
+	assert.Equal(t, int64(2), a)
+	servers := waitMPSServers(t, dpMPSNode, 1)
+	server := servers[0]
+	gpus, _ := inventory(t, node)
+	require.Len(t, gpus, 1)
+	var only string
+	for uuid := range gpus {
+		only = uuid
+	}
+	assert.Equal(t, only, server.Pod.Annotations["gpu.gpudra.dev/mps-devices"], "the server serves the GPU")
+	log, err := os.ReadFile(filepath.Join(server.Dir, "log", "control.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(log), "command set_default_active_thread_percentage 50")
+	assert.Contains(t, string(log), "command set_default_device_pinned_mem_limit 0 40779M")
+
+	ns := namespace(t)
+	for i := range 3 {
+		create(t, ns, nil, dpPod(fmt.Sprintf("mps-%d", i), dpMPSNode, map[string]int64{"nvidia.com/gpu": 1}))
+	}
+	for i := range 2 {
+		pod := waitRunning(t, ns, fmt.Sprintf("mps-%d", i))
+		v := views(t, pod)["cuda"]
+		assert.Equal(t, []string{only}, v.VisibleGPUs(), "pod %s", pod.Name)
+		assert.Contains(t, v.CDIDevices, deviceplugin.MPSCDIDeviceName("gpu-0"), "pod %s", pod.Name)
+		assert.Equal(t, sharing.MPSPipeDirectory, v.Env["CUDA_MPS_PIPE_DIRECTORY"], "pod %s", pod.Name)
+		assert.Equal(t, "50", v.Env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "pod %s", pod.Name)
+		assert.Equal(t, "0=40779M", v.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "pod %s", pod.Name)
+		assert.ElementsMatch(t, []string{filepath.Join(server.Dir, "pipe") + ":" + sharing.MPSPipeDirectory, filepath.Join(server.Dir, "shm") + ":/dev/shm"},
+			v.Mounts, "pod %s: the GPU's server's pipe directory and /dev/shm", pod.Name)
+	}
+	assert.Contains(t, waitUnschedulable(t, ns, "mps-2").Message, "nvidia.com/gpu", "two replicas only")
+	assert.Len(t, mpsServers(t, dpMPSNode), 1, "one server for every replica of the GPU")
 }
 
 // An unhealthy GPU (a critical XID through the simulated machine) leaves

@@ -33,12 +33,22 @@ func CDIDeviceName(deviceName string) string { return cdi.QualifiedName(SpecUID,
 // GPU not in MIG mode and per existing MIG device (all the devices any
 // resource can advertise).
 func BuildCDISpec(inv *nvdevice.Inventory, host nvdevice.Host) (*cdispec.Spec, error) {
-	claim := cdi.Claim{UID: SpecUID}
+	devices, err := specDevices(inv, host)
+	if err != nil {
+		return nil, err
+	}
+	return cdi.BuildSpec(cdi.Claim{UID: SpecUID, Devices: devices}, host.Majors)
+}
+
+// specDevices are the devices of the node-wide spec, each with its own
+// device nodes.
+func specDevices(inv *nvdevice.Inventory, host nvdevice.Host) ([]prepared.Device, error) {
+	var devices []prepared.Device
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
 		gpuNode := cdi.GPUNode(host.Majors, g.Minor)
 		if !g.MIG.Enabled {
-			claim.Devices = append(claim.Devices, prepared.Device{Device: devName(g, nil), UUID: g.UUID,
+			devices = append(devices, prepared.Device{Device: devName(g, nil), UUID: g.UUID,
 				GPUUUID: g.UUID, Nodes: []prepared.DeviceNode{gpuNode}})
 			continue
 		}
@@ -51,11 +61,11 @@ func BuildCDISpec(inv *nvdevice.Inventory, host nvdevice.Host) (*cdispec.Spec, e
 			if err != nil {
 				return nil, fmt.Errorf("MIG device %s: %w", m.UUID, err)
 			}
-			claim.Devices = append(claim.Devices, prepared.Device{Device: devName(g, m), UUID: m.UUID, GPUUUID: g.UUID, Mig: true,
+			devices = append(devices, prepared.Device{Device: devName(g, m), UUID: m.UUID, GPUUUID: g.UUID, Mig: true,
 				Nodes: []prepared.DeviceNode{gpuNode, cdi.CapNode(host.Majors, gi), cdi.CapNode(host.Majors, ci)}})
 		}
 	}
-	return cdi.BuildSpec(claim, host.Majors)
+	return devices, nil
 }
 
 // WriteCDISpec builds the node-wide spec and writes it with the DRA side's

@@ -76,23 +76,45 @@ func CheckDRADrained(pluginDataDir string) error {
 // device manager checkpoint.
 type DevicePluginAllocation struct {
 	PodUID, ContainerName, ResourceName string
+	// DeviceIDs are the device IDs the container holds ("<uuid>",
+	// "<uuid>::<n>").
+	DeviceIDs []string
 }
 
 // kubeletCheckpoint is what is read of the kubelet's device manager
 // checkpoint (k8s.io/kubernetes pkg/kubelet/cm/devicemanager/checkpoint):
 // {"Data":{"PodDeviceEntries":[{"PodUID","ContainerName","ResourceName",
 // "DeviceIDs","AllocResp"}],"RegisteredDevices":{...}},"Checksum":N}.
-// Other fields, and DeviceIDs in either of its shapes (a list before 1.20,
-// a map by NUMA node since), are ignored; the checksum is not verified (it
-// hashes Go's in-memory form, which only the kubelet can reproduce).
+// DeviceIDs comes in either of its shapes (a list before 1.20, a map by
+// NUMA node since); other fields are ignored, and the checksum is not
+// verified (it hashes Go's in-memory form, which only the kubelet can
+// reproduce).
 type kubeletCheckpoint struct {
 	Data struct {
 		PodDeviceEntries []struct {
 			PodUID        string
 			ContainerName string
 			ResourceName  string
+			DeviceIDs     json.RawMessage
 		}
 	}
+}
+
+// checkpointDeviceIDs reads an entry's DeviceIDs in either shape, sorted;
+// anything else reads as none.
+func checkpointDeviceIDs(raw json.RawMessage) []string {
+	var ids []string
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		var byNUMA map[string][]string
+		if json.Unmarshal(raw, &byNUMA) != nil {
+			return nil
+		}
+		for _, l := range byNUMA {
+			ids = append(ids, l...)
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 // DevicePluginAllocations lists the containers of the kubelet's device
@@ -114,7 +136,8 @@ func DevicePluginAllocations(kubeletCheckpointPath string, resourceNames []strin
 	var out []DevicePluginAllocation
 	for _, e := range cp.Data.PodDeviceEntries {
 		if matchesResource(e.ResourceName, resourceNames) {
-			out = append(out, DevicePluginAllocation{PodUID: e.PodUID, ContainerName: e.ContainerName, ResourceName: e.ResourceName})
+			out = append(out, DevicePluginAllocation{PodUID: e.PodUID, ContainerName: e.ContainerName, ResourceName: e.ResourceName,
+				DeviceIDs: checkpointDeviceIDs(e.DeviceIDs)})
 		}
 	}
 	return out, nil

@@ -31,11 +31,12 @@ type ServeOptions struct {
 	CDI *cdi.Writer
 	// XIDPolicy decides which health events make a device unhealthy.
 	XIDPolicy nvdevice.XIDPolicy
-	// PluginDir, ExtraCDIDevices, MPSPipeDir and PollInterval go to every
-	// resource's plugin (Options).
+	// MPS runs the MPS replicas' servers (sharing.mps).
+	MPS MPSOptions
+	// PluginDir, ExtraCDIDevices and PollInterval go to every resource's
+	// plugin (Options).
 	PluginDir       string
 	ExtraCDIDevices []string
-	MPSPipeDir      func(gpuUUID string) (string, error)
 	PollInterval    time.Duration
 }
 
@@ -72,8 +73,13 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err := WriteCDISpec(o.CDI, inv, host); err != nil {
 		return err
 	}
+	mps, err := startMPS(ctx, o.MPS, o.CDI, inv, host, resources)
+	if err != nil {
+		return fmt.Errorf("device plugin: %w", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	go mps.supervise(ctx)
 	var plugins []*Plugin
 	for _, r := range resources {
 		health, err := HealthUpdates(ctx, o.Backend, o.XIDPolicy)
@@ -81,7 +87,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			return err
 		}
 		p, err := New(Options{Resource: r, PluginDir: o.PluginDir, Health: health, ExtraCDIDevices: o.ExtraCDIDevices,
-			MPSPipeDir: o.MPSPipeDir, PollInterval: o.PollInterval})
+			MPS: len(mps.gpus) > 0, PollInterval: o.PollInterval})
 		if err != nil {
 			return err
 		}

@@ -20,7 +20,6 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
-	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // HealthUpdate changes the health of a GPU (every device ID on it: the GPU,
@@ -83,9 +82,9 @@ type Options struct {
 	// ExtraCDIDevices are added to every container's CDI devices
 	// (cdi.DriverDeviceID when the driver's common spec is written).
 	ExtraCDIDevices []string
-	// MPSPipeDir gives the host directory of the MPS control daemon serving
-	// a GPU; required to allocate MPS replicas.
-	MPSPipeDir func(gpuUUID string) (string, error)
+	// MPS says that the MPS replicas' servers run and their CDI specs
+	// (MPSCDIDeviceName) are written; required to allocate MPS replicas.
+	MPS bool
 	// PollInterval spaces the checks of the kubelet's socket and ours;
 	// zero: one second.
 	PollInterval time.Duration
@@ -289,46 +288,29 @@ func (p *Plugin) allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 	p.mu.Unlock()
 	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
 	seen := map[string]bool{}
-	var mps []Device
 	for _, d := range devs {
 		if d.FailRequestsGreaterThanOne && len(ids) > 1 {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is a shared replica and must be requested alone, got %d IDs (request %s: 1)", name, d.ID, len(ids), name)
 		}
+		cdiName := CDIDeviceName(d.Name)
 		if d.Sharing == MPS {
-			mps = append(mps, d)
+			// The GPU's MPS spec: its device nodes, plus its server's
+			// pipe directory and the replica's limits.
+			if !p.opts.MPS {
+				return nil, status.Errorf(codes.FailedPrecondition, "%s: device ID %q is an MPS replica but no MPS control daemon is configured", name, d.ID)
+			}
+			cdiName = MPSCDIDeviceName(d.Name)
 		}
-		if seen[d.Name] {
+		if seen[cdiName] {
 			continue
 		}
-		seen[d.Name] = true
-		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: CDIDeviceName(d.Name)})
+		seen[cdiName] = true
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: cdiName})
 	}
 	for _, extra := range p.opts.ExtraCDIDevices {
 		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: extra})
 	}
-	if len(mps) > 0 {
-		if err := p.mpsEdits(resp, mps[0]); err != nil {
-			return nil, err
-		}
-	}
 	return resp, nil
-}
-
-// mpsEdits gives an MPS replica's container the daemon's pipe directory and
-// its share: 100/replicas percent of the SMs and memory/replicas pinned.
-func (p *Plugin) mpsEdits(resp *pluginapi.ContainerAllocateResponse, d Device) error {
-	if p.opts.MPSPipeDir == nil {
-		return status.Errorf(codes.FailedPrecondition, "%s: device ID %q is an MPS replica but no MPS control daemon is configured", p.opts.Resource.Name, d.ID)
-	}
-	dir, err := p.opts.MPSPipeDir(d.GPUUUID)
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "%s: device ID %q: MPS control daemon: %v", p.opts.Resource.Name, d.ID, err)
-	}
-	resp.Envs["CUDA_MPS_PIPE_DIRECTORY"] = sharing.MPSPipeDirectory
-	resp.Envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.Itoa(100 / d.Replicas)
-	resp.Envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = fmt.Sprintf("0=%dM", d.MemoryMiB/uint64(d.Replicas))
-	resp.Mounts = append(resp.Mounts, &pluginapi.Mount{HostPath: dir, ContainerPath: sharing.MPSPipeDirectory})
-	return nil
 }
 
 // PreStartContainer is not needed (GetDevicePluginOptions says so).

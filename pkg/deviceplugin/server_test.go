@@ -14,7 +14,6 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
-	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 func TestRegistration(t *testing.T) {
@@ -209,7 +208,6 @@ func TestAllocate(t *testing.T) {
 		ids       [][]string
 		wantCDI   [][]string
 		wantEnv   map[string]string
-		wantMount string
 		errCode   codes.Code
 		errHas    []string
 	}{
@@ -233,11 +231,9 @@ func TestAllocate(t *testing.T) {
 			errCode: codes.FailedPrecondition, errHas: []string{`device ID "` + g(1) + `::1" is unhealthy`}},
 		{name: "failRequestsGreaterThanOne", resource: strict[0], ids: [][]string{{g(0) + "::0", g(1) + "::0"}},
 			errCode: codes.InvalidArgument, errHas: []string{"must be requested alone", g(0) + "::0"}},
-		{name: "MPS replica", resource: mps[0], opts: Options{MPSPipeDir: func(u string) (string, error) { return "/run/gpudra/mps/" + u, nil }},
-			ids: [][]string{{g(5) + "::3"}}, wantCDI: [][]string{{CDIDeviceName("gpu-5")}},
-			wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_MPS_PIPE_DIRECTORY": sharing.MPSPipeDirectory,
-				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20389M"},
-			wantMount: "/run/gpudra/mps/" + g(5)},
+		{name: "MPS replica", resource: mps[0], opts: Options{MPS: true},
+			ids: [][]string{{g(5) + "::3"}}, wantCDI: [][]string{{"gpu.gpudra.dev/claim=device-plugin-mps-gpu-5-gpu-5"}},
+			wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}},
 		{name: "MPS without a daemon", resource: mps[0], ids: [][]string{{g(5) + "::0"}},
 			errCode: codes.FailedPrecondition, errHas: []string{"no MPS control daemon", g(5) + "::0"}},
 	}
@@ -276,11 +272,7 @@ func TestAllocate(t *testing.T) {
 				if tc.wantEnv != nil {
 					assert.Equal(t, tc.wantEnv, cr.Envs)
 				}
-				if tc.wantMount != "" {
-					require.Len(t, cr.Mounts, 1)
-					assert.Equal(t, tc.wantMount, cr.Mounts[0].HostPath)
-					assert.Equal(t, sharing.MPSPipeDirectory, cr.Mounts[0].ContainerPath)
-				}
+				assert.Empty(t, cr.Mounts, "mounts come from CDI only")
 			}
 		})
 	}

@@ -150,12 +150,57 @@ func (m *MPS) Prepare(ctx context.Context, c prepared.Claim) (Edits, error) {
 	if err := m.waitReady(ctx, s); err != nil {
 		return Edits{}, err
 	}
+	return m.ClientEdits(s, limits), nil
+}
+
+// ClientEdits are what every client of server s gets: its pipe directory
+// (and its /dev/shm when the server has its own) and the limits in the
+// environment.
+func (m *MPS) ClientEdits(s MPSServer, limits MPSLimits) Edits {
 	edits := Edits{Env: limits.env(), Mounts: []Mount{{HostPath: s.PipeDir(), ContainerPath: MPSPipeDirectory}}}
 	if m.servers.SharedShm() {
 		edits.Mounts = append(edits.Mounts, Mount{HostPath: s.ShmDir(), ContainerPath: "/dev/shm"})
 	}
-	return edits, nil
+	return edits
 }
+
+// ServerFor is the server of a fixed set of devices under this node's MPS
+// root: the same server (and pod) a claim on those devices gets.
+func (m *MPS) ServerFor(uuids []string) MPSServer { return MPSServerFor(m.root, uuids) }
+
+// EnsureServer is the device plugin mode's use of MPS, which serves a
+// fixed device set for the agent's lifetime rather than per claim: it
+// starts the server unless it runs, waits until it answers, and, when it
+// was started or configure is set, sends it commands (the daemon-wide
+// defaults: set_default_active_thread_percentage, ...), which a daemon
+// forgets when it restarts. started says whether it had to start it.
+func (m *MPS) EnsureServer(ctx context.Context, s MPSServer, commands []string, configure bool) (started bool, err error) {
+	if m.control == nil {
+		return false, errors.New("this node has no MPS control binary configured (--mps-control-binary)")
+	}
+	if err := m.checkOverlap(ctx, s); err != nil {
+		return false, err
+	}
+	started, err = m.servers.Ensure(ctx, s)
+	if err != nil {
+		return false, fmt.Errorf("MPS server for %s (%s): %w", strings.Join(s.Devices, ","), m.servers.Describe(s), err)
+	}
+	if !started && !configure {
+		return false, nil
+	}
+	if err := m.waitReady(ctx, s); err != nil {
+		return started, err
+	}
+	for _, c := range commands {
+		if err := m.control.Command(ctx, s.Config().Env(), c); err != nil {
+			return started, fmt.Errorf("MPS server for %s (%s): %q: %w", strings.Join(s.Devices, ","), m.servers.Describe(s), c, err)
+		}
+	}
+	return started, nil
+}
+
+// StopServer stops a server and removes its directory.
+func (m *MPS) StopServer(ctx context.Context, s MPSServer) error { return m.remove(ctx, s) }
 
 // checkOverlap refuses a server whose devices overlap another server's
 // without being the same set: two control daemons would serve one GPU.
