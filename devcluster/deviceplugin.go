@@ -74,7 +74,11 @@ func DevicePluginNode(name, machine string, config *deviceplugin.Config) NodeOpt
 func (n *Node) DevicePluginDir() string { return filepath.Join(n.Dir, "device-plugins") }
 
 // Mode is the node's agent mode: ModeDRA or ModeDevicePlugin.
-func (n *Node) Mode() string { return n.mode }
+func (n *Node) Mode() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mode
+}
 
 // newDeviceManager is the device manager's constructor with the
 // registration socket as a parameter: the exported NewManagerImpl fixes it
@@ -295,7 +299,7 @@ func (n *Node) stopDevicePluginLocked() {
 // DevicePluginResources are the resources the node's device plugin
 // advertises and how many devices each has, healthy or not.
 func (n *Node) DevicePluginResources(ctx context.Context) (map[string]int, error) {
-	if n.mode != ModeDevicePlugin {
+	if n.Mode() != ModeDevicePlugin {
 		return nil, fmt.Errorf("node %s: not in device-plugin mode", n.Name)
 	}
 	inv, err := n.Machine.Inventory(ctx)

@@ -239,6 +239,13 @@ func (n *Node) StartPlugin() error {
 	if n.current != nil {
 		return fmt.Errorf("node %s: plugin is running", n.Name)
 	}
+	// As the node agent does: never while the kubelet's device manager
+	// records pods holding GPUs through a device plugin here (a node
+	// switched from device-plugin mode).
+	if err := deviceplugin.CheckNodeDevicePluginDrained(n.ctx, n.client, n.Name,
+		filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)), deviceplugin.OurResourceNames(n.dpOpts.GPUResourceName, n.dpOpts.Config)); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
 	inst, err := n.startInstanceLocked()
 	if err != nil {
 		return err
@@ -295,6 +302,25 @@ func (n *Node) StopPlugin() {
 	n.current.Plugin.Stop()
 	n.current.cancel(errors.New("plugin stopped"))
 	n.current = nil
+}
+
+// SwitchMode stops the node's agent and starts it in mode (ModeDRA or
+// ModeDevicePlugin), as changing the DaemonSet's --mode (the chart's
+// kubeletPlugin.mode) does on a real node. The new mode refuses to start,
+// with the agent's error, while the old one still has GPUs handed out on
+// the node; the node is then left without an agent (the DaemonSet's pod
+// would crash-loop) until SwitchMode is called again. The node's kubelet
+// keeps what it was started with: a node added in DRA mode has no device
+// manager, so in device-plugin mode its agent would wait for one.
+func (n *Node) SwitchMode(mode string) error {
+	if mode != ModeDRA && mode != ModeDevicePlugin {
+		return fmt.Errorf("node %s: unknown mode %q, want %s or %s", n.Name, mode, ModeDRA, ModeDevicePlugin)
+	}
+	n.StopPlugin()
+	n.mu.Lock()
+	n.mode = mode
+	n.mu.Unlock()
+	return n.StartPlugin()
 }
 
 // RestartPlugin stops and starts the plugin over the same directories.
@@ -385,7 +411,7 @@ func (c *Cluster) clientFor(agent string) (kubernetes.Interface, error) {
 // In device-plugin mode it waits for the device plugin's resources
 // instead (WaitForDevicePlugin).
 func (n *Node) WaitForSlices(ctx context.Context) error {
-	if n.mode == ModeDevicePlugin {
+	if n.Mode() == ModeDevicePlugin {
 		return n.WaitForDevicePlugin(ctx)
 	}
 	p := n.Plugin()

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -163,27 +161,8 @@ func writeDriverSpec(ctx context.Context, backend nvdevice.DriverFiler, writer *
 
 // checkDevicePluginDrained refuses DRA mode while the kubelet's device
 // manager records pods of this node holding GPUs through a device plugin
-// (gpudra's or NVIDIA's). The kubelet keeps the entries of deleted pods
-// until its next device plugin allocation, so pods that no longer run on
-// the node (per the API) are left out; when the pods cannot be listed,
-// every entry counts.
+// (gpudra's or NVIDIA's): deviceplugin.CheckNodeDevicePluginDrained with
+// this agent's flags.
 func checkDevicePluginDrained(ctx context.Context, client kubernetes.Interface, f *options, cfg *deviceplugin.Config) error {
-	names := deviceplugin.OurResourceNames(f.gpuResourceName, cfg)
-	err := deviceplugin.CheckDevicePluginDrained(f.kubeletDeviceCheckpoint, names)
-	if err == nil || client == nil {
-		return err
-	}
-	pods, listErr := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", f.nodeName).String()})
-	if listErr != nil {
-		klog.FromContext(ctx).Info("Cannot list this node's pods: every pod in the kubelet's device checkpoint counts", "err", listErr.Error())
-		return err
-	}
-	running := map[string]bool{}
-	for _, p := range pods.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			running[string(p.UID)] = true
-		}
-	}
-	return deviceplugin.CheckDevicePluginDrainedExcept(f.kubeletDeviceCheckpoint, names, func(uid string) bool { return !running[uid] })
+	return deviceplugin.CheckNodeDevicePluginDrained(ctx, client, f.nodeName, f.kubeletDeviceCheckpoint, deviceplugin.OurResourceNames(f.gpuResourceName, cfg))
 }

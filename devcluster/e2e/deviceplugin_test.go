@@ -310,10 +310,13 @@ func TestDevicePluginUnhealthyGPULeavesAllocatable(t *testing.T) {
 }
 
 // Switching a node from DRA to device-plugin mode while a claim is
-// prepared there is refused with an error naming the claim, read from the
-// DRA plugin's real checkpoint; once the pod is gone, the check passes.
-// The other way round: the device-plugin node's real kubelet device
-// manager checkpoint refuses DRA mode while a pod holds GPUs there.
+// prepared there is refused: the node's agent, restarted in device-plugin
+// mode, does not start and names the claim, read from the DRA plugin's real
+// checkpoint; switched back, DRA mode starts with the claim still prepared
+// and its pod untouched. The other way round: the device-plugin node's
+// agent, restarted in DRA mode, is refused by the real kubelet device
+// manager's checkpoint while a pod holds a GPU there, and switched back it
+// serves the same devices again.
 func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	ctx := context.Background()
 	const draNode = "dgx-h100-1"
@@ -323,14 +326,25 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	pod := gpuPod("holder", "one-gpu")
 	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": draNode}
 	create(t, ns, template("one-gpu", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil, nil), pod)
-	claim := podClaim(t, waitRunning(t, ns, "holder"), "gpu")
+	holder := waitRunning(t, ns, "holder")
+	claim := podClaim(t, holder, "gpu")
 
-	err := deviceplugin.CheckDRADrained(node.PluginDataDir())
+	err := node.SwitchMode(devcluster.ModeDevicePlugin)
 	require.Error(t, err, "device plugin mode must be refused while a claim is prepared")
+	assert.Contains(t, err.Error(), "device plugin mode refused")
 	assert.Contains(t, err.Error(), claim.Namespace+"/"+claim.Name)
 	assert.Contains(t, err.Error(), string(claim.UID))
+	assert.Contains(t, err.Error(), deviceplugin.DrainAdvice)
 	t.Logf("refusal: %v", err)
+	require.NoError(t, node.SwitchMode(devcluster.ModeDRA), "back to DRA mode")
+	require.NoError(t, node.WaitForSlices(ctx))
+	assert.Error(t, deviceplugin.CheckDRADrained(node.PluginDataDir()), "the claim is still prepared")
+	after, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "holder", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, v1.PodRunning, after.Status.Phase)
+	assert.Equal(t, views(t, holder)["cuda"].VisibleGPUs(), views(t, after)["cuda"].VisibleGPUs())
 
+	// Drained, the check passes.
 	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "holder", metav1.DeleteOptions{}))
 	waitPodGone(t, ns, "holder")
 	require.NoError(t, wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
@@ -342,7 +356,13 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	require.NotNil(t, dp)
 	create(t, ns, nil, dpPod("dp-holder", dpNode, map[string]int64{"nvidia.com/gpu": 1}))
 	held := waitRunning(t, ns, "dp-holder")
-	err = deviceplugin.CheckDevicePluginDrained(filepath.Join(dp.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)), deviceplugin.OurResourceNames("", nil))
+	err = dp.SwitchMode(devcluster.ModeDRA)
 	require.Error(t, err, "DRA mode must be refused while a pod holds a device plugin GPU")
+	assert.Contains(t, err.Error(), "DRA mode refused")
 	assert.Contains(t, err.Error(), string(held.UID))
+	assert.Nil(t, dp.Plugin(), "no DRA plugin started")
+	require.NoError(t, dp.SwitchMode(devcluster.ModeDevicePlugin), "back to device-plugin mode")
+	require.NoError(t, dp.WaitForDevicePlugin(ctx))
+	waitAllocatable(t, dpNode, "nvidia.com/gpu", 6)
+	assert.Equal(t, v1.PodRunning, waitRunning(t, ns, "dp-holder").Status.Phase)
 }

@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
@@ -226,4 +233,30 @@ func OurResourceNames(gpuResourceName string, cfg *Config) []string {
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
+}
+
+// CheckNodeDevicePluginDrained is CheckDevicePluginDrained for the node
+// nodeName that leaves out the pods the API no longer has running there:
+// the kubelet keeps the entries of deleted pods in its checkpoint until its
+// next device plugin allocation, which never comes once the device plugin
+// is gone. When the pods cannot be listed (no client, or no RBAC to list
+// pods), every entry counts.
+func CheckNodeDevicePluginDrained(ctx context.Context, client kubernetes.Interface, nodeName, kubeletCheckpointPath string, resourceNames []string) error {
+	err := CheckDevicePluginDrained(kubeletCheckpointPath, resourceNames)
+	if err == nil || client == nil {
+		return err
+	}
+	pods, listErr := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String()})
+	if listErr != nil {
+		klog.FromContext(ctx).Info("Cannot list this node's pods: every pod in the kubelet's device checkpoint counts", "err", listErr.Error())
+		return err
+	}
+	running := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			running[string(p.UID)] = true
+		}
+	}
+	return CheckDevicePluginDrainedExcept(kubeletCheckpointPath, resourceNames, func(uid string) bool { return !running[uid] })
 }
