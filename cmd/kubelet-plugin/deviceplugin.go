@@ -69,11 +69,12 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 	if err != nil {
 		return err
 	}
+	dpMetrics := deviceplugin.NewMetrics()
 	if f.metricsAddr != "" {
-		// /metrics (the registry's process metrics) and /healthz; the
-		// device plugin's sockets are checked by the kubelet, not here.
+		// /metrics (the device plugin's and the process's) and /healthz
+		// (every plugin's socket answers).
 		go func() {
-			if err := plugin.Serve(ctx, f.metricsAddr, plugin.NewMetrics().Handler()); err != nil {
+			if err := plugin.Serve(ctx, f.metricsAddr, dpMetrics.Handler()); err != nil {
 				cancel(err)
 			}
 		}()
@@ -88,6 +89,7 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 		PluginDir:       f.devicePluginDir,
 		ExtraCDIDevices: extra,
 		MPS:             mps,
+		Metrics:         dpMetrics,
 	})
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return errors.Join(err, cause)

@@ -33,6 +33,8 @@ type ServeOptions struct {
 	XIDPolicy nvdevice.XIDPolicy
 	// MPS runs the MPS replicas' servers (sharing.mps).
 	MPS MPSOptions
+	// Metrics record what the plugins do and serve /healthz; nil: none.
+	Metrics *Metrics
 	// PluginDir, ExtraCDIDevices and PollInterval go to every resource's
 	// plugin (Options).
 	PluginDir       string
@@ -73,6 +75,15 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err := WriteCDISpec(o.CDI, inv, host); err != nil {
 		return err
 	}
+	if o.Metrics != nil {
+		onRestart := o.MPS.OnRestart
+		o.MPS.OnRestart = func(g MPSGPU, err error) {
+			o.Metrics.mpsRestarted(err)
+			if onRestart != nil {
+				onRestart(g, err)
+			}
+		}
+	}
 	mps, err := startMPS(ctx, o.MPS, o.CDI, inv, host, resources)
 	if err != nil {
 		return fmt.Errorf("device plugin: %w", err)
@@ -87,13 +98,19 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			return err
 		}
 		p, err := New(Options{Resource: r, PluginDir: o.PluginDir, Health: health, ExtraCDIDevices: o.ExtraCDIDevices,
-			MPS: len(mps.gpus) > 0, PollInterval: o.PollInterval})
+			MPS: len(mps.gpus) > 0, PollInterval: o.PollInterval, Metrics: o.Metrics})
 		if err != nil {
 			return err
 		}
 		plugins = append(plugins, p)
 		logger.Info("Advertising resource", "resource", r.Name, "devices", len(r.Devices))
 	}
+	sockets := make([]string, 0, len(plugins))
+	for _, p := range plugins {
+		sockets = append(sockets, p.SocketPath())
+	}
+	o.Metrics.serving(sockets)
+	defer o.Metrics.serving(nil)
 	var wg sync.WaitGroup
 	errs := make([]error, len(plugins))
 	for i, p := range plugins {

@@ -2,10 +2,12 @@ package deviceplugin
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -25,9 +27,10 @@ func TestServe(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	metrics := NewMetrics()
 	go func() {
 		done <- Serve(ctx, ServeOptions{Backend: m, CDI: w, PluginDir: dir, PollInterval: 20 * time.Millisecond,
-			XIDPolicy: nvdevice.DefaultXIDPolicy})
+			XIDPolicy: nvdevice.DefaultXIDPolicy, Metrics: metrics})
 	}()
 	endpoints := map[string]string{}
 	for i := 0; i < 3; i++ {
@@ -54,6 +57,13 @@ func TestServe(t *testing.T) {
 	_, err = cache.InjectDevices(spec, name)
 	require.NoError(t, err)
 	assert.Contains(t, spec.Process.Env, cdi.DeviceUUIDEnv(cdi.DeviceName(SpecUID, "gpu-1-mig-1g-10gb-1"))+"="+migUUID)
+	_, err = c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"MIG-not-here"}}}})
+	require.Error(t, err)
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.allocations.WithLabelValues("nvidia.com/mig-1g.10gb", "success")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.allocations.WithLabelValues("nvidia.com/mig-1g.10gb", "error")))
+	assert.Equal(t, 0.0, testutil.ToFloat64(metrics.allocations.WithLabelValues("nvidia.com/gpu", "success")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.registrations.WithLabelValues("nvidia.com/gpu", "success")))
+	assert.NoError(t, metrics.Healthz(), "every plugin socket answers")
 
 	// Health from the machine reaches the MIG resource's stream.
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
@@ -63,7 +73,22 @@ func TestServe(t *testing.T) {
 	after := recv(t, stream)
 	assert.Equal(t, pluginapi.Unhealthy, after[migUUID])
 	assert.Equal(t, pluginapi.Healthy, after[inv.GPUs[1].MIG.Devices[0].UUID], "an XID on one MIG device leaves its neighbour healthy")
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.devices.WithLabelValues("nvidia.com/mig-1g.10gb", "unhealthy")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.devices.WithLabelValues("nvidia.com/mig-1g.10gb", "healthy")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.devices.WithLabelValues("nvidia.com/gpu", "healthy")))
 
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// /healthz fails naming a socket that does not answer, and passes with no
+// socket served yet.
+func TestMetricsHealthz(t *testing.T) {
+	m := NewMetrics()
+	assert.NoError(t, m.Healthz(), "nothing served yet")
+	gone := filepath.Join(t.TempDir(), "gpudra-nvidia.com-gpu.sock")
+	m.serving([]string{gone})
+	err := m.Healthz()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "device plugin socket "+gone)
 }

@@ -88,6 +88,9 @@ type Options struct {
 	// PollInterval spaces the checks of the kubelet's socket and ours;
 	// zero: one second.
 	PollInterval time.Duration
+	// Metrics records allocations, registrations and device health; nil:
+	// none.
+	Metrics *Metrics
 }
 
 // Plugin is the device plugin of one resource: a
@@ -126,6 +129,7 @@ func New(opts Options) (*Plugin, error) {
 		}
 		p.devices[d.ID] = d
 	}
+	opts.Metrics.resource(opts.Resource.Name, len(opts.Resource.Devices), 0)
 	return p, nil
 }
 
@@ -156,6 +160,13 @@ func (p *Plugin) SetHealth(u HealthUpdate) {
 	} else {
 		p.unhealthy[u.UUID] = u.Reason
 	}
+	unhealthy := 0
+	for _, d := range p.opts.Resource.Devices {
+		if _, ok := p.healthLocked(d); !ok {
+			unhealthy++
+		}
+	}
+	p.opts.Metrics.setDevices(p.opts.Resource.Name, len(p.opts.Resource.Devices)-unhealthy, unhealthy)
 	// Every stream compares the new list with what it sent last.
 	close(p.changed)
 	p.changed = make(chan struct{})
@@ -258,6 +269,7 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
 		cr, err := p.allocate(c.DevicesIds)
+		p.opts.Metrics.allocated(p.opts.Resource.Name, 1, err)
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +374,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 			case err != nil:
 				registered = false
 			case !registered || id != kubelet:
-				if err := p.register(ctx); err != nil {
+				err := p.register(ctx)
+				p.opts.Metrics.registered(p.opts.Resource.Name, err)
+				if err != nil {
 					logger.Error(err, "Registering with the kubelet failed; retrying")
 				} else {
 					logger.Info("Registered with the kubelet", "endpoint", SocketName(p.opts.Resource.Name))
