@@ -1,7 +1,8 @@
 // Package sim provides simulated GPU machines faithful to
 // ../shared/facts/h100.md: the same product figures, the real H100 MIG profile
 // table with memory-slice placements, MIG creation that refuses what the
-// hardware refuses, NVLink topology through NVSwitches, multi-node fabric
+// hardware refuses, NVLink topology through NVSwitches or NVLink bridges
+// between pairs of cards, multi-node fabric
 // cliques, and injectable health faults.
 package sim
 
@@ -92,8 +93,11 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 				Profiles: append([]nvdevice.MigProfile(nil), model.profiles...),
 			},
 		}
-		if spec.NVLink == NVLinkNVSwitch {
+		switch spec.NVLink {
+		case NVLinkNVSwitch:
 			g.NVLink.Links = switchLinks()
+		case NVLinkBridgedPairs:
+			g.NVLink.Links = bridgeLinks(model.bridgeLinks, gpuBusID(i^1))
 		}
 		m.inv.GPUs = append(m.inv.GPUs, g)
 		if spec.Fabric != nil {
@@ -132,6 +136,18 @@ func switchLinks() []nvdevice.NVLinkLink {
 				Index: len(links), Active: true, RemoteBusID: nvswitchBusID(sw), RemoteKind: nvdevice.RemoteNVSwitch,
 			})
 		}
+	}
+	return links
+}
+
+// bridgeLinks gives a GPU the n links of its NVLink bridges, all to its
+// partner card at partnerBusID.
+func bridgeLinks(n int, partnerBusID string) []nvdevice.NVLinkLink {
+	links := make([]nvdevice.NVLinkLink, 0, n)
+	for j := 0; j < n; j++ {
+		links = append(links, nvdevice.NVLinkLink{
+			Index: j, Active: true, RemoteBusID: partnerBusID, RemoteKind: nvdevice.RemoteGPU,
+		})
 	}
 	return links
 }

@@ -12,8 +12,12 @@ type gpuModel struct {
 	memoryMiB    uint64
 	pciDeviceID  string
 	engines      nvdevice.Engines
-	nvlinkLinks  int
-	profiles     []nvdevice.MigProfile
+	// nvlinkLinks are the GPU's NVLink links to NVSwitches (nvlink: nvswitch).
+	nvlinkLinks int
+	// bridgeLinks are the NVLink links an NVLink bridge gives a pair of
+	// cards (nvlink: bridged-pairs), all to the partner card.
+	bridgeLinks int
+	profiles    []nvdevice.MigProfile
 }
 
 // Model names a machine spec can use.
@@ -79,6 +83,10 @@ var gpuModels = map[string]gpuModel{
 		pciDeviceID:  "10de:2331",
 		engines:      nvdevice.Engines{Multiprocessors: 114, CopyEngines: 8, Decoders: 7, JPEGEngines: 7, OFAEngines: 1},
 		nvlinkLinks:  0,
-		profiles:     h100Profiles([7]int{14, 14, 14, 28, 42, 56, 114}),
+		// Three NVLink bridges join two cards: 600 GB/s bidirectional, 12
+		// NVLink4 links at 25 GB/s per direction. From NVIDIA's H100 PCIe
+		// product brief, not from ../shared/facts/h100.md.
+		bridgeLinks: 12,
+		profiles:    h100Profiles([7]int{14, 14, 14, 28, 42, 56, 114}),
 	},
 }

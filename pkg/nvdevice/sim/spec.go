@@ -16,7 +16,7 @@ import (
 //	name: two-h100-mig
 //	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie
 //	gpuCount: 2
-//	nvlink: nvswitch           # nvswitch | none
+//	nvlink: nvswitch           # nvswitch | bridged-pairs | none
 //	migEnabled: all            # all | none | a list of GPU indexes: [0]
 //	migDevices:                # MIG devices that exist at start
 //	- {gpu: 0, profile: 3g.40gb, start: 4}
@@ -35,8 +35,13 @@ type MachineSpec struct {
 
 // NVLink topologies.
 const (
+	// NVLinkNVSwitch: every GPU's links go to the board's NVSwitches, all
+	// GPUs in one NVLink domain (HGX/DGX H100).
 	NVLinkNVSwitch = "nvswitch"
-	NVLinkNone     = "none"
+	// NVLinkBridgedPairs: GPUs 0-1, 2-3, ... are joined by NVLink bridges,
+	// each pair an NVLink domain of its own (H100 PCIe with NVLink bridges).
+	NVLinkBridgedPairs = "bridged-pairs"
+	NVLinkNone         = "none"
 )
 
 // MigEnabledSpec is "all", "none" or a list of GPU indexes.
@@ -119,6 +124,10 @@ var builtins = map[string]MachineSpec{
 	// Two PCIe H100 without NVLink bridges.
 	"h100-pcie": {Name: "h100-pcie", GPUModel: ModelH100PCIe, GPUCount: 2, NVLink: NVLinkNone,
 		MigEnabled: MigEnabledSpec{All: true}},
+	// Four PCIe H100 in two NVLink-bridged pairs (0-1, 2-3): two NVLink
+	// domains of two GPUs. MIG is off: MIG instances have no NVLink
+	// peer-to-peer, which is what the bridges are for.
+	"h100-pcie-nvlink": {Name: "h100-pcie-nvlink", GPUModel: ModelH100PCIe, GPUCount: 4, NVLink: NVLinkBridgedPairs},
 	// An H100 node in a multi-node NVLink fabric (NVLink Switch System):
 	// a non-zero fabric cluster UUID and clique id. MIG is off: GPUs in MIG
 	// mode have no NVLink peer-to-peer, which is what such a node is for.
@@ -185,10 +194,17 @@ func (s MachineSpec) Validate() error {
 	case "", NVLinkNone:
 	case NVLinkNVSwitch:
 		if m, ok := gpuModels[model]; ok && m.nvlinkLinks == 0 {
-			errs = append(errs, fmt.Errorf("nvlink: model %s has no NVLink", model))
+			errs = append(errs, fmt.Errorf("nvlink: model %s has no NVLink to NVSwitches (%s: NVLink bridges between pairs)", model, NVLinkBridgedPairs))
+		}
+	case NVLinkBridgedPairs:
+		if s.GPUCount%2 != 0 {
+			errs = append(errs, fmt.Errorf("nvlink: %s needs an even gpuCount, got %d", NVLinkBridgedPairs, s.GPUCount))
+		}
+		if m, ok := gpuModels[model]; ok && m.bridgeLinks == 0 {
+			errs = append(errs, fmt.Errorf("nvlink: model %s has no NVLink bridges (%s needs them)", model, NVLinkBridgedPairs))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("nvlink: unknown topology %q, want %s or %s", s.NVLink, NVLinkNVSwitch, NVLinkNone))
+		errs = append(errs, fmt.Errorf("nvlink: unknown topology %q, want %s, %s or %s", s.NVLink, NVLinkNVSwitch, NVLinkBridgedPairs, NVLinkNone))
 	}
 	for _, i := range s.MigEnabled.Indexes {
 		if i < 0 || i >= s.GPUCount {

@@ -32,6 +32,10 @@ cudaDriverVersion: "12.4"
 		{name: "no GPUs", yaml: "name: x\n", wantErr: "gpuCount: must be between 1 and 64, got 0"},
 		{name: "bad model", yaml: "name: x\ngpuCount: 1\ngpuModel: a100\n", wantErr: `gpuModel: unknown model "a100"`},
 		{name: "pcie has no nvlink", yaml: "name: x\ngpuCount: 1\ngpuModel: h100-pcie\nnvlink: nvswitch\n", wantErr: "nvlink: model h100-pcie has no NVLink"},
+		{name: "bridged pairs", yaml: "name: x\ngpuCount: 4\ngpuModel: h100-pcie\nnvlink: bridged-pairs\n"},
+		{name: "bridged pairs, odd count", yaml: "name: x\ngpuCount: 3\ngpuModel: h100-pcie\nnvlink: bridged-pairs\n", wantErr: "nvlink: bridged-pairs needs an even gpuCount, got 3"},
+		{name: "sxm5 has no bridges", yaml: "name: x\ngpuCount: 2\nnvlink: bridged-pairs\n", wantErr: "nvlink: model h100-sxm5 has no NVLink bridges"},
+		{name: "unknown nvlink", yaml: "name: x\ngpuCount: 2\nnvlink: ring\n", wantErr: `nvlink: unknown topology "ring"`},
 		{name: "bad migEnabled", yaml: "name: x\ngpuCount: 1\nmigEnabled: some\n", wantErr: "migEnabled: want"},
 		{name: "migEnabled out of range", yaml: "name: x\ngpuCount: 1\nmigEnabled: [3]\n", wantErr: "migEnabled: GPU index 3 out of range"},
 		{name: "mig device without MIG", yaml: "name: x\ngpuCount: 2\nmigEnabled: [0]\nmigDevices: [{gpu: 1, profile: 1g.10gb, start: 0}]\n", wantErr: "migDevices[0].gpu: MIG is not enabled on GPU 1"},
@@ -72,7 +76,7 @@ fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
 	assert.Equal(t, "4d1c2b3a-0000-4000-8000-000000000001.7", inv.GPUs[0].NVLink.FabricClique)
 
 	_, err = NewBuiltin(filepath.Join(t.TempDir(), "missing.yaml"), "n")
-	require.ErrorContains(t, err, "neither a built-in machine (dgx-h100, dgx-h100-nomig, h100-nvlink-fabric, h100-pcie) nor a readable file")
+	require.ErrorContains(t, err, "neither a built-in machine (dgx-h100, dgx-h100-nomig, h100-nvlink-fabric, h100-pcie, h100-pcie-nvlink) nor a readable file")
 }
 
 func TestSpecMigDevicesObeyHardwareRules(t *testing.T) {
@@ -89,6 +93,9 @@ func FuzzParseSpec(f *testing.F) {
 	f.Add([]byte("name: x\ngpuCount: 2\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n"))
 	f.Add([]byte("gpuCount: 1\nnvlink: nvswitch\nfabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}\n"))
 	f.Add([]byte("migEnabled: [0, 9]\n"))
+	f.Add([]byte("name: x\ngpuModel: h100-pcie\ngpuCount: 4\nnvlink: bridged-pairs\n"))
+	f.Add([]byte("gpuModel: h100-pcie\ngpuCount: 3\nnvlink: bridged-pairs\nmigEnabled: all\n"))
+	f.Add([]byte("gpuCount: 2\nnvlink: bridged-pairs\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		spec, err := ParseSpec(b)
 		if err != nil {
