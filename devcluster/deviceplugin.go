@@ -271,14 +271,11 @@ func (n *Node) startDevicePluginLocked() error {
 func (n *Node) devicePluginMPS() (deviceplugin.MPSOptions, error) {
 	opts := deviceplugin.MPSOptions{KubeletCheckpoint: filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)),
 		SuperviseEvery: time.Second}
-	cfg := n.pluginCfg
-	if cfg.MPSControlBinary == "" {
+	so := n.pluginCfg.SharingOptions()
+	if so.MPSControl == nil {
 		return opts, nil
 	}
-	m, err := sharing.NewManager(sharing.Options{Root: filepath.Join(n.PluginDataDir(), "sharing"),
-		MPSControl: sharing.ExecMPSControl{Runner: cfg.DriverTools, Path: cfg.MPSControlBinary},
-		MPSServers: &sharing.PodServers{Client: cfg.Client, Namespace: cfg.Namespace, NodeName: n.Name, Image: cfg.MPSServerImage,
-			ImagePullPolicy: v1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot, ControlBinary: cfg.MPSControlBinary}})
+	m, err := sharing.NewManager(so)
 	if err != nil {
 		return opts, err
 	}

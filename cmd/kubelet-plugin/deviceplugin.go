@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -111,23 +109,19 @@ func devicePluginMPS(f *options, cfg *deviceplugin.Config, tools drivertools.Run
 	if err != nil || control == "" {
 		return opts, err
 	}
-	so := sharing.Options{Root: filepath.Join(f.pluginDataDir, "sharing"),
-		MPSControl: sharing.ExecMPSControl{Runner: tools, Path: control}}
+	pc := plugin.Config{NodeName: f.nodeName, PluginDataDir: f.pluginDataDir, DriverTools: tools, MPSControlBinary: control,
+		MPSServerImage: f.mpsServerImage, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot}
 	if f.mpsServerImage != "" {
 		restCfg, err := kubeclient.RESTConfig(f.kubeconfig)
 		if err != nil {
 			return opts, err
 		}
 		restCfg.QPS, restCfg.Burst = float32(f.qps), f.burst
-		client, err := kubeclient.NewForConfig(restCfg)
-		if err != nil {
+		if pc.Client, err = kubeclient.NewForConfig(restCfg); err != nil {
 			return opts, fmt.Errorf("API client (for MPS server pods): %w", err)
 		}
-		so.MPSServers = &sharing.PodServers{Client: client, Namespace: f.namespace, NodeName: f.nodeName,
-			Image: f.mpsServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: f.hostDriverRoot,
-			ControlBinary: control, LogArgs: logArgs}
 	}
-	m, err := sharing.NewManager(so)
+	m, err := sharing.NewManager(pc.SharingOptions())
 	if err != nil {
 		return opts, err
 	}

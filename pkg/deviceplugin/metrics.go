@@ -89,11 +89,11 @@ func (m *Metrics) setDevices(name string, healthy, unhealthy int) {
 	m.devices.WithLabelValues(name, "unhealthy").Set(float64(unhealthy))
 }
 
-func (m *Metrics) allocated(name string, containers int, err error) {
+func (m *Metrics) allocated(name string, err error) {
 	if m == nil {
 		return
 	}
-	m.allocations.WithLabelValues(name, result(err)).Add(float64(max(containers, 1)))
+	m.allocations.WithLabelValues(name, result(err)).Inc()
 }
 
 func (m *Metrics) registered(name string, err error) {

@@ -269,7 +269,7 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
 		cr, err := p.allocate(c.DevicesIds)
-		p.opts.Metrics.allocated(p.opts.Resource.Name, 1, err)
+		p.opts.Metrics.allocated(p.opts.Resource.Name, err)
 		if err != nil {
 			return nil, err
 		}

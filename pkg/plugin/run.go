@@ -227,17 +227,28 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 // counted and recorded as an Event on the Node.
 func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer, nodeEv *nodeEvents) (*sharing.Manager, error) {
 	logger := klog.FromContext(ctx)
-	root := filepath.Join(cfg.PluginDataDir, "sharing")
-	opts := sharing.Options{Root: root, Policy: policy,
-		OnDaemonRestart: func(s sharing.MPSServer, err error) {
-			cfg.Metrics.mpsRestart(err)
-			nodeEv.mpsRestarted(s, err)
-			if err != nil {
-				logger.Error(err, "MPS server of prepared claims is gone and could not be started again", "server", s.Key, "devices", s.Devices)
-				return
-			}
-			logger.Info("MPS server of prepared claims was gone and was started again; its clients must reconnect", "server", s.Key, "devices", s.Devices)
-		}}
+	opts := cfg.SharingOptions()
+	opts.Policy = policy
+	opts.OnDaemonRestart = func(s sharing.MPSServer, err error) {
+		cfg.Metrics.mpsRestart(err)
+		nodeEv.mpsRestarted(s, err)
+		if err != nil {
+			logger.Error(err, "MPS server of prepared claims is gone and could not be started again", "server", s.Key, "devices", s.Devices)
+			return
+		}
+		logger.Info("MPS server of prepared claims was gone and was started again; its clients must reconnect", "server", s.Key, "devices", s.Devices)
+	}
+	return sharing.NewManager(opts)
+}
+
+// SharingOptions are where and how the node's MPS servers run, the same in
+// both modes of the node agent (the device plugin mode's MPS replicas use
+// the DRA side's servers): under PluginDataDir/sharing, the control binary
+// run through DriverTools, the servers as pods of their own when
+// MPSServerImage is set (processes of the agent otherwise). No time slicer
+// and no restart callback: the caller adds its own.
+func (cfg Config) SharingOptions() sharing.Options {
+	opts := sharing.Options{Root: filepath.Join(cfg.PluginDataDir, "sharing")}
 	if cfg.MPSControlBinary != "" {
 		opts.MPSControl = sharing.ExecMPSControl{Runner: cfg.DriverTools, Path: cfg.MPSControlBinary}
 	}
@@ -246,7 +257,7 @@ func newSharing(ctx context.Context, cfg Config, policy sharing.TimeSlicer, node
 			Image: cfg.MPSServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot,
 			ControlBinary: cfg.MPSControlBinary, LogArgs: cfg.MPSServerLogArgs}
 	}
-	return sharing.NewManager(opts)
+	return opts
 }
 
 // retryInterruptedEvery spaces retries of failed rollbacks.

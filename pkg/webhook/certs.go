@@ -176,47 +176,63 @@ func (m *CertManager) covers(c *x509.Certificate) bool {
 // and the next sync finds it.
 func (m *CertManager) syncCABundle(ctx context.Context, bundle []byte) error {
 	logger := klog.FromContext(ctx)
-	if name := m.WebhookConfiguration; name != "" {
-		api := m.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-		cfg, err := api.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			logger.Info("ValidatingWebhookConfiguration not found: caBundle not set yet", "name", name)
-		case err != nil:
-			return fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", name, err)
-		default:
-			clients := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
-			for i := range cfg.Webhooks {
-				clients[i] = &cfg.Webhooks[i].ClientConfig
-			}
-			if setCABundle(clients, bundle) {
-				if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
-					return fmt.Errorf("update caBundle of %s: %w", name, err)
-				}
-			}
+	api := m.Client.AdmissionregistrationV1()
+	validating := func(c *admissionregistrationv1.ValidatingWebhookConfiguration) []*admissionregistrationv1.WebhookClientConfig {
+		out := make([]*admissionregistrationv1.WebhookClientConfig, len(c.Webhooks))
+		for i := range c.Webhooks {
+			out[i] = &c.Webhooks[i].ClientConfig
 		}
+		return out
 	}
-	if name := m.MutatingWebhookConfiguration; name != "" {
-		api := m.Client.AdmissionregistrationV1().MutatingWebhookConfigurations()
-		cfg, err := api.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
+	mutating := func(c *admissionregistrationv1.MutatingWebhookConfiguration) []*admissionregistrationv1.WebhookClientConfig {
+		out := make([]*admissionregistrationv1.WebhookClientConfig, len(c.Webhooks))
+		for i := range c.Webhooks {
+			out[i] = &c.Webhooks[i].ClientConfig
+		}
+		return out
+	}
+	err := syncWebhookCABundle(ctx, m.WebhookConfiguration, bundle, api.ValidatingWebhookConfigurations().Get,
+		api.ValidatingWebhookConfigurations().Update, validating, func() {
+			logger.Info("ValidatingWebhookConfiguration not found: caBundle not set yet", "name", m.WebhookConfiguration)
+		})
+	if err != nil {
+		return fmt.Errorf("ValidatingWebhookConfiguration %w", err)
+	}
+	err = syncWebhookCABundle(ctx, m.MutatingWebhookConfiguration, bundle, api.MutatingWebhookConfigurations().Get,
+		api.MutatingWebhookConfigurations().Update, mutating, func() {
 			// Quieter than the validating one: with gangs.enabled=false
 			// the chart renders none, for good.
-			logger.V(2).Info("MutatingWebhookConfiguration not found: caBundle not set", "name", name)
-		case err != nil:
-			return fmt.Errorf("read MutatingWebhookConfiguration %s: %w", name, err)
-		default:
-			clients := make([]*admissionregistrationv1.WebhookClientConfig, len(cfg.Webhooks))
-			for i := range cfg.Webhooks {
-				clients[i] = &cfg.Webhooks[i].ClientConfig
-			}
-			if setCABundle(clients, bundle) {
-				if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
-					return fmt.Errorf("update caBundle of %s: %w", name, err)
-				}
-			}
-		}
+			logger.V(2).Info("MutatingWebhookConfiguration not found: caBundle not set", "name", m.MutatingWebhookConfiguration)
+		})
+	if err != nil {
+		return fmt.Errorf("MutatingWebhookConfiguration %w", err)
+	}
+	return nil
+}
+
+// syncWebhookCABundle reads the webhook configuration name (none when
+// empty), sets bundle in its webhooks' client configs and writes it back
+// when any changed; missing is called when it does not exist.
+func syncWebhookCABundle[T any](ctx context.Context, name string, bundle []byte,
+	get func(context.Context, string, metav1.GetOptions) (*T, error),
+	update func(context.Context, *T, metav1.UpdateOptions) (*T, error),
+	clients func(*T) []*admissionregistrationv1.WebhookClientConfig, missing func()) error {
+	if name == "" {
+		return nil
+	}
+	cfg, err := get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		missing()
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s: read: %w", name, err)
+	}
+	if !setCABundle(clients(cfg), bundle) {
+		return nil
+	}
+	if _, err := update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("%s: update caBundle: %w", name, err)
 	}
 	return nil
 }
