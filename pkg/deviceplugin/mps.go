@@ -132,13 +132,16 @@ func startMPS(ctx context.Context, o MPSOptions, w *cdi.Writer, inv *nvdevice.In
 	if len(gpus) > 0 && o.MPS == nil {
 		return nil, errors.New("sharing.mps: this node has no MPS control binary (--mps-control-binary, or nvidia-cuda-mps-control under the driver root)")
 	}
-	devices, err := specDevices(inv, host)
-	if err != nil {
-		return nil, fmt.Errorf("MPS CDI specs: %w", err)
-	}
 	byName := map[string]prepared.Device{}
-	for _, d := range devices {
-		byName[d.Device] = d
+	if len(gpus) > 0 {
+		// Only then: it reads the MIG capability minors again.
+		devices, err := specDevices(inv, host)
+		if err != nil {
+			return nil, fmt.Errorf("MPS CDI specs: %w", err)
+		}
+		for _, d := range devices {
+			byName[d.Device] = d
+		}
 	}
 	wanted := map[string]bool{}
 	for _, g := range gpus {
