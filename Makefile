@@ -84,7 +84,7 @@ bench:
 # nodes running the gpudra kubelet plugin; applies examples/ and prints where
 # every pod landed and which GPUs it would see. DEMO_FLAGS=--keep leaves it
 # running for kubectl.
-demo: devcluster
+demo: devcluster helm
 	$(BIN)/devcluster --examples examples $(DEMO_FLAGS)
 
 devcluster:
@@ -92,14 +92,14 @@ devcluster:
 	@bash hack/build-progress.sh ../$(BIN)/devcluster
 
 # End-to-end benchmark: 100 pods with one GPU claim each over 16 nodes.
-bench-e2e: devcluster
+bench-e2e: devcluster helm
 	cd devcluster && CGO_ENABLED=0 $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e/
 
 # The plugin binary as shipped, as a process of its own against devcluster's
 # real API server: 200 one-GPU claims prepared and unprepared over its DRA
 # socket, one after the other. The last line is the summary; the log goes to
 # bin/bench-prepare.log.
-bench-prepare: build
+bench-prepare: build helm
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-prepare ./cmd/bench-prepare
 	$(BIN)/bench-prepare --plugin-binary $(BIN)/gpudra-kubelet-plugin $(BENCH_PREPARE_ARGS) 2> $(BIN)/bench-prepare.log || { tail -20 $(BIN)/bench-prepare.log; exit 1; }
 

@@ -43,8 +43,8 @@ type Options struct {
 	// a new temporary directory, removed at Stop. Keep it short: unix
 	// socket paths live below it.
 	Dir string
-	// APIServerFlags are added to kube-apiserver's flags, for example
-	// --authorization-mode=Node,RBAC.
+	// APIServerFlags are added to kube-apiserver's flags (after
+	// --authorization-mode=Node,RBAC, which every devcluster runs with).
 	APIServerFlags []string
 	// MPSControlBinary is what the nodes' plugins run as
 	// nvidia-cuda-mps-control: hack/fake-nvidia-cuda-mps-control, a
@@ -60,6 +60,10 @@ type Options struct {
 	// of twice the QPS.
 	ControlPlaneQPS   float32
 	ControlPlaneBurst int
+	// Chart is the chart whose ServiceAccounts, RBAC and admission
+	// policies devcluster installs; every gpudra component authenticates
+	// as its ServiceAccount (identity.go). Required.
+	Chart ChartOptions
 	// Grove installs Grove's CRDs and runs a stand-in for Grove's operator
 	// (grove*.go): PodCliqueSets get their PodCliques, scaling groups,
 	// ResourceClaims, gated pods and PodGangs as Grove makes them.
@@ -90,6 +94,7 @@ type Cluster struct {
 	removeDir   bool
 	bootID      string
 	mpsControl  string
+	forbidden   forbiddenLog
 
 	mu    sync.Mutex
 	nodes map[string]*Node
@@ -156,6 +161,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PluginNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return c, fmt.Errorf("create namespace %s: %w", PluginNamespace, err)
+	}
+	// Who the components are and what they may do, from the chart.
+	if err := c.installChartIdentities(c.ctx, opts.Chart); err != nil {
+		return c, err
 	}
 	// gpudra-controller runs in every devcluster, as the chart installs it
 	// with its CRDs: every test and the demo go through its admission
@@ -230,7 +239,21 @@ func waitOrTimeout(ch <-chan struct{}, d time.Duration) {
 
 // WriteKubeconfig writes a kubeconfig for the admin user, for kubectl.
 func (c *Cluster) WriteKubeconfig(path string) error {
-	cfg := c.RESTConfig
+	return writeKubeconfig(path, c.RESTConfig, "admin")
+}
+
+// WriteNodeComponentKubeconfig writes a kubeconfig for a node agent run as
+// a process of its own (the plugin binary): the chart's ServiceAccount sa
+// with a token bound to the Node named node.
+func (c *Cluster) WriteNodeComponentKubeconfig(ctx context.Context, path, sa, node string) error {
+	cfg, err := c.nodeComponentConfig(ctx, sa, "", node)
+	if err != nil {
+		return err
+	}
+	return writeKubeconfig(path, cfg, sa)
+}
+
+func writeKubeconfig(path string, cfg *restclient.Config, userName string) error {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData,
 		InsecureSkipTLSVerify: cfg.Insecure, TLSServerName: cfg.ServerName}
@@ -239,8 +262,8 @@ func (c *Cluster) WriteKubeconfig(path string) error {
 		kc.Clusters["devcluster"].CertificateAuthority = cfg.CAFile
 		user.ClientCertificate, user.ClientKey = cfg.CertFile, cfg.KeyFile
 	}
-	kc.AuthInfos["admin"] = user
-	kc.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: "admin"}
+	kc.AuthInfos[userName] = user
+	kc.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: userName}
 	kc.CurrentContext = "devcluster"
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)

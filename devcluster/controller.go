@@ -16,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -121,9 +120,14 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("webhook listener: %w", err)
 	}
-	// A client of its own, at the controller's default limits.
-	rc := restclient.CopyConfig(c.apiServer.ClientConfig)
-	rc.UserAgent, rc.QPS, rc.Burst, rc.RateLimiter = "gpudra-controller/"+name, 20, 30, nil
+	// A client of its own, at the controller's default limits, as the
+	// chart's ServiceAccount.
+	rc, err := c.componentConfig(c.ctx, ControllerServiceAccount, "gpudra-controller/"+name, nil)
+	if err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 20, 30
 	ctx, cancel := context.WithCancel(klog.NewContext(c.ctx, klog.FromContext(c.ctx).WithName(name)))
 	r := &Controller{Name: name, Addr: l.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() {

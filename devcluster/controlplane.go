@@ -87,6 +87,9 @@ func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapi
 		// As kubeadm and every managed cluster set it: GPU node agents
 		// such as the kubelet plugin run privileged.
 		"--allow-privileged=true",
+		// As in a cluster: every gpudra component is held to the chart's
+		// RBAC and admission policies (identity.go).
+		"--authorization-mode=Node,RBAC",
 	}, extraFlags...)
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
 }

@@ -269,8 +269,9 @@ func (n *Node) startDevicePluginLocked() error {
 // processpods.go) under the plugin data directory, the fake
 // nvidia-cuda-mps-control as the daemon.
 func (n *Node) devicePluginMPS() (deviceplugin.MPSOptions, error) {
-	opts := deviceplugin.MPSOptions{KubeletCheckpoint: filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)),
-		SuperviseEvery: time.Second}
+	opts := deviceplugin.MPSOptions{PodResourcesSocket: n.PodResourcesSocket(),
+		KubeletCheckpoint: filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)),
+		SuperviseEvery:    time.Second}
 	so := n.pluginCfg.SharingOptions()
 	if so.MPSControl == nil {
 		return opts, nil

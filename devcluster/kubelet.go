@@ -58,8 +58,8 @@ type kubelet struct {
 	// devices names the GPUs a container's device nodes give it.
 	devices DeviceIdentifier
 	dra     *dra.Manager
-	// dm is the kubelet's device manager, on nodes in device-plugin mode
-	// (deviceplugin.go); nil otherwise.
+	// dm is the kubelet's device manager (deviceplugin.go), on every node
+	// as on a real one; nil only without kubeletDirs.DevicePlugins.
 	dm       *deviceManager
 	pods     corelisters.PodLister
 	queue    workqueue.TypedRateLimitingInterface[string]
@@ -86,8 +86,11 @@ type kubeletDirs struct {
 	// Devices names the GPUs a container's device nodes give it.
 	Devices DeviceIdentifier
 	// DevicePlugins, when set, runs the kubelet's device manager with its
-	// registration socket there (device-plugin mode).
+	// registration socket there.
 	DevicePlugins string
+	// PodResources, when set, is the socket of the kubelet's pod-resources
+	// API (podresources.go).
+	PodResources string
 }
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
@@ -166,6 +169,19 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 		}
 		plugins.AddHandler(pluginregistrationv1.DevicePlugin, k.dm.m.GetWatcherHandler())
 	}
+	// devcluster pod-resources: the kubelet's pod-resources API.
+	var podResourcesStopped func()
+	if dirs.PodResources != "" {
+		if podResourcesStopped, err = k.servePodResources(ctx, dirs.PodResources, activePods); err != nil {
+			if k.dm != nil {
+				_ = k.dm.m.Stop(logger)
+			}
+			manager.Stop()
+			broadcaster.Shutdown()
+			return nil, nil, fmt.Errorf("node %s: %w", node, err)
+		}
+	}
+	// end devcluster pod-resources
 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -189,6 +205,9 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 		wg.Wait()
 		// Their contexts ended with ctx; wait for them to quit.
 		k.stopAllProcesses(ctx)
+		if podResourcesStopped != nil {
+			podResourcesStopped()
+		}
 		factory.Shutdown()
 		if k.dm != nil {
 			_ = k.dm.m.Stop(logger)

@@ -23,6 +23,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -119,7 +120,15 @@ func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
 // DriverRoot is the node's fake driver root (sim.WriteDriverRoot).
 func (n *Node) DriverRoot() string { return filepath.Join(n.Dir, "driver") }
 
+// SharingOptions are where and how the node's agent runs its MPS servers
+// (plugin.Config.SharingOptions): server pods made as the plugin makes them.
+func (n *Node) SharingOptions() sharing.Options { return n.pluginCfg.SharingOptions() }
+
 // PluginDataDir is the plugin's socket and checkpoint directory.
+// It is where the chart puts it below the kubelet's directory
+// (<kubeletDir>/plugins/gpu.gpudra.dev) with the node's directory as the
+// kubelet's, as devcluster renders the chart (RenderChart): its admission
+// policy pins the same paths.
 func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "gpu.gpudra.dev") }
 
 // Plugin is the node's running plugin, nil while stopped.
@@ -175,6 +184,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 	}
 	machine.SetDriverRoot(n.DriverRoot())
+	mpsControl, err := c.installMPSControl(n.DriverRoot())
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+	}
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err
 	}
@@ -189,9 +202,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
 		Devices: MachineDevices(machine)}
-	if opts.Mode == ModeDevicePlugin {
-		dirs.DevicePlugins = n.DevicePluginDir()
-	}
+	// A kubelet has a device manager and serves its pod-resources API
+	// whatever the node's mode, so that a node can switch modes
+	// (SwitchMode).
+	dirs.DevicePlugins, dirs.PodResources = n.DevicePluginDir(), n.PodResourcesSocket()
 	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, dirs)
 	if err != nil {
 		return nil, err
@@ -199,8 +213,13 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	n.kubeletClient = kubeletClient
 
 	// The plugin's own client (core and resource groups only), as the
-	// binary builds it, so that a call to any other group fails here.
-	pluginCfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), "gpudra-kubelet-plugin/"+opts.Name)
+	// binary builds it, so that a call to any other group fails here; as
+	// the chart's ServiceAccount with a token bound to this Node, as the
+	// DaemonSet's pod has one.
+	pluginCfg, err := c.nodeComponentConfig(ctx, PluginServiceAccount, "gpudra-kubelet-plugin/"+opts.Name, opts.Name)
+	if err != nil {
+		return nil, err
+	}
 	pluginCfg.QPS, pluginCfg.Burst = 100, 300
 	pluginClient, err := kubeclient.NewForConfig(pluginCfg)
 	if err != nil {
@@ -213,11 +232,12 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		// The machine is also the node's host: device majors, capability
 		// minors and the time slicer come from its Host.
-		BootID: c.bootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: c.mpsControl,
+		BootID: c.bootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: mpsControl,
 		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.
-		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, HostDriverRoot: "/",
+		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, MPSServerServiceAccount: MPSServerServiceAccount,
+		HostDriverRoot: n.DriverRoot(),
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
@@ -239,11 +259,15 @@ func (n *Node) StartPlugin() error {
 	if n.current != nil {
 		return fmt.Errorf("node %s: plugin is running", n.Name)
 	}
-	// As the node agent does: never while the kubelet's device manager
-	// records pods holding GPUs through a device plugin here (a node
+	// As the node agent does: never while the kubelet's pod-resources API
+	// lists pods holding GPUs through a device plugin here (a node
 	// switched from device-plugin mode).
-	if err := deviceplugin.CheckNodeDevicePluginDrained(n.ctx, n.client, n.Name,
-		filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint)), deviceplugin.OurResourceNames(n.dpOpts.GPUResourceName, n.dpOpts.Config)); err != nil {
+	if err := deviceplugin.CheckDevicePluginDrained(n.ctx, deviceplugin.DeviceHolders{PodResourcesSocket: n.PodResourcesSocket(),
+		KubeletCheckpoint: filepath.Join(n.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint))},
+		deviceplugin.OurResourceNames(n.dpOpts.GPUResourceName, n.dpOpts.Config)); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	if err := deviceplugin.RemoveCDISpecs(n.ctx, n.CDIDir()); err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	inst, err := n.startInstanceLocked()
@@ -305,13 +329,13 @@ func (n *Node) StopPlugin() {
 }
 
 // SwitchMode stops the node's agent and starts it in mode (ModeDRA or
-// ModeDevicePlugin), as changing the DaemonSet's --mode (the chart's
-// kubeletPlugin.mode) does on a real node. The new mode refuses to start,
-// with the agent's error, while the old one still has GPUs handed out on
-// the node; the node is then left without an agent (the DaemonSet's pod
-// would crash-loop) until SwitchMode is called again. The node's kubelet
-// keeps what it was started with: a node added in DRA mode has no device
-// manager, so in device-plugin mode its agent would wait for one.
+// ModeDevicePlugin), as labelling the node gpu.gpudra.dev/mode does with
+// the chart (the DaemonSet of the old mode leaves the node, the other's
+// starts there). The new mode refuses to start, with the agent's error,
+// while the old one still has GPUs handed out on the node; the node is
+// then left without an agent (the DaemonSet's pod would crash-loop) until
+// SwitchMode is called again. The node's kubelet runs both the DRA and the
+// device manager, as a real one does, so either way works once drained.
 func (n *Node) SwitchMode(mode string) error {
 	if mode != ModeDRA && mode != ModeDevicePlugin {
 		return fmt.Errorf("node %s: unknown mode %q, want %s or %s", n.Name, mode, ModeDRA, ModeDevicePlugin)
@@ -448,4 +472,26 @@ func FractionalNode(name, machine string) NodeOptions {
 	return NodeOptions{Name: name, Machine: machine, FractionalGPUs: true,
 		Labels: map[string]string{"gpu.gpudra.dev/fractional": "true"},
 		Taints: []v1.Taint{{Key: "gpu.gpudra.dev/fractional", Value: "true", Effect: v1.TaintEffectNoSchedule}}}
+}
+
+// installMPSControl puts the stand-in nvidia-cuda-mps-control
+// (Options.MPSControlBinary) where a driver install has it, under the
+// node's driver root: MPS server pods run the driver root's own, as the
+// chart's admission policy allows no other. Empty: no MPS.
+func (c *Cluster) installMPSControl(driverRoot string) (string, error) {
+	if c.mpsControl == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(c.mpsControl)
+	if err != nil {
+		return "", fmt.Errorf("the MPS control stand-in: %w", err)
+	}
+	dst := filepath.Join(driverRoot, sim.BinDir, "nvidia-cuda-mps-control")
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	if err := os.WriteFile(dst, b, 0o755); err != nil { //nolint:gosec // an executable
+		return "", fmt.Errorf("install the MPS control stand-in: %w", err)
+	}
+	return dst, nil
 }

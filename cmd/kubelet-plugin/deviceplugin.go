@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -101,7 +100,7 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 // and keys as DRA mode's. A config without MPS needs nothing; one with MPS
 // but no nvidia-cuda-mps-control is refused by deviceplugin.Serve.
 func devicePluginMPS(f *options, cfg *deviceplugin.Config, tools drivertools.Runner, logArgs []string) (deviceplugin.MPSOptions, error) {
-	opts := deviceplugin.MPSOptions{KubeletCheckpoint: f.kubeletDeviceCheckpoint}
+	opts := deviceplugin.MPSOptions{PodResourcesSocket: f.podResourcesSocket, KubeletCheckpoint: f.kubeletDeviceCheckpoint}
 	if cfg == nil || cfg.Sharing.MPS == nil {
 		return opts, nil
 	}
@@ -110,7 +109,7 @@ func devicePluginMPS(f *options, cfg *deviceplugin.Config, tools drivertools.Run
 		return opts, err
 	}
 	pc := plugin.Config{NodeName: f.nodeName, PluginDataDir: f.pluginDataDir, DriverTools: tools, MPSControlBinary: control,
-		MPSServerImage: f.mpsServerImage, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot}
+		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot}
 	if f.mpsServerImage != "" {
 		restCfg, err := kubeclient.RESTConfig(f.kubeconfig)
 		if err != nil {
@@ -155,10 +154,12 @@ func writeDriverSpec(ctx context.Context, backend nvdevice.DriverFiler, writer *
 	return []string{cdi.DriverDeviceID}, nil
 }
 
-// checkDevicePluginDrained refuses DRA mode while the kubelet's device
-// manager records pods of this node holding GPUs through a device plugin
-// (gpudra's or NVIDIA's): deviceplugin.CheckNodeDevicePluginDrained with
-// this agent's flags.
-func checkDevicePluginDrained(ctx context.Context, client kubernetes.Interface, f *options, cfg *deviceplugin.Config) error {
-	return deviceplugin.CheckNodeDevicePluginDrained(ctx, client, f.nodeName, f.kubeletDeviceCheckpoint, deviceplugin.OurResourceNames(f.gpuResourceName, cfg))
+// checkDevicePluginDrained refuses DRA mode while pods of this node hold
+// GPUs through a device plugin (gpudra's or NVIDIA's), as the kubelet's
+// pod-resources API says (deviceplugin.CheckDevicePluginDrained with this
+// agent's flags): node-local, no API request.
+func checkDevicePluginDrained(ctx context.Context, f *options, cfg *deviceplugin.Config) error {
+	return deviceplugin.CheckDevicePluginDrained(ctx,
+		deviceplugin.DeviceHolders{PodResourcesSocket: f.podResourcesSocket, KubeletCheckpoint: f.kubeletDeviceCheckpoint},
+		deviceplugin.OurResourceNames(f.gpuResourceName, cfg))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,10 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
+	"google.golang.org/grpc"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -77,7 +76,7 @@ func TestDevicePluginModeConfigErrors(t *testing.T) {
 	}
 	for _, tc := range []struct{ config, want string }{
 		{filepath.Join(dir, "missing.yaml"), "--device-plugin-config: open " + filepath.Join(dir, "missing.yaml")},
-		{write("single.yaml", "version: v1\nflags:\n  migStrategy: single\n"), `single.yaml: flags.migStrategy: "single" is not supported`},
+		{write("strategy.yaml", "version: v1\nflags:\n  migStrategy: all\n"), `strategy.yaml: flags.migStrategy: must be "none", "single" or "mixed", got "all"`},
 		{write("unknown.yaml", "version: v1\nflags:\n  gdsEnabled: true\n"), `unknown.yaml: device plugin config: error unmarshaling JSON`},
 		// No nvidia-cuda-mps-control under an empty driver root.
 		{write("mps.yaml", "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"),
@@ -159,13 +158,47 @@ func TestDevicePluginModeRunsMPSServers(t *testing.T) {
 	}
 }
 
-// DRA mode refuses to start while the kubelet records pods holding GPUs
-// through a device plugin.
+// podResources serves the kubelet's pod-resources API on a real unix socket,
+// listing pods (namespace/name -> resource -> device IDs), and returns the
+// socket's path.
+func podResources(t *testing.T, pods map[string]map[string][]string) string {
+	t.Helper()
+	var list []*podresourcesv1.PodResources
+	for ref, resources := range pods {
+		ns, name, _ := strings.Cut(ref, "/")
+		c := &podresourcesv1.ContainerResources{Name: "c"}
+		for r, ids := range resources {
+			c.Devices = append(c.Devices, &podresourcesv1.ContainerDevices{ResourceName: r, DeviceIds: ids})
+		}
+		list = append(list, &podresourcesv1.PodResources{Namespace: ns, Name: name, Containers: []*podresourcesv1.ContainerResources{c}})
+	}
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	lis, err := net.Listen("unix", socket)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	podresourcesv1.RegisterPodResourcesListerServer(srv, fixedPodResources{list: list})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return socket
+}
+
+type fixedPodResources struct {
+	podresourcesv1.UnimplementedPodResourcesListerServer
+	list []*podresourcesv1.PodResources
+}
+
+func (f fixedPodResources) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
+	return &podresourcesv1.ListPodResourcesResponse{PodResources: f.list}, nil
+}
+
+// DRA mode refuses to start while the kubelet's pod-resources API lists
+// pods holding GPUs through a device plugin; it asks no API server (the
+// kubeconfig's refuses connections).
 func TestDRAModeRefusesDevicePluginPods(t *testing.T) {
 	cp := kubeletCheckpoint(t)
+	socket := podResources(t, map[string]map[string][]string{
+		"team-a/train": {"nvidia.com/gpu": {"GPU-0"}}, "team-b/fpga": {"example.com/fpga": {"f0"}}})
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	// An API server that refuses connections: the pods cannot be listed,
-	// so every entry counts.
 	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
@@ -175,37 +208,37 @@ current-context: c
 `), 0o600))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := runWith(t, ctx, "--node-name=a", "--backend=sim", "--kubeconfig="+kubeconfig, "--kubelet-device-checkpoint="+cp,
-		"--plugin-data-dir="+t.TempDir(), "--registrar-dir="+t.TempDir(), "--cdi-dir="+t.TempDir(), "--metrics-address=")
+	args := []string{"--node-name=a", "--backend=sim", "--kubeconfig=" + kubeconfig, "--kubelet-device-checkpoint=" + cp,
+		"--plugin-data-dir=" + t.TempDir(), "--registrar-dir=" + t.TempDir(), "--cdi-dir=" + t.TempDir(), "--metrics-address="}
+	err := runWith(t, ctx, append(args, "--pod-resources-socket="+socket)...)
+	require.Error(t, err)
+	assert.Equal(t, "DRA mode refused: the kubelet's pod-resources API ("+socket+") lists 1 pod(s) holding GPUs through a device plugin: "+
+		"pod team-a/train (nvidia.com/gpu); drain them (kubectl drain / delete the pods that request nvidia.com/gpu, nvidia.com/mig-*) before switching the node to DRA mode",
+		err.Error())
+
+	// No socket (not mounted): the kubelet's checkpoint, said so.
+	missing := filepath.Join(t.TempDir(), "pod-resources", "kubelet.sock")
+	err = runWith(t, ctx, append(args, "--pod-resources-socket="+missing)...)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "DRA mode refused: the kubelet's device manager checkpoint "+cp+
-		" records 2 pod(s) holding GPUs through a device plugin: pod pod-1 (nvidia.com/gpu), pod pod-2 (nvidia.com/mig-1g.10gb); drain them")
-	assert.Contains(t, err.Error(), "before switching the node to DRA mode")
+		" records 2 pod(s) holding GPUs through a device plugin: pod UID pod-1 (nvidia.com/gpu), pod UID pod-2 (nvidia.com/mig-1g.10gb); drain them")
+	assert.Contains(t, err.Error(), `the kubelet's pod-resources socket "`+missing+`" does not exist, so its checkpoint was read instead`)
 }
 
-// Pods the API no longer has on the node (or that finished) are stale
-// entries of the kubelet's checkpoint and do not block DRA mode.
-func TestCheckDevicePluginDrainedLeavesOutGonePods(t *testing.T) {
-	cp := kubeletCheckpoint(t)
-	pod := func(uid string, phase corev1.PodPhase) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: uid, Namespace: "ns", UID: types.UID(uid)},
-			Spec: corev1.PodSpec{NodeName: "node-a"}, Status: corev1.PodStatus{Phase: phase}}
-	}
-	o := &options{nodeName: "node-a", gpuResourceName: "nvidia.com/gpu", kubeletDeviceCheckpoint: cp}
+// The checkpoint's entries of pods the kubelet no longer runs do not block
+// DRA mode: the pod-resources API does not list them.
+func TestCheckDevicePluginDrainedIgnoresStaleCheckpoint(t *testing.T) {
 	ctx := context.Background()
-
-	err := checkDevicePluginDrained(ctx, fake.NewClientset(pod("pod-1", corev1.PodRunning), pod("pod-2", corev1.PodRunning)), o, nil)
+	o := &options{nodeName: "node-a", gpuResourceName: "nvidia.com/gpu", kubeletDeviceCheckpoint: kubeletCheckpoint(t)}
+	o.podResourcesSocket = podResources(t, map[string]map[string][]string{"team-b/infer": {"nvidia.com/mig-1g.10gb": {"MIG-0"}}})
+	err := checkDevicePluginDrained(ctx, o, nil)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "records 2 pod(s)")
+	assert.Contains(t, err.Error(), "lists 1 pod(s) holding GPUs through a device plugin: pod team-b/infer (nvidia.com/mig-1g.10gb);")
 
-	err = checkDevicePluginDrained(ctx, fake.NewClientset(pod("pod-2", corev1.PodPending)), o, nil)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "records 1 pod(s) holding GPUs through a device plugin: pod pod-2 (nvidia.com/mig-1g.10gb);")
+	o.podResourcesSocket = podResources(t, nil)
+	assert.NoError(t, checkDevicePluginDrained(ctx, o, nil), "nobody holds a GPU, whatever the checkpoint says")
 
-	assert.NoError(t, checkDevicePluginDrained(ctx, fake.NewClientset(pod("pod-1", corev1.PodSucceeded), pod("pod-2", corev1.PodFailed)), o, nil),
-		"finished pods hold no GPU")
-	assert.NoError(t, checkDevicePluginDrained(ctx, fake.NewClientset(), o, nil), "every pod deleted")
-
+	o.podResourcesSocket = filepath.Join(t.TempDir(), "none")
 	o.kubeletDeviceCheckpoint = filepath.Join(t.TempDir(), "none")
-	assert.NoError(t, checkDevicePluginDrained(ctx, nil, o, nil), "no checkpoint: drained")
+	assert.NoError(t, checkDevicePluginDrained(ctx, o, nil), "no socket, no checkpoint: drained")
 }

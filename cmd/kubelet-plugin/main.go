@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/component"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -106,12 +107,15 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return err
 	}
 	// A node runs one mode: DRA starts only when no pod holds a GPU through
-	// a device plugin.
+	// a device plugin; the device plugin mode's CDI specs then go.
 	dpConfig, err := loadDevicePluginConfig(f.devicePluginConfig)
 	if err != nil {
 		return err
 	}
-	if err := checkDevicePluginDrained(ctx, client, f, dpConfig); err != nil {
+	if err := checkDevicePluginDrained(ctx, f, dpConfig); err != nil {
+		return err
+	}
+	if err := deviceplugin.RemoveCDISpecs(ctx, f.cdiDir); err != nil {
 		return err
 	}
 	backend, driverFilesHostRoot, err := newBackend(ctx, f, tools)
@@ -121,7 +125,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	defer backend.Close()
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
 		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
-		MPSServerImage: f.mpsServerImage, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
+		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {

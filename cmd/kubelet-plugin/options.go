@@ -23,17 +23,17 @@ import (
 // options are the plugin's flags. Each has an environment variable (the
 // chart sets those); the command line wins over it.
 type options struct {
-	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir string
-	backend, machine, procRoot, podUID, metricsAddr                       string
-	mpsControl, mpsServerImage, namespace, hostDriverRoot, nvidiaSMI      string
-	cdiHook                                                               string
-	mode, devicePluginConfig, gpuResourceName, devicePluginDir            string
-	kubeletDeviceCheckpoint                                               string
-	taintEffect                                                           string
-	fractional                                                            bool
-	qps                                                                   float64
-	burst                                                                 int
-	healthIgnoredXIDs                                                     []uint64
+	nodeName, kubeconfig, driverRoot, cdiDir, pluginDataDir, registrarDir                     string
+	backend, machine, procRoot, podUID, metricsAddr                                           string
+	mpsControl, mpsServerImage, mpsServerServiceAccount, namespace, hostDriverRoot, nvidiaSMI string
+	cdiHook                                                                                   string
+	mode, devicePluginConfig, gpuResourceName, devicePluginDir                                string
+	kubeletDeviceCheckpoint, podResourcesSocket                                               string
+	taintEffect                                                                               string
+	fractional                                                                                bool
+	qps                                                                                       float64
+	burst                                                                                     int
+	healthIgnoredXIDs                                                                         []uint64
 }
 
 // addFlags registers the plugin's flags and their environment variables.
@@ -72,6 +72,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("mps-control-binary", "MPS_CONTROL_BINARY")
 	fs.StringVar(&o.mpsServerImage, "mps-server-image", "", "the gpudra image, for MPS server pods (one per GPU with MPS claims, independent of this container); empty: MPS servers run in this container and die with it")
 	env("mps-server-image", "MPS_SERVER_IMAGE")
+	fs.StringVar(&o.mpsServerServiceAccount, "mps-server-service-account", "", "the ServiceAccount of MPS server pods: one without permissions (the chart's <release>-mps-server); required with --mps-server-image")
+	env("mps-server-service-account", "MPS_SERVER_SERVICE_ACCOUNT")
 	fs.StringVar(&o.namespace, "namespace", "", "this pod's namespace, where MPS server pods run")
 	env("namespace", "POD_NAMESPACE")
 	fs.StringVar(&o.hostDriverRoot, "host-driver-root", "/", "the driver root on the host (what --driver-root is a mount of), mounted into MPS server pods")
@@ -87,13 +89,15 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("health-ignored-xids", "HEALTH_IGNORED_XIDS")
 	fs.StringVar(&o.mode, "mode", modeDRA, "dra: the DRA kubelet plugin; device-plugin: the classic device plugin (nvidia.com/gpu, MIG and shared resources) for clusters without DRA. A node runs one mode: each refuses to start while the other still has GPUs handed out on the node")
 	env("mode", "MODE")
-	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "device plugin mode: a config file in the shape of NVIDIA's k8s-device-plugin config (version v1: flags.migStrategy, sharing.timeSlicing, sharing.mps; docs/device-plugin.md); empty: whole GPUs and MIG devices, no sharing")
+	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "device plugin mode: a config file in the shape of NVIDIA's k8s-device-plugin config (version v1: flags.migStrategy, flags.plugin.deviceListStrategy and deviceIDStrategy, sharing.timeSlicing, sharing.mps; docs/device-plugin.md); empty: NVIDIA's defaults (migStrategy none: every GPU whole, MIG mode or not; deviceListStrategy envvar: NVIDIA_VISIBLE_DEVICES plus the device nodes, mounts and variables of the CDI specs), no sharing")
 	env("device-plugin-config", "DEVICE_PLUGIN_CONFIG")
 	fs.StringVar(&o.gpuResourceName, "gpu-resource-name", deviceplugin.DefaultGPUResourceName, "device plugin mode: the extended resource of whole GPUs")
 	env("gpu-resource-name", "GPU_RESOURCE_NAME")
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "device plugin mode: the kubelet's device plugin directory (its socket and ours)")
 	env("device-plugin-dir", "DEVICE_PLUGIN_DIR")
-	fs.StringVar(&o.kubeletDeviceCheckpoint, "kubelet-device-checkpoint", deviceplugin.DefaultKubeletCheckpoint, "the kubelet device manager's checkpoint: DRA mode refuses to start while it records pods holding GPUs through a device plugin")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", deviceplugin.DefaultPodResourcesSocket, "the kubelet's pod-resources API: which pods hold GPUs through a device plugin (DRA mode refuses to start while any does; device plugin mode keeps the MPS servers of replicas in use); where it does not exist, --kubelet-device-checkpoint is read instead")
+	env("pod-resources-socket", "POD_RESOURCES_SOCKET")
+	fs.StringVar(&o.kubeletDeviceCheckpoint, "kubelet-device-checkpoint", deviceplugin.DefaultKubeletCheckpoint, "the kubelet device manager's checkpoint, read only where --pod-resources-socket does not exist (it keeps a deleted pod's devices until the kubelet's next device plugin allocation)")
 	env("kubelet-device-checkpoint", "KUBELET_DEVICE_CHECKPOINT")
 	return o
 }
@@ -113,6 +117,9 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 	}
 	if o.mpsServerImage != "" && o.namespace == "" {
 		errs = append(errs, errors.New("--mps-server-image needs --namespace (env POD_NAMESPACE): the namespace of the MPS server pods"))
+	}
+	if o.mpsServerImage != "" && o.mpsServerServiceAccount == "" {
+		errs = append(errs, errors.New("--mps-server-image needs --mps-server-service-account (env MPS_SERVER_SERVICE_ACCOUNT): the ServiceAccount, without permissions, that MPS server pods run as"))
 	}
 	if e := resourceapi.DeviceTaintEffect(o.taintEffect); e != resourceapi.DeviceTaintEffectNoSchedule && e != resourceapi.DeviceTaintEffectNoExecute {
 		errs = append(errs, fmt.Errorf("--unhealthy-taint-effect: %q is not NoSchedule or NoExecute", o.taintEffect))

@@ -42,6 +42,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
 		"gpu-resource-name": "GPU_RESOURCE_NAME", "device-plugin-dir": "DEVICE_PLUGIN_DIR", "kubelet-device-checkpoint": "KUBELET_DEVICE_CHECKPOINT",
+		"pod-resources-socket": "POD_RESOURCES_SOCKET",
 	}
 	for flag, envName := range want {
 		assert.Equal(t, envName, component.EnvOf(c.Flags, flag), flag)
@@ -54,6 +55,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		healthIgnoredXIDs: []uint64{13, 31, 43, 45, 68, 109},
 		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",
 		kubeletDeviceCheckpoint: "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+		podResourcesSocket:      "/var/lib/kubelet/pod-resources/kubelet.sock",
 	}, *o)
 }
 
@@ -76,13 +78,14 @@ func TestEnvironment(t *testing.T) {
 		{name: "the chart's environment", env: map[string]string{"NODE_NAME": "node-a", "KUBE_API_QPS": "20.5", "KUBE_API_BURST": "40",
 			"FRACTIONAL_GPUS": "true", "HEALTH_IGNORED_XIDS": "13,43", "POD_NAMESPACE": "gpudra", "METRICS_ADDRESS": ":19477",
 			"MODE": "device-plugin", "GPU_RESOURCE_NAME": "example.com/gpu", "DEVICE_PLUGIN_CONFIG": "/config/config.yaml",
-			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp"},
+			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp", "POD_RESOURCES_SOCKET": "/pr/kubelet.sock"},
 			check: func(t *testing.T, o *options) {
 				assert.Equal(t, "device-plugin", o.mode)
 				assert.Equal(t, "example.com/gpu", o.gpuResourceName)
 				assert.Equal(t, "/config/config.yaml", o.devicePluginConfig)
 				assert.Equal(t, "/dp", o.devicePluginDir)
 				assert.Equal(t, "/dp/cp", o.kubeletDeviceCheckpoint)
+				assert.Equal(t, "/pr/kubelet.sock", o.podResourcesSocket)
 				assert.Equal(t, "node-a", o.nodeName)
 				assert.InDelta(t, 20.5, o.qps, 0)
 				assert.Equal(t, 40, o.burst)

@@ -28,7 +28,8 @@ func TestDevicePluginNVLinkPairs(t *testing.T) {
 	node := cluster.Node(dpPCIeNode)
 	if node == nil {
 		var err error
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpPCIeNode, dpPCIeMachine, nil))
+		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpPCIeNode, dpPCIeMachine,
+			mustDPConfig("version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\n")))
 		require.NoError(t, err)
 		require.NoError(t, node.WaitForDevicePlugin(ctx))
 	}

@@ -10,11 +10,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -27,13 +31,34 @@ import (
 // whole and GPUs 6-7 in MIG mode (two 1g.10gb on GPU 6, one 3g.40gb on
 // GPU 7); dpSharedNode (added by the time-slicing test) has one H100
 // time-sliced into four nvidia.com/gpu.shared replicas, dpMPSNode (added
-// by the MPS test) one H100 shared by two MPS replicas.
+// by the MPS test) one H100 shared by two MPS replicas, dpSwitchNode
+// (added by the mode switch test) one H100 that changes modes.
 const (
 	dpNode       = "dp-h100-0"
 	dpMachine    = "testdata/dp-h100.yaml"
 	dpSharedNode = "dp-h100-ts-0"
 	dpMPSNode    = "dp-h100-mps-0"
+	dpSwitchNode = "dp-h100-switch-0"
+	// draSwitchNode is added in DRA mode (tainted as a device-plugin
+	// node) and switched to device-plugin mode by the same test.
+	draSwitchNode = "dra-h100-switch-0"
 )
+
+// dpNodeConfig is dpNode's config, explicit where the defaults (NVIDIA's)
+// are not what these tests need: the mixed MIG strategy (GPUs 6-7's MIG
+// devices per profile; none would advertise GPUs 6-7 whole), and CDI names
+// (devcluster's kubelet resolves a device plugin's CdiDevices only; envvar
+// would answer with the device nodes, mounts and variables themselves).
+var dpNodeConfig = mustDPConfig("version: v1\nflags:\n  migStrategy: mixed\n  plugin:\n    deviceListStrategy: cdi-cri\n")
+
+// mustDPConfig parses a device plugin config of these tests.
+func mustDPConfig(y string) *deviceplugin.Config {
+	c, err := deviceplugin.ParseConfig([]byte(y))
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
 
 // dpPod asks for device plugin resources (limits, as the device plugin API
 // wants) on one device-plugin node.
@@ -188,6 +213,9 @@ func TestDevicePluginTimeSlicing(t *testing.T) {
 	node := cluster.Node(dpSharedNode)
 	if node == nil {
 		cfg, err := deviceplugin.ParseConfig([]byte(`version: v1
+flags:
+  plugin:
+    deviceListStrategy: cdi-cri
 sharing:
   timeSlicing:
     resources:
@@ -236,6 +264,9 @@ func TestDevicePluginMPS(t *testing.T) {
 	node := cluster.Node(dpMPSNode)
 	if node == nil {
 		cfg, err := deviceplugin.ParseConfig([]byte(`version: v1
+flags:
+  plugin:
+    deviceListStrategy: cdi-cri
 sharing:
   mps:
     resources:
@@ -314,9 +345,9 @@ func TestDevicePluginUnhealthyGPULeavesAllocatable(t *testing.T) {
 // mode, does not start and names the claim, read from the DRA plugin's real
 // checkpoint; switched back, DRA mode starts with the claim still prepared
 // and its pod untouched. The other way round: the device-plugin node's
-// agent, restarted in DRA mode, is refused by the real kubelet device
-// manager's checkpoint while a pod holds a GPU there, and switched back it
-// serves the same devices again.
+// agent, restarted in DRA mode, is refused while the kubelet's pod-resources
+// API (fed by its real device manager) lists a pod holding a GPU there, and
+// switched back it serves the same devices again.
 func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	ctx := context.Background()
 	const draNode = "dgx-h100-1"
@@ -354,15 +385,179 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	// The other way round, from the kubelet's device manager checkpoint.
 	dp := cluster.Node(dpNode)
 	require.NotNil(t, dp)
+	_, gpusBefore := nodeResource(t, dpNode, "nvidia.com/gpu")
 	create(t, ns, nil, dpPod("dp-holder", dpNode, map[string]int64{"nvidia.com/gpu": 1}))
 	held := waitRunning(t, ns, "dp-holder")
 	err = dp.SwitchMode(devcluster.ModeDRA)
 	require.Error(t, err, "DRA mode must be refused while a pod holds a device plugin GPU")
-	assert.Contains(t, err.Error(), "DRA mode refused")
-	assert.Contains(t, err.Error(), string(held.UID))
+	assert.Contains(t, err.Error(), "DRA mode refused: the kubelet's pod-resources API ("+dp.PodResourcesSocket()+") lists 1 pod(s)")
+	assert.Contains(t, err.Error(), "pod "+held.Namespace+"/"+held.Name+" (nvidia.com/gpu)")
 	assert.Nil(t, dp.Plugin(), "no DRA plugin started")
 	require.NoError(t, dp.SwitchMode(devcluster.ModeDevicePlugin), "back to device-plugin mode")
 	require.NoError(t, dp.WaitForDevicePlugin(ctx))
-	waitAllocatable(t, dpNode, "nvidia.com/gpu", 6)
+	waitAllocatable(t, dpNode, "nvidia.com/gpu", gpusBefore)
 	assert.Equal(t, v1.PodRunning, waitRunning(t, ns, "dp-holder").Status.Phase)
+}
+
+// labelMode labels the node gpu.gpudra.dev/mode=mode, as an administrator
+// does to move a node to the other DaemonSet of the chart
+// (kubeletPlugin.perNodeMode).
+func labelMode(t *testing.T, node, mode string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, devcluster.DevicePluginModeLabel, mode)
+	_, err := cluster.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	require.NoError(t, err)
+}
+
+// podResources is the kubelet's pod-resources answer for one pod, nil if
+// it does not list the pod.
+func podResources(t *testing.T, node *devcluster.Node, ns, name string) *podresourcesv1.PodResources {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+node.PodResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	resp, err := podresourcesv1.NewPodResourcesListerClient(conn).List(context.Background(), &podresourcesv1.ListPodResourcesRequest{})
+	require.NoError(t, err)
+	for _, p := range resp.GetPodResources() {
+		if p.GetNamespace() == ns && p.GetName() == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// podDeviceIDs are the device IDs of resource the pod's containers hold,
+// as the kubelet's pod-resources API lists them.
+func podDeviceIDs(t *testing.T, node *devcluster.Node, ns, name, resource string) []string {
+	t.Helper()
+	pr := podResources(t, node, ns, name)
+	require.NotNil(t, pr, "the pod-resources API does not list %s/%s", ns, name)
+	var ids []string
+	for _, c := range pr.GetContainers() {
+		for _, d := range c.GetDevices() {
+			if d.GetResourceName() == resource {
+				ids = append(ids, d.GetDeviceIds()...)
+			}
+		}
+	}
+	return ids
+}
+
+// A node switched between modes, node by node as the chart's perNodeMode
+// lets an administrator do it: drain the node, label it, the other mode's
+// agent takes over (SwitchMode). Device plugin to DRA: refused while a pod
+// holds the GPU (named by namespace/name, from the kubelet's pod-resources
+// API); once the pod is deleted the kubelet's device checkpoint still
+// records it, which alone would refuse, but the pod-resources API lists
+// nobody and DRA mode starts. DRA to device plugin again once the claim's
+// pod is gone: the node's kubelet runs the DRA and the device manager
+// both, as a real one does, also on a node added in DRA mode.
+func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
+	ctx := context.Background()
+	node := cluster.Node(dpSwitchNode)
+	if node == nil {
+		var err error
+		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpSwitchNode, filepath.Join(examples, "machines", "one-h100.yaml"), nil))
+		require.NoError(t, err)
+	}
+	require.Equal(t, devcluster.ModeDevicePlugin, node.Mode())
+	require.NoError(t, node.WaitForDevicePlugin(ctx))
+	gpus, _ := inventory(t, node)
+	require.Len(t, gpus, 1)
+	var only string
+	for uuid := range gpus {
+		only = uuid
+	}
+	ns := namespace(t)
+	resources := deviceplugin.OurResourceNames("", nil)
+
+	// A pod holds the GPU: DRA mode is refused, naming it.
+	create(t, ns, nil, dpPod("dp-holder", dpSwitchNode, map[string]int64{"nvidia.com/gpu": 1}))
+	held := waitRunning(t, ns, "dp-holder")
+	assert.Equal(t, []string{only}, podDeviceIDs(t, node, ns, "dp-holder", "nvidia.com/gpu"))
+	labelMode(t, dpSwitchNode, devcluster.ModeDRA)
+	err := node.SwitchMode(devcluster.ModeDRA)
+	require.Error(t, err, "DRA mode must be refused while a pod holds the GPU")
+	assert.Contains(t, err.Error(), "DRA mode refused: the kubelet's pod-resources API ("+node.PodResourcesSocket()+
+		") lists 1 pod(s) holding GPUs through a device plugin: pod "+ns+"/dp-holder (nvidia.com/gpu); drain them")
+	t.Logf("refusal: %v", err)
+	labelMode(t, dpSwitchNode, devcluster.ModeDevicePlugin)
+	require.NoError(t, node.SwitchMode(devcluster.ModeDevicePlugin), "back to device-plugin mode")
+	require.NoError(t, node.WaitForDevicePlugin(ctx))
+
+	// Drained: the checkpoint keeps the deleted pod's entry, the
+	// pod-resources API does not list it.
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "dp-holder", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "dp-holder")
+	checkpoint := filepath.Join(node.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint))
+	stale, err := deviceplugin.DevicePluginAllocations(checkpoint, resources)
+	require.NoError(t, err)
+	require.Len(t, stale, 1, "the kubelet's checkpoint keeps the deleted pod's entry")
+	assert.Equal(t, "UID "+string(held.UID), stale[0].Pod)
+	err = deviceplugin.CheckDevicePluginDrained(ctx, deviceplugin.DeviceHolders{KubeletCheckpoint: checkpoint}, resources)
+	require.Error(t, err, "the checkpoint alone would refuse")
+	assert.Contains(t, err.Error(), "records 1 pod(s) holding GPUs through a device plugin: pod UID "+string(held.UID))
+
+	// To DRA mode: it starts, publishes the GPU, and a claim gets it.
+	labelMode(t, dpSwitchNode, devcluster.ModeDRA)
+	require.NoError(t, node.SwitchMode(devcluster.ModeDRA), "DRA mode on a drained node")
+	assert.Nil(t, podResources(t, node, ns, "dp-holder"), "the pod-resources API lists no deleted pod")
+	require.NoError(t, node.WaitForSlices(ctx))
+	pod := gpuPod("dra-user", "one-gpu")
+	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": dpSwitchNode}
+	pod.Spec.Tolerations = []v1.Toleration{{Key: devcluster.DevicePluginTaintKey, Operator: v1.TolerationOpExists}}
+	create(t, ns, template("one-gpu", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil, nil), pod)
+	user := waitRunning(t, ns, "dra-user")
+	assert.Equal(t, []string{only}, views(t, user)["cuda"].VisibleGPUs())
+	claim := podClaim(t, user, "gpu")
+	// The kubelet's pod-resources API reports the claim (its DRA
+	// manager), and no device plugin device.
+	pr := podResources(t, node, ns, "dra-user")
+	require.NotNil(t, pr)
+	require.Len(t, pr.GetContainers(), 1)
+	c := pr.GetContainers()[0]
+	assert.Empty(t, c.GetDevices())
+	require.Len(t, c.GetDynamicResources(), 1)
+	assert.Equal(t, claim.Name, c.GetDynamicResources()[0].GetClaimName())
+	require.Len(t, c.GetDynamicResources()[0].GetClaimResources(), 1)
+	assert.Equal(t, slicebuilder.DriverName, c.GetDynamicResources()[0].GetClaimResources()[0].GetDriverName())
+	assert.Equal(t, dpSwitchNode, c.GetDynamicResources()[0].GetClaimResources()[0].GetPoolName())
+
+	// Back to device-plugin mode once the claim's pod is gone (the DRA
+	// plugin unprepares it): the device manager takes the GPU again.
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "dra-user", metav1.DeleteOptions{}))
+	waitPodGone(t, ns, "dra-user")
+	require.NoError(t, wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return deviceplugin.CheckDRADrained(node.PluginDataDir()) == nil, nil
+	}), "drained node still refused")
+	labelMode(t, dpSwitchNode, devcluster.ModeDevicePlugin)
+	require.NoError(t, node.SwitchMode(devcluster.ModeDevicePlugin), "device-plugin mode on a drained node")
+	require.NoError(t, node.WaitForDevicePlugin(ctx))
+	waitAllocatable(t, dpSwitchNode, "nvidia.com/gpu", 1)
+	create(t, ns, nil, dpPod("dp-again", dpSwitchNode, map[string]int64{"nvidia.com/gpu": 1}))
+	waitRunning(t, ns, "dp-again")
+	assert.Equal(t, []string{only}, podDeviceIDs(t, node, ns, "dp-again", "nvidia.com/gpu"))
+
+	// A node added in DRA mode has a device manager too: labelled, it goes
+	// to device-plugin mode and a pod gets its GPU there.
+	dra := cluster.Node(draSwitchNode)
+	if dra == nil {
+		var err error
+		dra, err = cluster.AddNode(ctx, devcluster.NodeOptions{Name: draSwitchNode, Machine: filepath.Join(examples, "machines", "one-h100.yaml"),
+			Taints: []v1.Taint{{Key: devcluster.DevicePluginTaintKey, Value: "true", Effect: v1.TaintEffectNoSchedule}}})
+		require.NoError(t, err)
+		require.NoError(t, dra.WaitForSlices(ctx))
+	}
+	if dra.Mode() == devcluster.ModeDRA {
+		labelMode(t, draSwitchNode, devcluster.ModeDevicePlugin)
+		require.NoError(t, dra.SwitchMode(devcluster.ModeDevicePlugin), "device-plugin mode on a node added in DRA mode")
+	}
+	require.NoError(t, dra.WaitForDevicePlugin(ctx))
+	draGPUs, _ := inventory(t, dra)
+	require.Len(t, draGPUs, 1)
+	create(t, ns, nil, dpPod("dp-on-dra-node", draSwitchNode, map[string]int64{"nvidia.com/gpu": 1}))
+	waitRunning(t, ns, "dp-on-dra-node")
+	for uuid := range draGPUs {
+		assert.Equal(t, []string{uuid}, podDeviceIDs(t, dra, ns, "dp-on-dra-node", "nvidia.com/gpu"))
+	}
 }

@@ -64,8 +64,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	// Node,RBAC: the chart's RBAC and admission policy are tested for real.
-	opts := devcluster.Options{MPSControlBinary: mpsControl, APIServerFlags: []string{"--authorization-mode=Node,RBAC"}, Grove: true}
+	// Under Node,RBAC, every gpudra component as the chart's
+	// ServiceAccount: the chart's RBAC and admission policies are tested
+	// for real, and a call they forbid fails the test (forbiddenCalls).
+	opts := devcluster.Options{MPSControlBinary: mpsControl, Grove: true, Chart: devcluster.DefaultChart("../..")}
 	if err := controlPlaneLimitsFromEnv(&opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -81,7 +83,7 @@ func run(m *testing.M) int {
 		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml")),
 		// Device-plugin mode (deviceplugin_test.go): labelled and tainted,
 		// with no ResourceSlices, so DRA tests never land there.
-		devcluster.DevicePluginNode(dpNode, dpMachine, nil)}
+		devcluster.DevicePluginNode(dpNode, dpMachine, dpNodeConfig)}
 	for _, opts := range nodes {
 		n, err := cluster.AddNode(ctx, opts)
 		if err == nil {
@@ -98,6 +100,13 @@ func run(m *testing.M) int {
 	}
 	fmt.Printf("devcluster with 2 simulated DGX H100 nodes, a fractional H100 and a device-plugin node ready in %s; log: %s\n", time.Since(start).Round(time.Millisecond), logFile)
 	code := m.Run()
+	if calls := cluster.TakeForbidden(); len(calls) > 0 {
+		fmt.Fprintln(os.Stderr, "FAIL: gpudra components made calls the chart's RBAC or admission policies forbid:")
+		for _, call := range calls {
+			fmt.Fprintln(os.Stderr, "  ", call)
+		}
+		code = 1
+	}
 	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
 		_ = os.RemoveAll(logDir)
 	} else {
@@ -138,10 +147,24 @@ func namespace(t *testing.T) string {
 	}
 	name = strings.TrimRight(name, "-") + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
 	ctx := context.Background()
+	noForbiddenCalls(t, "before this test (an earlier test without a namespace, or the cluster's start)")
 	_, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() { deleteAllPods(t, name) })
+	t.Cleanup(func() {
+		deleteAllPods(t, name)
+		noForbiddenCalls(t, "during this test")
+	})
 	return name
+}
+
+// noForbiddenCalls fails the test if a gpudra component made a call that
+// the chart's RBAC or admission policies refused: the chart lacks what the
+// code does (or the code does what it should not).
+func noForbiddenCalls(t testing.TB, when string) {
+	t.Helper()
+	for _, call := range cluster.TakeForbidden() {
+		t.Errorf("forbidden %s: %s", when, call)
+	}
 }
 
 func deleteAllPods(t testing.TB, ns string) {

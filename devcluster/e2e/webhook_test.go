@@ -102,9 +102,10 @@ func TestWebhook(t *testing.T) {
 	})
 
 	t.Run("podcliqueset", func(t *testing.T) {
-		if _, err := cluster.Client.Discovery().ServerResourcesForGroupVersion("grove.io/v1alpha1"); err != nil {
-			t.Skipf("no Grove CRDs: %v", err)
-		}
+		// devcluster installs Grove's CRDs (Options.Grove): a missing one
+		// is a broken install, not a reason to skip.
+		_, err := cluster.Client.Discovery().ServerResourcesForGroupVersion("grove.io/v1alpha1")
+		require.NoError(t, err, "Grove's CRDs are not served")
 		dyn, err := dynamic.NewForConfig(cluster.RESTConfig)
 		require.NoError(t, err)
 		raw, err := os.ReadFile(examples + "/grove/podcliqueset.yaml")
@@ -171,9 +172,10 @@ func TestWebhook(t *testing.T) {
 	})
 
 	t.Run("gpureservation", func(t *testing.T) {
-		if _, err := cluster.Client.Discovery().ServerResourcesForGroupVersion(gpudraapi.APIVersion); err != nil {
-			t.Skipf("no gpudra CRDs: %v", err)
-		}
+		// devcluster installs gpudra's CRDs as the chart does: a missing
+		// one fails.
+		_, err := cluster.Client.Discovery().ServerResourcesForGroupVersion(gpudraapi.APIVersion)
+		require.NoError(t, err, "gpudra's CRDs are not served")
 		dyn, err := dynamic.NewForConfig(cluster.RESTConfig)
 		require.NoError(t, err)
 		dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
@@ -233,7 +235,8 @@ func gangTestPod(labels, annotations map[string]string, scheduler string) *v1.Po
 // and the tests above exercise), but for how the API server reaches it.
 func TestWebhookChartMatchesCode(t *testing.T) {
 	for _, grove := range []bool{true, false} {
-		out, err := render(t, "--set", "webhook.grove="+strconv.FormatBool(grove))
+		// Rendered only (not applied): the release's own names.
+		out, err := render(t, "--set", "fullnameOverride=gpudra", "--set", "webhook.grove="+strconv.FormatBool(grove))
 		require.NoError(t, err, out)
 		var got admissionregistrationv1.ValidatingWebhookConfiguration
 		for _, o := range objectsFrom(t, out) {
@@ -254,7 +257,7 @@ func TestWebhookChartMatchesCode(t *testing.T) {
 // MutatingWebhookConfiguration, which gangs.enabled=false leaves out.
 func TestWebhookChartMatchesCodeMutating(t *testing.T) {
 	for _, gangs := range []bool{true, false} {
-		out, err := render(t, "--set", "gangs.enabled="+strconv.FormatBool(gangs))
+		out, err := render(t, "--set", "fullnameOverride=gpudra", "--set", "gangs.enabled="+strconv.FormatBool(gangs))
 		require.NoError(t, err, out)
 		var got *admissionregistrationv1.MutatingWebhookConfiguration
 		for _, o := range objectsFrom(t, out) {

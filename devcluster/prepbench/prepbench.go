@@ -53,6 +53,9 @@ type Config struct {
 	// Dir is where the cluster and the plugin keep their files; empty: a
 	// temporary directory.
 	Dir string
+	// Chart gives the cluster its identities; the plugin runs as the
+	// chart's ServiceAccount.
+	Chart devcluster.ChartOptions
 }
 
 func (c Config) deviceFormat() string {
@@ -120,7 +123,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "c"), 0o750); err != nil {
 		return Result{}, err
 	}
-	cluster, err := devcluster.Start(ctx, devcluster.Options{Dir: filepath.Join(dir, "c")})
+	cluster, err := devcluster.Start(ctx, devcluster.Options{Dir: filepath.Join(dir, "c"), Chart: cfg.Chart})
 	if err != nil {
 		return Result{}, err
 	}
@@ -130,7 +133,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, err
 	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cluster.WriteKubeconfig(kubeconfig); err != nil {
+	// As the DaemonSet's pod: the chart's ServiceAccount, a token bound to
+	// the Node.
+	if err := cluster.WriteNodeComponentKubeconfig(ctx, kubeconfig, devcluster.PluginServiceAccount, node); err != nil {
 		return Result{}, err
 	}
 	pluginDir, registry, cdiDir := filepath.Join(dir, "plugin"), filepath.Join(dir, "registry"), filepath.Join(dir, "cdi")

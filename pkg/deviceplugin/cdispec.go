@@ -20,7 +20,9 @@ import (
 // device "device-plugin-<DRA device name>" with exactly the container
 // edits a DRA claim's device gets (control nodes, its own nodes with type,
 // major and minor, NVIDIA_VISIBLE_DEVICES=void, its GPUDRA_DEVICE_*_UUID).
-// A container therefore sees the same thing in both modes.
+// A container therefore sees the same thing in both modes. Allocate names
+// these CDI devices (the CDI device list strategies) or passes their edits
+// (cdiview.go), or both.
 
 // SpecUID is the pseudo-claim UID of the device plugin's node-wide CDI spec.
 const SpecUID = "device-plugin"
@@ -30,8 +32,9 @@ const SpecUID = "device-plugin"
 func CDIDeviceName(deviceName string) string { return cdi.QualifiedName(SpecUID, deviceName) }
 
 // BuildCDISpec is the pure step: the node-wide spec with one CDI device per
-// GPU not in MIG mode and per existing MIG device (all the devices any
-// resource can advertise).
+// GPU (in MIG mode or not: the none strategy advertises both as whole GPUs)
+// and per existing MIG device: all the devices any MIG strategy can
+// advertise.
 func BuildCDISpec(inv *nvdevice.Inventory, host nvdevice.Host) (*cdispec.Spec, error) {
 	devices, err := specDevices(inv, host)
 	if err != nil {
@@ -41,17 +44,14 @@ func BuildCDISpec(inv *nvdevice.Inventory, host nvdevice.Host) (*cdispec.Spec, e
 }
 
 // specDevices are the devices of the node-wide spec, each with its own
-// device nodes.
+// device nodes: every GPU, then its MIG devices.
 func specDevices(inv *nvdevice.Inventory, host nvdevice.Host) ([]prepared.Device, error) {
 	var devices []prepared.Device
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
 		gpuNode := cdi.GPUNode(host.Majors, g.Minor)
-		if !g.MIG.Enabled {
-			devices = append(devices, prepared.Device{Device: devName(g, nil), UUID: g.UUID,
-				GPUUUID: g.UUID, Nodes: []prepared.DeviceNode{gpuNode}})
-			continue
-		}
+		devices = append(devices, prepared.Device{Device: devName(g, nil), UUID: g.UUID,
+			GPUUUID: g.UUID, Nodes: []prepared.DeviceNode{gpuNode}})
 		for j := range g.MIG.Devices {
 			m := &g.MIG.Devices[j]
 			if host.CapMinors == nil {

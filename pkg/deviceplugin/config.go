@@ -19,13 +19,19 @@ const ConfigVersion = "v1"
 // domain ("gpu", "mig-1g.10gb"), as NVIDIA's plugin does.
 const DefaultResourceDomain = "nvidia.com"
 
-// MIG strategies (flags.migStrategy).
+// MIG strategies (flags.migStrategy), with NVIDIA's meanings.
 const (
-	// MigStrategyNone advertises only whole GPUs: GPUs in MIG mode are not
-	// advertised at all.
+	// MigStrategyNone advertises every GPU as a whole GPU under the GPU
+	// resource name, GPUs in MIG mode included (their MIG devices are not
+	// advertised): the default, as in NVIDIA's plugin.
 	MigStrategyNone = "none"
+	// MigStrategySingle advertises the MIG devices under the GPU resource
+	// name: every GPU in MIG mode with MIG devices of one profile, or no GPU
+	// in MIG mode (then the whole GPUs are advertised). Any other node is
+	// an error naming its GPUs and profiles.
+	MigStrategySingle = "single"
 	// MigStrategyMixed advertises one resource per MIG profile
-	// (nvidia.com/mig-1g.10gb): the default.
+	// (nvidia.com/mig-1g.10gb) beside the GPUs with MIG mode off.
 	MigStrategyMixed = "mixed"
 )
 
@@ -35,7 +41,15 @@ const (
 //
 //	version: v1
 //	flags:
-//	  migStrategy: mixed          # none | mixed ("single" is not supported)
+//	  migStrategy: none           # none (default) | single | mixed
+//	  failOnInitError: true       # true only: gpudra always fails on an init error
+//	  nvidiaDriverRoot: /         # the host root of the device nodes in DeviceSpecs
+//	  nvidiaDevRoot: /            # the same, overriding nvidiaDriverRoot
+//	  plugin:
+//	    passDeviceSpecs: false    # accepted, either value (see DeviceListStrategies)
+//	    deviceListStrategy: envvar   # or a list: envvar, volume-mounts, cdi-annotations, cdi-cri
+//	    deviceIDStrategy: uuid    # uuid | index
+//	    cdiAnnotationPrefix: cdi.k8s.io/
 //	sharing:
 //	  timeSlicing:
 //	    renameByDefault: false
@@ -57,8 +71,37 @@ type Config struct {
 
 // Flags are the plugin's flags that the config file may set.
 type Flags struct {
-	// MigStrategy is "none" or "mixed"; empty means mixed.
+	// MigStrategy is "none", "single" or "mixed"; empty means none.
 	MigStrategy string `json:"migStrategy,omitempty"`
+	// FailOnInitError may only be true (NVIDIA's default): gpudra always
+	// fails on an init error and is restarted by the DaemonSet.
+	FailOnInitError *bool `json:"failOnInitError,omitempty"`
+	// NvidiaDriverRoot and NvidiaDevRoot are, as in NVIDIA's plugin, where
+	// the device nodes are on the host: the prefix of the host paths of the
+	// DeviceSpecs Allocate returns. NvidiaDevRoot defaults to
+	// NvidiaDriverRoot, which defaults to "/". The driver's files are
+	// found through --driver-root and --host-driver-root instead.
+	NvidiaDriverRoot string `json:"nvidiaDriverRoot,omitempty"`
+	NvidiaDevRoot    string `json:"nvidiaDevRoot,omitempty"`
+	// Plugin holds the device plugin's own flags.
+	Plugin *PluginFlags `json:"plugin,omitempty"`
+}
+
+// PluginFlags are flags.plugin: how Allocate hands the devices to the
+// container runtime (strategy.go).
+type PluginFlags struct {
+	// PassDeviceSpecs is accepted with either value: gpudra passes the
+	// device nodes whenever a non-CDI device list strategy is used, so that
+	// a container gets its GPUs on a runtime without CDI or NVIDIA's hook.
+	PassDeviceSpecs *bool `json:"passDeviceSpecs,omitempty"`
+	// DeviceListStrategy is one strategy or a list; empty: envvar.
+	DeviceListStrategy DeviceListStrategies `json:"deviceListStrategy,omitempty"`
+	// DeviceIDStrategy is "uuid" (default) or "index": what
+	// NVIDIA_VISIBLE_DEVICES and the volume-mounts paths name.
+	DeviceIDStrategy string `json:"deviceIDStrategy,omitempty"`
+	// CDIAnnotationPrefix replaces "cdi.k8s.io/" in the keys of the
+	// cdi-annotations strategy.
+	CDIAnnotationPrefix string `json:"cdiAnnotationPrefix,omitempty"`
 }
 
 // Sharing configures replicated resources.
@@ -201,13 +244,7 @@ func (c *Config) Validate() error {
 	if c.Version != ConfigVersion {
 		errs = append(errs, fmt.Errorf("version: must be %q, got %q", ConfigVersion, c.Version))
 	}
-	switch c.Flags.MigStrategy {
-	case "", MigStrategyNone, MigStrategyMixed:
-	case "single":
-		errs = append(errs, fmt.Errorf("flags.migStrategy: \"single\" is not supported, use \"mixed\" (one resource per MIG profile) or \"none\""))
-	default:
-		errs = append(errs, fmt.Errorf("flags.migStrategy: must be \"none\" or \"mixed\", got %q", c.Flags.MigStrategy))
-	}
+	errs = append(errs, c.Flags.validate()...)
 	// A device resource may be replicated by one mechanism only, and two
 	// replicated resources may not end up under one name.
 	seen := map[string]string{}

@@ -74,11 +74,42 @@ sharing:
 		{name: "devices bad entry", yaml: "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, devices: [0, {a: b}]}]\n",
 			wantErr: []string{"devices[1]"}},
 		{name: "single MIG strategy", yaml: "version: v1\nflags: {migStrategy: single}\n",
-			wantErr: []string{"flags.migStrategy", `"single" is not supported`}},
+			want: &Config{Version: "v1", Flags: Flags{MigStrategy: "single"}}},
 		{name: "unknown MIG strategy", yaml: "version: v1\nflags: {migStrategy: all}\n",
-			wantErr: []string{"flags.migStrategy", `"all"`}},
-		{name: "NVIDIA flag we do not take", yaml: "version: v1\nflags: {failOnInitError: true}\n",
-			wantErr: []string{`unknown field "failOnInitError"`}},
+			wantErr: []string{"flags.migStrategy", `must be "none", "single" or "mixed", got "all"`}},
+		{name: "NVIDIA's README config, verbatim", yaml: `
+version: v1
+flags:
+  migStrategy: "none"
+  failOnInitError: true
+  nvidiaDriverRoot: "/"
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: envvar
+    deviceIDStrategy: uuid
+`, want: &Config{Version: "v1", Flags: Flags{MigStrategy: "none", FailOnInitError: ptrTo(true), NvidiaDriverRoot: "/",
+			Plugin: &PluginFlags{PassDeviceSpecs: ptrTo(false), DeviceListStrategy: DeviceListStrategies{"envvar"}, DeviceIDStrategy: "uuid"}}}},
+		{name: "device list strategies as a list", yaml: "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [cdi-annotations, cdi-cri]\n    cdiAnnotationPrefix: nvidia.cdi.k8s.io/\n",
+			want: &Config{Version: "v1", Flags: Flags{Plugin: &PluginFlags{DeviceListStrategy: DeviceListStrategies{"cdi-annotations", "cdi-cri"},
+				CDIAnnotationPrefix: "nvidia.cdi.k8s.io/"}}}},
+		{name: "device list strategies comma-separated, as NVIDIA's flag", yaml: "version: v1\nflags: {plugin: {deviceListStrategy: \"envvar,cdi-cri\"}}\n",
+			want: &Config{Version: "v1", Flags: Flags{Plugin: &PluginFlags{DeviceListStrategy: DeviceListStrategies{"envvar", "cdi-cri"}}}}},
+		{name: "unknown device list strategy", yaml: "version: v1\nflags: {plugin: {deviceListStrategy: [envvar, cdi]}}\n",
+			wantErr: []string{"flags.plugin.deviceListStrategy[1]", `got "cdi"`, "envvar, volume-mounts, cdi-annotations, cdi-cri"}},
+		{name: "no device list strategy", yaml: "version: v1\nflags: {plugin: {deviceListStrategy: []}}\n",
+			wantErr: []string{"flags.plugin.deviceListStrategy", "at least one"}},
+		{name: "device list strategy of a wrong type", yaml: "version: v1\nflags: {plugin: {deviceListStrategy: {a: b}}}\n",
+			wantErr: []string{"deviceListStrategy: must be a strategy or a list"}},
+		{name: "unknown device ID strategy", yaml: "version: v1\nflags: {plugin: {deviceIDStrategy: serial}}\n",
+			wantErr: []string{"flags.plugin.deviceIDStrategy", `"uuid" or "index", got "serial"`}},
+		{name: "failOnInitError false", yaml: "version: v1\nflags: {failOnInitError: false}\n",
+			wantErr: []string{"flags.failOnInitError: false is not supported"}},
+		{name: "relative dev root", yaml: "version: v1\nflags: {nvidiaDevRoot: run/nvidia/driver}\n",
+			wantErr: []string{"flags.nvidiaDevRoot: must be an absolute path"}},
+		{name: "NVIDIA flag we do not take", yaml: "version: v1\nflags: {gdsEnabled: true}\n",
+			wantErr: []string{`unknown field "gdsEnabled"`}},
+		{name: "NVIDIA plugin flag we do not take", yaml: "version: v1\nflags: {plugin: {containerDriverRoot: /driver-root}}\n",
+			wantErr: []string{`unknown field "containerDriverRoot"`}},
 		{name: "several errors at once", yaml: "version: v3\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 0}]\n",
 			wantErr: []string{"version", "sharing.timeSlicing.resources[0].replicas"}},
 	}
@@ -97,3 +128,5 @@ sharing:
 		})
 	}
 }
+
+func ptrTo[T any](v T) *T { return &v }

@@ -10,12 +10,9 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -25,7 +22,8 @@ import (
 // refuse it while the other mode still has devices handed out on the node.
 
 // DefaultKubeletCheckpoint is the kubelet device manager's checkpoint: the
-// devices it allocated to containers through device plugins.
+// devices it allocated to containers through device plugins. Read only
+// where the kubelet's pod-resources socket does not exist (DeviceHolders).
 const DefaultKubeletCheckpoint = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 
 // DRACheckpointFile is the DRA plugin's checkpoint under its plugin data
@@ -79,10 +77,14 @@ func CheckDRADrained(pluginDataDir string) error {
 		path, len(names), enumerate(names), DrainAdvice)
 }
 
-// DevicePluginAllocation is one container's devices in the kubelet's
-// device manager checkpoint.
+// DevicePluginAllocation is one container's devices of one resource, as
+// the kubelet's pod-resources API or its device manager checkpoint has
+// them.
 type DevicePluginAllocation struct {
-	PodUID, ContainerName, ResourceName string
+	// Pod is the pod's namespace/name (the pod-resources API), or "UID
+	// <uid>" (the checkpoint, which has no names).
+	Pod                         string
+	ContainerName, ResourceName string
 	// DeviceIDs are the device IDs the container holds ("<uuid>",
 	// "<uuid>::<n>").
 	DeviceIDs []string
@@ -143,7 +145,7 @@ func DevicePluginAllocations(kubeletCheckpointPath string, resourceNames []strin
 	var out []DevicePluginAllocation
 	for _, e := range cp.Data.PodDeviceEntries {
 		if matchesResource(e.ResourceName, resourceNames) {
-			out = append(out, DevicePluginAllocation{PodUID: e.PodUID, ContainerName: e.ContainerName, ResourceName: e.ResourceName,
+			out = append(out, DevicePluginAllocation{Pod: "UID " + e.PodUID, ContainerName: e.ContainerName, ResourceName: e.ResourceName,
 				DeviceIDs: checkpointDeviceIDs(e.DeviceIDs)})
 		}
 	}
@@ -163,44 +165,74 @@ func matchesResource(name string, patterns []string) bool {
 	return false
 }
 
-// CheckDevicePluginDrained refuses the DRA mode while the kubelet's device
-// manager checkpoint records containers holding one of resourceNames (see
-// DevicePluginAllocations for the names). A missing checkpoint means
-// drained.
-func CheckDevicePluginDrained(kubeletCheckpointPath string, resourceNames []string) error {
-	return CheckDevicePluginDrainedExcept(kubeletCheckpointPath, resourceNames, nil)
-}
-
-// CheckDevicePluginDrainedExcept is CheckDevicePluginDrained that leaves
-// out the pods gone is true for: the kubelet keeps the entries of deleted
-// pods in its checkpoint until its next device plugin allocation, which
-// never comes once the device plugin is gone. nil: every pod counts.
-func CheckDevicePluginDrainedExcept(kubeletCheckpointPath string, resourceNames []string, gone func(podUID string) bool) error {
-	allocs, err := DevicePluginAllocations(kubeletCheckpointPath, resourceNames)
+// CheckDevicePluginDrained refuses the DRA mode while containers of this
+// node hold one of resourceNames (see OurResourceNames) through a device
+// plugin, gpudra's or NVIDIA's. The kubelet's pod-resources API says which
+// (deleted pods are not listed); only where its socket does not exist, the
+// kubelet's device manager checkpoint, where a deleted pod's entry counts
+// until the kubelet's next device plugin allocation (the error says so). A
+// socket that exists but does not answer is an error: nothing is known.
+func CheckDevicePluginDrained(ctx context.Context, h DeviceHolders, resourceNames []string) error {
+	allocs, fromCheckpoint, err := h.list(ctx, resourceNames)
 	if err != nil {
 		return fmt.Errorf("DRA mode: %w", err)
 	}
 	pods := map[string][]string{}
 	for _, a := range allocs {
-		if gone != nil && gone(a.PodUID) {
-			continue
-		}
-		if !slices.Contains(pods[a.PodUID], a.ResourceName) {
-			pods[a.PodUID] = append(pods[a.PodUID], a.ResourceName)
+		if !slices.Contains(pods[a.Pod], a.ResourceName) {
+			pods[a.Pod] = append(pods[a.Pod], a.ResourceName)
 		}
 	}
 	if len(pods) == 0 {
 		return nil
 	}
 	names := make([]string, 0, len(pods))
-	for uid, res := range pods {
+	for pod, res := range pods {
 		slices.Sort(res)
-		names = append(names, "pod "+uid+" ("+strings.Join(res, ", ")+")")
+		names = append(names, "pod "+pod+" ("+strings.Join(res, ", ")+")")
 	}
 	slices.Sort(names)
-	return fmt.Errorf("DRA mode refused: the kubelet's device manager checkpoint %s records %d pod(s) holding GPUs through a device plugin: %s; "+
-		"drain them (kubectl drain / delete the pods that request %s) before switching the node to DRA mode",
-		kubeletCheckpointPath, len(names), enumerate(names), strings.Join(resourceNames, ", "))
+	advice := fmt.Sprintf("drain them (kubectl drain / delete the pods that request %s) before switching the node to DRA mode", strings.Join(resourceNames, ", "))
+	if !fromCheckpoint {
+		return fmt.Errorf("DRA mode refused: the kubelet's pod-resources API (%s) lists %d pod(s) holding GPUs through a device plugin: %s; %s",
+			h.PodResourcesSocket, len(names), enumerate(names), advice)
+	}
+	return fmt.Errorf("DRA mode refused: the kubelet's device manager checkpoint %s records %d pod(s) holding GPUs through a device plugin: %s; %s "+
+		"(the kubelet's pod-resources socket %q does not exist, so its checkpoint was read instead: it keeps a deleted pod's entry until the kubelet's next device plugin allocation)",
+		h.KubeletCheckpoint, len(names), enumerate(names), advice, h.PodResourcesSocket)
+}
+
+// RemoveCDISpecs removes the device plugin mode's CDI specs from cdiDir:
+// the node-wide one and every MPS GPU's. DRA mode calls it once
+// CheckDevicePluginDrained has passed (no container holds a device plugin
+// device, and running containers need no spec): left there, DRA mode's
+// rebuild of a missing checkpoint would take them for claims prepared for
+// unknown pods, which the kubelet never unprepares, and the device plugin
+// mode would be refused on that node for ever.
+func RemoveCDISpecs(ctx context.Context, cdiDir string) error {
+	w, err := cdi.NewWriter(cdiDir)
+	if err != nil {
+		return err
+	}
+	uids, err := w.ClaimUIDs()
+	if err != nil {
+		return err
+	}
+	var removed []string
+	var errs []error
+	for _, uid := range uids {
+		if uid == SpecUID || strings.HasPrefix(uid, mpsSpecPrefix) {
+			if err := w.Remove(uid); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, uid)
+		}
+	}
+	if len(removed) > 0 {
+		klog.FromContext(ctx).Info("Removed the device plugin mode's CDI specs", "dir", cdiDir, "specs", removed)
+	}
+	return errors.Join(errs...)
 }
 
 // enumerate joins up to listed names, then "and N more".
@@ -233,30 +265,4 @@ func OurResourceNames(gpuResourceName string, cfg *Config) []string {
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
-}
-
-// CheckNodeDevicePluginDrained is CheckDevicePluginDrained for the node
-// nodeName that leaves out the pods the API no longer has running there:
-// the kubelet keeps the entries of deleted pods in its checkpoint until its
-// next device plugin allocation, which never comes once the device plugin
-// is gone. When the pods cannot be listed (no client, or no RBAC to list
-// pods), every entry counts.
-func CheckNodeDevicePluginDrained(ctx context.Context, client kubernetes.Interface, nodeName, kubeletCheckpointPath string, resourceNames []string) error {
-	err := CheckDevicePluginDrained(kubeletCheckpointPath, resourceNames)
-	if err == nil || client == nil {
-		return err
-	}
-	pods, listErr := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String()})
-	if listErr != nil {
-		klog.FromContext(ctx).Info("Cannot list this node's pods: every pod in the kubelet's device checkpoint counts", "err", listErr.Error())
-		return err
-	}
-	running := map[string]bool{}
-	for _, p := range pods.Items {
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			running[string(p.UID)] = true
-		}
-	}
-	return CheckDevicePluginDrainedExcept(kubeletCheckpointPath, resourceNames, func(uid string) bool { return !running[uid] })
 }

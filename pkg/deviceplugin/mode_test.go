@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -111,13 +113,15 @@ const kubeletCP = `{"Data":{"PodDeviceEntries":[
 // Before Kubernetes 1.20 DeviceIDs was a list.
 const kubeletCPv1 = `{"Data":{"PodDeviceEntries":[{"PodUID":"old-pod","ContainerName":"c","ResourceName":"nvidia.com/gpu","DeviceIDs":["gpu-0"],"AllocResp":null}],"RegisteredDevices":{}},"Checksum":1}`
 
-func TestCheckDevicePluginDrained(t *testing.T) {
+// Where the pod-resources socket does not exist, the kubelet's checkpoint
+// is read, and the error says so.
+func TestCheckDevicePluginDrainedFromCheckpoint(t *testing.T) {
 	gpuAndMig := []string{"nvidia.com/gpu", "nvidia.com/mig-*"}
+	fallback := "the kubelet's pod-resources socket"
 	tests := []struct {
 		name      string
 		content   string // "": no file
 		resources []string
-		gone      func(string) bool
 		want      []string // nil: drained
 		not       []string
 	}{
@@ -125,29 +129,26 @@ func TestCheckDevicePluginDrained(t *testing.T) {
 		{name: "no entries", content: `{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["a"]}},"Checksum":1}`, resources: gpuAndMig},
 		{name: "only other resources", content: kubeletCP, resources: []string{"example.com/gpu"}},
 		{name: "GPUs and MIG devices", content: kubeletCP, resources: gpuAndMig,
-			want: []string{"DRA mode refused", "records 2 pod(s) holding GPUs through a device plugin: pod pod-1 (nvidia.com/gpu), pod pod-2 (nvidia.com/mig-1g.10gb);",
-				"before switching the node to DRA mode", "nvidia.com/gpu, nvidia.com/mig-*"},
+			want: []string{"DRA mode refused", "records 2 pod(s) holding GPUs through a device plugin: pod UID pod-1 (nvidia.com/gpu), pod UID pod-2 (nvidia.com/mig-1g.10gb);",
+				"before switching the node to DRA mode", "nvidia.com/gpu, nvidia.com/mig-*", fallback, "does not exist, so its checkpoint was read instead",
+				"keeps a deleted pod's entry"},
 			not: []string{"pod-3", "fpga"}},
 		{name: "exact names only: MIG not ours", content: kubeletCP, resources: []string{"nvidia.com/gpu"},
-			want: []string{"records 1 pod(s) holding GPUs through a device plugin: pod pod-1 (nvidia.com/gpu)"}, not: []string{"pod-2"}},
+			want: []string{"records 1 pod(s) holding GPUs through a device plugin: pod UID pod-1 (nvidia.com/gpu)"}, not: []string{"pod-2"}},
 		{name: "a prefix does not match the plain GPU", content: kubeletCP, resources: []string{"nvidia.com/mig-*"},
-			want: []string{"records 1 pod(s) holding GPUs through a device plugin: pod pod-2 (nvidia.com/mig-1g.10gb)"}, not: []string{"pod-1"}},
-		{name: "deleted pods left out", content: kubeletCP, resources: gpuAndMig, gone: func(uid string) bool { return uid == "pod-1" },
-			want: []string{"records 1 pod(s) holding GPUs through a device plugin: pod pod-2"}, not: []string{"pod-1"}},
-		{name: "every pod deleted: drained", content: kubeletCP, resources: gpuAndMig, gone: func(string) bool { return true }},
-		{name: "the old list form of DeviceIDs", content: kubeletCPv1, resources: gpuAndMig, want: []string{"pod old-pod (nvidia.com/gpu)"}},
+			want: []string{"records 1 pod(s) holding GPUs through a device plugin: pod UID pod-2 (nvidia.com/mig-1g.10gb)"}, not: []string{"pod-1"}},
+		{name: "the old list form of DeviceIDs", content: kubeletCPv1, resources: gpuAndMig, want: []string{"pod UID old-pod (nvidia.com/gpu)"}},
 		{name: "not JSON: an error naming the file", content: `{"Data":`, resources: gpuAndMig, want: []string{"kubelet_internal_checkpoint cannot be read"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "kubelet_internal_checkpoint")
+			dir := t.TempDir()
+			path := filepath.Join(dir, "kubelet_internal_checkpoint")
 			if tc.content != "" {
 				require.NoError(t, os.WriteFile(path, []byte(tc.content), 0o600))
 			}
-			err := CheckDevicePluginDrainedExcept(path, tc.resources, tc.gone)
-			if tc.gone == nil {
-				assert.Equal(t, err, CheckDevicePluginDrained(path, tc.resources))
-			}
+			h := DeviceHolders{PodResourcesSocket: filepath.Join(dir, "pod-resources", "kubelet.sock"), KubeletCheckpoint: path}
+			err := CheckDevicePluginDrained(context.Background(), h, tc.resources)
 			if tc.want == nil {
 				assert.NoError(t, err)
 				return
@@ -174,10 +175,10 @@ func TestCheckDevicePluginDrainedManyPods(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "cp")
 	require.NoError(t, os.WriteFile(path, []byte(`{"Data":{"PodDeviceEntries":[`+entries+`]},"Checksum":0}`), 0o600))
-	err := CheckDevicePluginDrained(path, []string{"nvidia.com/gpu"})
+	err := CheckDevicePluginDrained(context.Background(), DeviceHolders{KubeletCheckpoint: path}, []string{"nvidia.com/gpu"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "records 13 pod(s)")
-	assert.Contains(t, err.Error(), "pod pod-09 (nvidia.com/gpu) and 3 more;")
+	assert.Contains(t, err.Error(), "pod UID pod-09 (nvidia.com/gpu) and 3 more;")
 	assert.NotContains(t, err.Error(), "pod-10")
 }
 
@@ -199,4 +200,24 @@ sharing:
 	require.NoError(t, err)
 	assert.Equal(t, []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*", "nvidia.com/mig-small"},
 		OurResourceNames("nvidia.com/gpu", cfg))
+}
+
+// DRA mode removes what the device plugin mode left in the CDI directory,
+// and nothing else.
+func TestRemoveCDISpecs(t *testing.T) {
+	dir := t.TempDir()
+	w, err := cdi.NewWriter(dir)
+	require.NoError(t, err)
+	uids := []string{SpecUID, MPSSpecUID("gpu-0"), MPSSpecUID("gpu-7"), "7f3c-claim-uid"}
+	for i, uid := range uids {
+		spec, err := cdi.BuildSpec(cdi.Claim{UID: uid, Devices: []prepared.Device{specDevice(fmt.Sprintf("gpu-%d", i), fmt.Sprintf("GPU-%d", i))}},
+			cdi.Majors{NVIDIA: 195})
+		require.NoError(t, err)
+		require.NoError(t, w.Write(uid, spec))
+	}
+	require.NoError(t, RemoveCDISpecs(context.Background(), dir))
+	left, err := w.ClaimUIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"7f3c-claim-uid"}, left)
+	require.NoError(t, RemoveCDISpecs(context.Background(), dir), "again: nothing to do")
 }

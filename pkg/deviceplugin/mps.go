@@ -103,10 +103,13 @@ type MPSOptions struct {
 	// MPS runs the servers (sharing.Manager's MPS); nil: a config with
 	// MPS replicas is refused.
 	MPS *sharing.MPS
-	// KubeletCheckpoint is the kubelet's device manager checkpoint: a
-	// server no longer wanted is stopped only when no container there
-	// holds a replica of its GPU. Empty: such servers are left running.
-	KubeletCheckpoint string
+	// PodResourcesSocket is the kubelet's pod-resources socket: a server
+	// no longer wanted is stopped only when no container holds a replica
+	// of its GPU (DeviceHolders). KubeletCheckpoint, the kubelet's device
+	// manager checkpoint, is read instead where the socket does not exist.
+	// Both empty: such servers are left running.
+	PodResourcesSocket string
+	KubeletCheckpoint  string
 	// SuperviseEvery spaces the checks that every server still runs; 0:
 	// 5 s.
 	SuperviseEvery time.Duration
@@ -190,8 +193,8 @@ func removeStaleMPSSpecs(w *cdi.Writer, gpus []MPSGPU) error {
 
 // stopUnwantedMPSServers stops the node's servers that no MPS GPU of this
 // config uses (the config changed, or a drained DRA node left one), unless
-// the kubelet's checkpoint says a container still holds a replica of one
-// of their GPUs: stopping a daemon kills its clients' work.
+// the kubelet says a container still holds a replica of one of their GPUs
+// (DeviceHolders): stopping a daemon kills its clients' work.
 func stopUnwantedMPSServers(ctx context.Context, o MPSOptions, wanted map[string]bool) {
 	logger := klog.FromContext(ctx)
 	servers, err := o.MPS.Servers(ctx)
@@ -199,11 +202,12 @@ func stopUnwantedMPSServers(ctx context.Context, o MPSOptions, wanted map[string
 		logger.Error(err, "List the node's MPS servers; none is stopped")
 		return
 	}
+	holders := DeviceHolders{PodResourcesSocket: o.PodResourcesSocket, KubeletCheckpoint: o.KubeletCheckpoint}
 	var held []DevicePluginAllocation
-	if o.KubeletCheckpoint != "" {
-		held, err = DevicePluginAllocations(o.KubeletCheckpoint, []string{"*"})
+	if holders.Known() {
+		held, err = holders.List(ctx, []string{"*"})
 		if err != nil {
-			logger.Error(err, "Read the kubelet's device checkpoint; MPS servers no longer wanted are left running")
+			logger.Error(err, "Ask the kubelet which containers hold devices; MPS servers no longer wanted are left running")
 			return
 		}
 	}
@@ -211,13 +215,13 @@ func stopUnwantedMPSServers(ctx context.Context, o MPSOptions, wanted map[string
 		if wanted[s.Key] {
 			continue
 		}
-		if o.KubeletCheckpoint == "" {
-			logger.Info("MPS server no longer wanted is left running (no kubelet checkpoint to tell whether clients remain)", "server", s.Key, "devices", s.Devices)
+		if !holders.Known() {
+			logger.Info("MPS server no longer wanted is left running (no kubelet pod-resources socket or checkpoint to tell whether clients remain)", "server", s.Key, "devices", s.Devices)
 			continue
 		}
 		if pod := holder(held, s.Devices); pod != "" {
 			logger.Info("MPS server no longer wanted is left running: a container still holds one of its replicas; restart the agent once it has ended",
-				"server", s.Key, "devices", s.Devices, "podUID", pod)
+				"server", s.Key, "devices", s.Devices, "pod", pod)
 			continue
 		}
 		if err := o.MPS.StopServer(ctx, s); err != nil {
@@ -228,14 +232,13 @@ func stopUnwantedMPSServers(ctx context.Context, o MPSOptions, wanted map[string
 	}
 }
 
-// holder is the UID of a pod holding a replica of one of the devices, or
-// "".
+// holder is the pod holding a replica of one of the devices, or "".
 func holder(allocs []DevicePluginAllocation, uuids []string) string {
 	for _, a := range allocs {
 		for _, id := range a.DeviceIDs {
 			for _, u := range uuids {
 				if strings.HasPrefix(id, u+ReplicaSeparator) {
-					return a.PodUID
+					return a.Pod
 				}
 			}
 		}

@@ -70,7 +70,7 @@ func serveMPS(t *testing.T, root string, checkpoint string, before func(w *cdi.W
 	go func() {
 		done <- Serve(ctx, ServeOptions{Backend: m, CDI: w, PluginDir: dir, PollInterval: 20 * time.Millisecond,
 			XIDPolicy: nvdevice.DefaultXIDPolicy,
-			Resources: ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")},
+			Resources: ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed, plugin: {deviceListStrategy: cdi-cri}}\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")},
 			MPS:       MPSOptions{MPS: mgr.MPS(), KubeletCheckpoint: checkpoint, SuperviseEvery: 50 * time.Millisecond}})
 	}()
 	stopped := false
@@ -215,7 +215,7 @@ func TestServeMPSWithoutControl(t *testing.T) {
 	w, err := cdi.NewWriter(t.TempDir())
 	require.NoError(t, err)
 	err = Serve(context.Background(), ServeOptions{Backend: m, CDI: w, PluginDir: t.TempDir(),
-		Resources: ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")}})
+		Resources: ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "sharing.mps: this node has no MPS control binary")
 }

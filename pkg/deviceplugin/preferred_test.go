@@ -108,7 +108,7 @@ func TestPreferredAllocationReplicasSpread(t *testing.T) {
 
 func TestPreferredAllocationMigPacksParent(t *testing.T) {
 	_, inv := migMachine(t)
-	rs, err := Resources(inv, ResourceOptions{})
+	rs, err := Resources(inv, ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed}\n")})
 	require.NoError(t, err)
 	r := resourceNamed(t, rs, "nvidia.com/mig-1g.10gb")
 	got := PreferredAllocation(r.Devices, ids(r.Devices), nil, 1)

@@ -15,9 +15,10 @@ import (
 const DefaultGPUResourceName = DefaultResourceDomain + "/gpu"
 
 // MigResourceName is the resource of a MIG profile under the mixed
-// strategy: "nvidia.com/mig-1g.10gb".
+// strategy: "nvidia.com/mig-1g.10gb"; a "+" (1g.10gb+me) becomes ".", as in
+// NVIDIA's plugin, since resource names cannot hold it.
 func MigResourceName(profile string) string {
-	return DefaultResourceDomain + "/mig-" + profile
+	return DefaultResourceDomain + "/mig-" + strings.ReplaceAll(profile, "+", ".")
 }
 
 // ReplicaSeparator separates a replicated device's UUID from its replica
@@ -55,6 +56,9 @@ type Device struct {
 	MigProfile string
 	// MigStart is the MIG device's placement start.
 	MigStart int
+	// MigMode says that a whole GPU is in MIG mode (the none strategy
+	// advertises it anyway).
+	MigMode bool
 	// NUMANode of the GPU, -1 when unknown.
 	NUMANode int
 	// NVLinkDomain of the GPU; empty for MIG devices (no NVLink
@@ -77,6 +81,9 @@ func (d Device) Replicated() bool { return d.Sharing != Exclusive }
 type Resource struct {
 	Name    string
 	Devices []Device
+	// Response says how Allocate answers (flags.plugin); the zero value is
+	// NVIDIA's defaults.
+	Response Response
 }
 
 // ResourceOptions say what to advertise.
@@ -88,11 +95,13 @@ type ResourceOptions struct {
 	Config *Config
 }
 
-// Resources computes the resources to advertise from an inventory: whole
-// GPUs not in MIG mode under the GPU resource name, the MIG devices that
-// exist on GPUs in MIG mode under one resource per profile (mixed
-// strategy; MIG devices are not created), and the replicas the sharing
-// config asks for. Resources without devices are left out. Pure.
+// Resources computes the resources to advertise from an inventory, by the
+// MIG strategy (migstrategy.go): whole GPUs under the GPU resource name, the
+// MIG devices that exist on GPUs in MIG mode (never created) under the GPU
+// resource name (single) or one resource per profile (mixed), and the
+// replicas the sharing config asks for. Resources without devices are left
+// out. A node that does not fit the strategy is an error naming its GPUs.
+// Pure.
 func Resources(inv *nvdevice.Inventory, opts ResourceOptions) ([]Resource, error) {
 	gpuName := opts.GPUResourceName
 	if gpuName == "" {
@@ -105,29 +114,11 @@ func Resources(inv *nvdevice.Inventory, opts ResourceOptions) ([]Resource, error
 	if cfg == nil {
 		cfg = &Config{Version: ConfigVersion}
 	}
-	base := map[string][]Device{}
-	for i := range inv.GPUs {
-		g := &inv.GPUs[i]
-		if !g.MIG.Enabled {
-			base[gpuName] = append(base[gpuName], Device{
-				ID: g.UUID, Name: slicebuilder.GPUDeviceName(g), UUID: g.UUID, GPUUUID: g.UUID,
-				GPUIndex: g.Index, GPUMinor: g.Minor, NUMANode: g.NUMANode, NVLinkDomain: g.NVLink.Domain,
-				MemoryMiB: g.MemoryMiB,
-			})
-			continue
-		}
-		if cfg.Flags.MigStrategy == MigStrategyNone {
-			continue
-		}
-		for _, m := range g.MIG.Devices {
-			name := MigResourceName(m.Profile)
-			base[name] = append(base[name], Device{
-				ID: m.UUID, Name: slicebuilder.MigDeviceName(g, m.Profile, m.Placement.Start), UUID: m.UUID,
-				GPUUUID: g.UUID, GPUIndex: g.Index, GPUMinor: g.Minor, MigProfile: m.Profile, MigStart: m.Placement.Start,
-				NUMANode: g.NUMANode, MemoryMiB: m.MemoryMiB,
-			})
-		}
+	base, err := baseDevices(inv, cfg.migStrategy(), gpuName)
+	if err != nil {
+		return nil, err
 	}
+	response := responseFor(cfg)
 	out := map[string][]Device{}
 	for name, devs := range base {
 		out[name] = devs
@@ -151,6 +142,9 @@ func Resources(inv *nvdevice.Inventory, opts ResourceOptions) ([]Resource, error
 				if !res.Devices.selects(d.GPUIndex, d.UUID, d.GPUUUID) {
 					kept = append(kept, d)
 					continue
+				}
+				if mode == MPS && (d.MigProfile != "" || d.MigMode) {
+					return fmt.Errorf("sharing.mps: %s's device %s (%s) is a MIG device or a GPU in MIG mode: MPS cannot share it; select other devices (devices:) or change the MIG strategy or mode", name, d.ID, d.Name)
 				}
 				for n := 0; n < res.Replicas; n++ {
 					rd := d
@@ -180,7 +174,14 @@ func Resources(inv *nvdevice.Inventory, opts ResourceOptions) ([]Resource, error
 			continue
 		}
 		sortDevices(devs)
-		resources = append(resources, Resource{Name: name, Devices: devs})
+		if response.usesIndex() {
+			for _, d := range devs {
+				if d.MigProfile != "" {
+					return nil, fmt.Errorf("flags.plugin.deviceIDStrategy: %q cannot name MIG device %s (%s) in NVIDIA_VISIBLE_DEVICES: gpudra does not know NVML's MIG device index; use %q", DeviceIDIndex, d.UUID, d.Name, DeviceIDUUID)
+				}
+			}
+		}
+		resources = append(resources, Resource{Name: name, Devices: devs, Response: response})
 	}
 	sort.Slice(resources, func(i, j int) bool { return resources[i].Name < resources[j].Name })
 	return resources, nil
@@ -206,6 +207,20 @@ func sortDevices(devs []Device) {
 // directory: "gpudra-nvidia.com-gpu.sock".
 func SocketName(resource string) string {
 	return "gpudra-" + strings.NewReplacer("/", "-").Replace(resource) + ".sock"
+}
+
+// gpuDevice is a whole GPU as a device ID.
+func gpuDevice(g *nvdevice.GPU) Device {
+	return Device{ID: g.UUID, Name: slicebuilder.GPUDeviceName(g), UUID: g.UUID, GPUUUID: g.UUID,
+		GPUIndex: g.Index, GPUMinor: g.Minor, NUMANode: g.NUMANode, NVLinkDomain: g.NVLink.Domain, MemoryMiB: g.MemoryMiB,
+		MigMode: g.MIG.Enabled}
+}
+
+// migDevice is a MIG device as a device ID.
+func migDevice(g *nvdevice.GPU, m *nvdevice.MigDevice) Device {
+	return Device{ID: m.UUID, Name: slicebuilder.MigDeviceName(g, m.Profile, m.Placement.Start), UUID: m.UUID,
+		GPUUUID: g.UUID, GPUIndex: g.Index, GPUMinor: g.Minor, MigProfile: m.Profile, MigStart: m.Placement.Start,
+		NUMANode: g.NUMANode, MemoryMiB: m.MemoryMiB}
 }
 
 func devName(g *nvdevice.GPU, m *nvdevice.MigDevice) string {

@@ -26,6 +26,9 @@ func TestResources(t *testing.T) {
 	_, mixed := migMachine(t)
 	g := func(inv *nvdevice.Inventory, i int) string { return inv.GPUs[i].UUID }
 	mig := func(inv *nvdevice.Inventory, gpu, k int) string { return inv.GPUs[gpu].MIG.Devices[k].UUID }
+	// mixedCfg starts a config with the mixed MIG strategy (the default is
+	// none, as in NVIDIA's plugin).
+	const mixedCfg = "version: v1\nflags: {migStrategy: mixed}\n"
 
 	tests := []struct {
 		name   string
@@ -50,8 +53,9 @@ func TestResources(t *testing.T) {
 				assert.Len(t, rs[0].Devices, 8)
 			}},
 		{name: "invalid GPU resource name", inv: nomig, opts: ResourceOptions{GPUResourceName: "gpu"}, errHas: "GPU resource name"},
-		{name: "MIG mode without MIG devices advertises nothing", inv: allMig, want: map[string][]string{}},
-		{name: "mixed strategy: one resource per existing profile", inv: mixed,
+		{name: "mixed: MIG mode without MIG devices advertises nothing", inv: allMig, opts: ResourceOptions{Config: mustConfig(t, mixedCfg)},
+			want: map[string][]string{}},
+		{name: "mixed strategy: one resource per existing profile", inv: mixed, opts: ResourceOptions{Config: mustConfig(t, mixedCfg)},
 			want: map[string][]string{
 				"nvidia.com/gpu":         {g(mixed, 0)},
 				"nvidia.com/mig-1g.10gb": {mig(mixed, 1, 0), mig(mixed, 1, 1)},
@@ -64,10 +68,16 @@ func TestResources(t *testing.T) {
 				assert.Equal(t, "3g.40gb", d.MigProfile)
 				assert.Empty(t, d.NVLinkDomain, "MIG devices have no NVLink peer-to-peer")
 			}},
-		{name: "none strategy leaves MIG GPUs out", inv: mixed, opts: ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: none}\n")},
-			want: map[string][]string{"nvidia.com/gpu": {g(mixed, 0)}}},
+		{name: "none strategy (the default) advertises GPUs in MIG mode whole", inv: mixed,
+			want: map[string][]string{"nvidia.com/gpu": {g(mixed, 0), g(mixed, 1)}},
+			check: func(t *testing.T, rs []Resource) {
+				d := rs[0].Devices[1]
+				assert.Equal(t, "gpu-1", d.Name)
+				assert.True(t, d.MigMode)
+				assert.Empty(t, d.MigProfile)
+			}},
 		{name: "time-slicing replicas", inv: mixed,
-			opts: ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 3}]\n")},
+			opts: ResourceOptions{Config: mustConfig(t, mixedCfg+"sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 3}]\n")},
 			want: map[string][]string{
 				"nvidia.com/gpu":         {g(mixed, 0) + "::0", g(mixed, 0) + "::1", g(mixed, 0) + "::2"},
 				"nvidia.com/mig-1g.10gb": {mig(mixed, 1, 0), mig(mixed, 1, 1)},
@@ -82,7 +92,7 @@ func TestResources(t *testing.T) {
 				assert.False(t, d.FailRequestsGreaterThanOne)
 			}},
 		{name: "rename moves the replicas, renameByDefault", inv: mixed,
-			opts: ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n    resources: [{name: mig-1g.10gb, replicas: 2}]\n")},
+			opts: ResourceOptions{Config: mustConfig(t, mixedCfg+"sharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n    resources: [{name: mig-1g.10gb, replicas: 2}]\n")},
 			want: map[string][]string{
 				"nvidia.com/gpu":                {g(mixed, 0)},
 				"nvidia.com/mig-1g.10gb.shared": {mig(mixed, 1, 0) + "::0", mig(mixed, 1, 0) + "::1", mig(mixed, 1, 1) + "::0", mig(mixed, 1, 1) + "::1"},
@@ -98,7 +108,7 @@ func TestResources(t *testing.T) {
 				"nvidia.com/gpu.shared": {g(nomig, 0) + "::0", g(nomig, 0) + "::1", g(nomig, 1) + "::0", g(nomig, 1) + "::1"},
 			}},
 		{name: "MPS replicas refuse requests of more than one", inv: mixed,
-			opts: ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")},
+			opts: ResourceOptions{Config: mustConfig(t, mixedCfg+"sharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n")},
 			check: func(t *testing.T, rs []Resource) {
 				r := resourceNamed(t, rs, "nvidia.com/gpu")
 				require.Len(t, r.Devices, 2)
@@ -109,7 +119,7 @@ func TestResources(t *testing.T) {
 			opts:  ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: mig-1g.10gb, replicas: 2}]\n")},
 			check: func(t *testing.T, rs []Resource) { assert.Equal(t, []string{"nvidia.com/gpu"}, names(rs)) }},
 		{name: "rename onto an advertised resource", inv: mixed,
-			opts:   ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: mig-1g.10gb, rename: mig-3g.40gb, replicas: 2}]\n")},
+			opts:   ResourceOptions{Config: mustConfig(t, mixedCfg+"sharing:\n  timeSlicing:\n    resources: [{name: mig-1g.10gb, rename: mig-3g.40gb, replicas: 2}]\n")},
 			errHas: "nvidia.com/mig-3g.40gb, a resource this node already advertises"},
 	}
 	for _, tc := range tests {
@@ -145,8 +155,11 @@ func TestCDISpecResolves(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, WriteCDISpec(w, inv, host))
 
-	rs, err := Resources(inv, ResourceOptions{})
+	rs, err := Resources(inv, ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed}\n")})
 	require.NoError(t, err)
+	none, err := Resources(inv, ResourceOptions{})
+	require.NoError(t, err)
+	rs = append(rs, none...) // GPU 1 in MIG mode, whole
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
 	require.NoError(t, err)
 	require.NoError(t, cache.Refresh())

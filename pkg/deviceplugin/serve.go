@@ -98,7 +98,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			return err
 		}
 		p, err := New(Options{Resource: r, PluginDir: o.PluginDir, Health: health, ExtraCDIDevices: o.ExtraCDIDevices,
-			MPS: len(mps.gpus) > 0, PollInterval: o.PollInterval, Metrics: o.Metrics})
+			CDIDir: o.CDI.Dir(), MPS: len(mps.gpus) > 0, PollInterval: o.PollInterval, Metrics: o.Metrics})
 		if err != nil {
 			return err
 		}

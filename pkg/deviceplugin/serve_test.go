@@ -30,7 +30,8 @@ func TestServe(t *testing.T) {
 	metrics := NewMetrics()
 	go func() {
 		done <- Serve(ctx, ServeOptions{Backend: m, CDI: w, PluginDir: dir, PollInterval: 20 * time.Millisecond,
-			XIDPolicy: nvdevice.DefaultXIDPolicy, Metrics: metrics})
+			XIDPolicy: nvdevice.DefaultXIDPolicy, Metrics: metrics,
+			Resources: ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed, plugin: {deviceListStrategy: cdi-cri}}\n")}})
 	}()
 	endpoints := map[string]string{}
 	for i := 0; i < 3; i++ {

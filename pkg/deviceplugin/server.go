@@ -82,6 +82,11 @@ type Options struct {
 	// ExtraCDIDevices are added to every container's CDI devices
 	// (cdi.DriverDeviceID when the driver's common spec is written).
 	ExtraCDIDevices []string
+	// CDIDir holds the CDI specs the CDI names resolve in (the node-wide
+	// spec, the MPS specs, the driver's spec), already written. Required
+	// when the resource's Response passes device specs (a non-CDI device
+	// list strategy, the default): those are the specs' edits.
+	CDIDir string
 	// MPS says that the MPS replicas' servers run and their CDI specs
 	// (MPSCDIDeviceName) are written; required to allocate MPS replicas.
 	MPS bool
@@ -100,6 +105,11 @@ type Plugin struct {
 
 	opts    Options
 	devices map[string]Device
+	// cdi resolves CDI names into container edits; nil when the Response
+	// sends CDI names only.
+	cdi *cdiResolver
+	// hooks counts the CDI hooks the device plugin API cannot carry.
+	hooks int
 
 	mu        sync.Mutex
 	unhealthy map[string]string // GPU or MIG UUID -> reason
@@ -128,6 +138,9 @@ func New(opts Options) (*Plugin, error) {
 			return nil, fmt.Errorf("device plugin %s: device ID %q twice", opts.Resource.Name, d.ID)
 		}
 		p.devices[d.ID] = d
+	}
+	if err := p.resolveCDI(); err != nil {
+		return nil, fmt.Errorf("device plugin %s: %w", opts.Resource.Name, err)
 	}
 	opts.Metrics.resource(opts.Resource.Name, len(opts.Resource.Devices), 0)
 	return p, nil
@@ -260,11 +273,11 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	return resp, nil
 }
 
-// Allocate answers each container with the CDI devices of the GPUs and MIG
-// devices under its device IDs (a replica is its device), and
-// NVIDIA_VISIBLE_DEVICES=void as DRA containers get. An unknown or
-// unhealthy ID, or several replicas where a replica must come alone, fail
-// the call with an error naming the ID.
+// Allocate answers each container by the resource's device list
+// strategies (allocate.go) for the GPUs and MIG devices under its device
+// IDs (a replica is its device). An unknown or unhealthy ID, or several
+// replicas where a replica must come alone, fail the call with an error
+// naming the ID.
 func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
@@ -298,29 +311,19 @@ func (p *Plugin) allocate(ids []string) (*pluginapi.ContainerAllocateResponse, e
 		devs = append(devs, d)
 	}
 	p.mu.Unlock()
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
-	seen := map[string]bool{}
 	for _, d := range devs {
 		if d.FailRequestsGreaterThanOne && len(ids) > 1 {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q is a shared replica and must be requested alone, got %d IDs (request %s: 1)", name, d.ID, len(ids), name)
 		}
-		cdiName := CDIDeviceName(d.Name)
-		if d.Sharing == MPS {
-			// The GPU's MPS spec: its device nodes, plus its server's
-			// pipe directory and the replica's limits.
-			if !p.opts.MPS {
-				return nil, status.Errorf(codes.FailedPrecondition, "%s: device ID %q is an MPS replica but no MPS control daemon is configured", name, d.ID)
-			}
-			cdiName = MPSCDIDeviceName(d.Name)
+		if d.Sharing == MPS && !p.opts.MPS {
+			// The GPU's MPS spec (its device nodes, its server's pipe
+			// directory and the replica's limits) needs the daemon.
+			return nil, status.Errorf(codes.FailedPrecondition, "%s: device ID %q is an MPS replica but no MPS control daemon is configured", name, d.ID)
 		}
-		if seen[cdiName] {
-			continue
-		}
-		seen[cdiName] = true
-		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: cdiName})
 	}
-	for _, extra := range p.opts.ExtraCDIDevices {
-		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: extra})
+	resp, err := p.response(devs)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%s: %v", name, err)
 	}
 	return resp, nil
 }
@@ -339,6 +342,10 @@ func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 func (p *Plugin) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("resource", p.opts.Resource.Name)
 	ctx = klog.NewContext(ctx, logger)
+	if p.hooks > 0 {
+		logger.Info("The CDI specs' hooks cannot be passed through the device plugin API: containers on a runtime without CDI do not get them (--nvidia-cdi-hook)",
+			"hooks", p.hooks, "strategies", p.opts.Resource.Response.strategies())
+	}
 	if p.opts.Health != nil {
 		go func() {
 			for {

@@ -17,12 +17,12 @@ import (
 )
 
 func TestRegistration(t *testing.T) {
-	_, inv := builtin(t, "dgx-h100-nomig")
+	m, inv := builtin(t, "dgx-h100-nomig")
 	rs, err := Resources(inv, ResourceOptions{})
 	require.NoError(t, err)
 	dir := t.TempDir()
 	k := startKubelet(t, dir)
-	p, err := New(Options{Resource: rs[0], PluginDir: dir, PollInterval: 20e6})
+	p, err := New(Options{Resource: rs[0], PluginDir: dir, PollInterval: 20e6, CDIDir: specDir(t, m, inv)})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -86,7 +86,7 @@ func TestListAndWatchHealth(t *testing.T) {
 			require.NoError(t, err)
 			dir := t.TempDir()
 			k := startKubelet(t, dir)
-			_, c := runPlugin(t, dir, k, Options{Resource: resourceNamed(t, rs, tc.resource), Health: health})
+			_, c := runPlugin(t, dir, k, Options{Resource: resourceNamed(t, rs, tc.resource), Health: health, CDIDir: specDir(t, m, inv)})
 
 			stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 			require.NoError(t, err)
@@ -120,14 +120,14 @@ func TestListAndWatchHealth(t *testing.T) {
 // MIG devices: an XID on one MIG device makes it alone unhealthy; one on
 // the parent GPU makes all of the GPU's MIG devices unhealthy.
 func TestListAndWatchMigHealth(t *testing.T) {
-	_, inv := migMachine(t)
-	rs, err := Resources(inv, ResourceOptions{})
+	m, inv := migMachine(t)
+	rs, err := Resources(inv, ResourceOptions{Config: mustConfig(t, "version: v1\nflags: {migStrategy: mixed}\n")})
 	require.NoError(t, err)
 	r := resourceNamed(t, rs, "nvidia.com/mig-1g.10gb")
 	updates := make(chan HealthUpdate)
 	dir := t.TempDir()
 	k := startKubelet(t, dir)
-	_, c := runPlugin(t, dir, k, Options{Resource: r, Health: updates})
+	_, c := runPlugin(t, dir, k, Options{Resource: r, Health: updates, CDIDir: specDir(t, m, inv)})
 	ctx := context.Background()
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 	require.NoError(t, err)
@@ -148,7 +148,7 @@ func TestGetPreferredAllocationGRPC(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	k := startKubelet(t, dir)
-	_, c := runPlugin(t, dir, k, Options{Resource: rs[0]})
+	_, c := runPlugin(t, dir, k, Options{Resource: rs[0], CDIDir: specDir(t, nil, inv)})
 	gpu := func(is ...int) []string {
 		var out []string
 		for _, i := range is {
@@ -185,18 +185,21 @@ func TestGetPreferredAllocationGRPC(t *testing.T) {
 	sameDomain(pair)
 }
 
+// Allocate under the cdi-cri strategy: CDI names only, the errors naming
+// the device ID (strategy_test.go covers the other strategies).
 func TestAllocate(t *testing.T) {
 	_, nomig := builtin(t, "dgx-h100-nomig")
 	_, mixed := migMachine(t)
-	plain, err := Resources(nomig, ResourceOptions{})
+	const cri = "version: v1\nflags: {migStrategy: mixed, plugin: {deviceListStrategy: cdi-cri}}\n"
+	plain, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, cri)})
 	require.NoError(t, err)
-	shared, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: gpu, rename: gpu.shared, replicas: 2, devices: [0]}, ]\n")})
+	shared, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, cri+"sharing:\n  timeSlicing:\n    resources: [{name: gpu, rename: gpu.shared, replicas: 2, devices: [0]}, ]\n")})
 	require.NoError(t, err)
-	strict, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n    resources: [{name: gpu, replicas: 2}]\n")})
+	strict, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, cri+"sharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n    resources: [{name: gpu, replicas: 2}]\n")})
 	require.NoError(t, err)
-	mps, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, "version: v1\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 4}]\n")})
+	mps, err := Resources(nomig, ResourceOptions{Config: mustConfig(t, cri+"sharing:\n  mps:\n    resources: [{name: gpu, replicas: 4}]\n")})
 	require.NoError(t, err)
-	migs, err := Resources(mixed, ResourceOptions{})
+	migs, err := Resources(mixed, ResourceOptions{Config: mustConfig(t, cri)})
 	require.NoError(t, err)
 	g := func(i int) string { return nomig.GPUs[i].UUID }
 
@@ -268,11 +271,11 @@ func TestAllocate(t *testing.T) {
 					got = append(got, d.Name)
 				}
 				assert.Equal(t, tc.wantCDI[i], got)
-				assert.Empty(t, cr.Devices, "device nodes come from CDI only")
+				assert.Empty(t, cr.Devices, "cdi-cri: device nodes come from CDI only")
 				if tc.wantEnv != nil {
 					assert.Equal(t, tc.wantEnv, cr.Envs)
 				}
-				assert.Empty(t, cr.Mounts, "mounts come from CDI only")
+				assert.Empty(t, cr.Mounts, "cdi-cri: mounts come from CDI only")
 			}
 		})
 	}
@@ -291,12 +294,12 @@ func TestKubeletRestart(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, inv := builtin(t, "dgx-h100-nomig")
+			m, inv := builtin(t, "dgx-h100-nomig")
 			rs, err := Resources(inv, ResourceOptions{})
 			require.NoError(t, err)
 			dir := t.TempDir()
 			k1 := startKubelet(t, dir)
-			p, c := runPlugin(t, dir, k1, Options{Resource: rs[0]})
+			p, c := runPlugin(t, dir, k1, Options{Resource: rs[0], CDIDir: specDir(t, m, inv)})
 			_, err = c.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
 			require.NoError(t, err)
 

@@ -60,6 +60,10 @@ type Config struct {
 	// MPS servers run as processes of the plugin and die with its
 	// container (docs/sharing.md).
 	MPSServerImage string
+	// MPSServerServiceAccount is the ServiceAccount MPS server pods run
+	// as: one with no permissions (the chart's <release>-mps-server). The
+	// chart's admission policy refuses any other.
+	MPSServerServiceAccount string
 	// MPSServerLogArgs make MPS server pods log as the plugin does.
 	MPSServerLogArgs []string
 	// HostDriverRoot is the driver root on the host, for MPS server pods.
@@ -255,7 +259,7 @@ func (cfg Config) SharingOptions() sharing.Options {
 	if cfg.MPSServerImage != "" {
 		opts.MPSServers = &sharing.PodServers{Client: cfg.Client, Namespace: cfg.Namespace, NodeName: cfg.NodeName,
 			Image: cfg.MPSServerImage, ImagePullPolicy: corev1.PullIfNotPresent, HostDriverRoot: cfg.HostDriverRoot,
-			ControlBinary: cfg.MPSControlBinary, LogArgs: cfg.MPSServerLogArgs}
+			ServiceAccount: cfg.MPSServerServiceAccount, LogArgs: cfg.MPSServerLogArgs}
 	}
 	return opts
 }

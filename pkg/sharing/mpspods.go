@@ -47,9 +47,11 @@ type PodServers struct {
 	// HostDriverRoot is the driver root on the host; the pod mounts it at
 	// /driver-root.
 	HostDriverRoot string
-	// ControlBinary is nvidia-cuda-mps-control as the server pod sees it:
-	// under /driver-root, or an absolute path outside it.
-	ControlBinary string
+	// ServiceAccount is what the pods run as: one without permissions,
+	// and no token is mounted either way. The chart's admission policy
+	// refuses any other, so that no server pod can carry another
+	// component's credentials.
+	ServiceAccount string
 	// LogArgs make the server log as the plugin does (--logging-format,
 	// -v); none: the server's defaults.
 	LogArgs []string
@@ -103,7 +105,7 @@ func (p *PodServers) Ensure(ctx context.Context, s MPSServer) (bool, error) {
 	default:
 		return false, nil
 	}
-	want, err := p.pod(ctx, s)
+	want, err := p.Pod(ctx, s)
 	if err != nil {
 		return false, err
 	}
@@ -178,20 +180,20 @@ func (p *PodServers) List(ctx context.Context) ([]MPSServer, error) {
 	return out, nil
 }
 
-// pod is the server pod: privileged (the daemon opens every /dev/nvidia*
+// Pod is the server pod Ensure creates: privileged (the daemon opens every /dev/nvidia*
 // of its GPU, and the GPU's MIG devices), on this node, owned by the Node,
 // with the server's directory at the same path as on the host and its
 // shm directory as /dev/shm.
-func (p *PodServers) pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) {
+func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) {
 	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("get Node %s, the owner of its MPS server pods: %w", p.NodeName, err)
 	}
 	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + s.Dir, "--devices=" + strings.Join(s.Devices, ",")}
+	// No --control-binary: the server runs the driver root's own
+	// nvidia-cuda-mps-control (usr/bin), read-only; the admission policy
+	// refuses the flag, which could name any binary.
 	args = append(args, p.LogArgs...)
-	if p.ControlBinary != "" {
-		args = append(args, "--control-binary="+p.ControlBinary)
-	}
 	hostDir := corev1.HostPathDirectoryOrCreate
 	privileged := true
 	return &corev1.Pod{
@@ -204,6 +206,7 @@ func (p *PodServers) pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                      p.NodeName,
+			ServiceAccountName:            p.ServiceAccount,
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			PriorityClassName:             "system-node-critical",
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},

@@ -15,7 +15,7 @@ func TestMPSServerPod(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1.example.com", UID: "node-uid"}})
 	p := &PodServers{Client: client, LogArgs: []string{"--logging-format=json", "-v=3"}, Namespace: "gpudra", NodeName: "gpu-node-1.example.com", Image: "ghcr.io/gpudra/gpudra:v1",
-		HostDriverRoot: "/run/nvidia/driver", ControlBinary: "/driver-root/usr/bin/nvidia-cuda-mps-control"}
+		HostDriverRoot: "/run/nvidia/driver", ServiceAccount: "gpudra-mps-server"}
 	s := MPSServerFor("/var/lib/kubelet/plugins/gpu.gpudra.dev/sharing/mps", []string{"GPU-b", "GPU-a"})
 	assert.Equal(t, []string{"GPU-a", "GPU-b"}, s.Devices)
 
@@ -33,7 +33,9 @@ func TestMPSServerPod(t *testing.T) {
 	c := pod.Spec.Containers[0]
 	assert.Equal(t, []string{"gpudra-mps-server"}, c.Command)
 	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + s.Dir, "--devices=GPU-a,GPU-b",
-		"--logging-format=json", "-v=3", "--control-binary=/driver-root/usr/bin/nvidia-cuda-mps-control"}, c.Args)
+		"--logging-format=json", "-v=3"}, c.Args, "no --control-binary: the driver root's own")
+	assert.Equal(t, "gpudra-mps-server", pod.Spec.ServiceAccountName, "a ServiceAccount without permissions")
+	assert.Equal(t, false, *pod.Spec.AutomountServiceAccountToken, "and no token")
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		for _, v := range pod.Spec.Volumes {

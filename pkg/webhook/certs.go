@@ -91,7 +91,6 @@ func renewAt(c *x509.Certificate) time.Time {
 // Sync makes the Secret and the caBundle current and says when the next
 // renewal is due.
 func (m *CertManager) Sync(ctx context.Context) (time.Time, error) {
-	logger := klog.FromContext(ctx)
 	now := m.now()
 	secret, err := m.Client.CoreV1().Secrets(m.Namespace).Get(ctx, m.Secret, metav1.GetOptions{})
 	create := apierrors.IsNotFound(err)
@@ -106,7 +105,7 @@ func (m *CertManager) Sync(ctx context.Context) (time.Time, error) {
 	}
 	caValidity, certValidity := m.validity()
 	ca, caKey, caErr := parsePair(secret.Data[KeyCACert], secret.Data[KeyCAKey])
-	var reasons []string
+	caIssued := false // and not stored yet
 	if caErr != nil || !now.Before(renewAt(ca)) {
 		// The previous CA stays in ca.crt while it is valid: clients that
 		// still have the old bundle keep trusting the old certificate
@@ -120,35 +119,40 @@ func (m *CertManager) Sync(ctx context.Context) (time.Time, error) {
 			bundle = append(bundle, pemCert(old)...)
 		}
 		secret.Data[KeyCACert], secret.Data[KeyCAKey] = bundle, pemKey(caKey)
-		reasons = append(reasons, ReasonCAIssued)
+		caIssued = true
+		// A Secret without a certificate is written once, with its
+		// certificate: nothing was served from it (and a TLS Secret needs
+		// both).
+		if !create && len(secret.Data[corev1.TLSCertKey]) > 0 && len(secret.Data[corev1.TLSPrivateKeyKey]) > 0 {
+			if secret, err = m.store(ctx, secret, false, ReasonCAIssued); err != nil {
+				return time.Time{}, err
+			}
+			caIssued = false
+		}
+	}
+	// A new CA reaches the caBundle before any certificate it signed is
+	// served: the Secret (which every replica reloads) first gets the new
+	// CA beside the old, the webhook configurations then get that bundle,
+	// and only then is the serving certificate issued from the new CA. The
+	// other order leaves a window in which replicas serve a certificate
+	// the API server cannot verify.
+	if err := m.syncCABundle(ctx, secret.Data[KeyCACert]); err != nil {
+		return time.Time{}, err
 	}
 	cert, _, certErr := parsePair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
-	if len(reasons) > 0 || certErr != nil || !now.Before(renewAt(cert)) || cert.CheckSignatureFrom(ca) != nil || !m.covers(cert) {
+	if certErr != nil || !now.Before(renewAt(cert)) || cert.CheckSignatureFrom(ca) != nil || !m.covers(cert) {
 		cert, key, err := issue(ca, caKey, certValidity, now, m.DNSNames, m.IPs)
 		if err != nil {
 			return time.Time{}, err
 		}
 		secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey] = pemCert(cert), pemKey(key)
-		reasons = append(reasons, ReasonCertificateIssued)
-	}
-	if len(reasons) > 0 {
-		if create {
-			secret, err = m.Client.CoreV1().Secrets(m.Namespace).Create(ctx, secret, metav1.CreateOptions{})
-		} else {
-			secret, err = m.Client.CoreV1().Secrets(m.Namespace).Update(ctx, secret, metav1.UpdateOptions{})
+		reasons := []string{ReasonCertificateIssued}
+		if caIssued {
+			reasons = []string{ReasonCAIssued, ReasonCertificateIssued}
 		}
-		if err != nil {
-			return time.Time{}, fmt.Errorf("store Secret %s/%s: %w", m.Namespace, m.Secret, err)
+		if secret, err = m.store(ctx, secret, create, reasons...); err != nil {
+			return time.Time{}, err
 		}
-		for _, r := range reasons {
-			logger.Info("Issued webhook certificate", "reason", r, "secret", klog.KObj(secret))
-			if m.Recorder != nil {
-				m.Recorder.Eventf(secret, nil, corev1.EventTypeNormal, r, "Issue", "issued for %v %v", m.DNSNames, m.IPs)
-			}
-		}
-	}
-	if err := m.syncCABundle(ctx, secret.Data[KeyCACert]); err != nil {
-		return time.Time{}, err
 	}
 	cert, _, _ = parsePair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
 	next := renewAt(cert)
@@ -159,6 +163,26 @@ func (m *CertManager) Sync(ctx context.Context) (time.Time, error) {
 }
 
 // covers says whether the certificate names exactly what it should.
+// store creates or updates the Secret and reports what was issued.
+func (m *CertManager) store(ctx context.Context, secret *corev1.Secret, create bool, reasons ...string) (*corev1.Secret, error) {
+	var err error
+	if create {
+		secret, err = m.Client.CoreV1().Secrets(m.Namespace).Create(ctx, secret, metav1.CreateOptions{})
+	} else {
+		secret, err = m.Client.CoreV1().Secrets(m.Namespace).Update(ctx, secret, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store Secret %s/%s: %w", m.Namespace, m.Secret, err)
+	}
+	for _, r := range reasons {
+		klog.FromContext(ctx).Info("Issued webhook certificate", "reason", r, "secret", klog.KObj(secret))
+		if m.Recorder != nil {
+			m.Recorder.Eventf(secret, nil, corev1.EventTypeNormal, r, "Issue", "issued for %v %v", m.DNSNames, m.IPs)
+		}
+	}
+	return secret, nil
+}
+
 func (m *CertManager) covers(c *x509.Certificate) bool {
 	if !slices.Equal(c.DNSNames, m.DNSNames) || len(c.IPAddresses) != len(m.IPs) {
 		return false

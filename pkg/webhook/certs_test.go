@@ -17,7 +17,9 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 )
@@ -233,4 +235,46 @@ func TestCertManagerMutating(t *testing.T) {
 	_, _, again := readSecret(t, m)
 	assert.Equal(t, s.Data[KeyCACert], again.Data[KeyCACert])
 	assert.Equal(t, [][]byte{s.Data[KeyCACert]}, mutatingCABundles(t, m))
+}
+
+// TestCARenewalOrder: at a CA renewal, the new CA is in every webhook's
+// caBundle before the Secret (which every replica serves from) holds a
+// certificate signed by it: no moment where a replica serves a certificate
+// the API server cannot verify. Each write is checked as it happens.
+func TestCARenewalOrder(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := fake.NewClientset(Configuration("gpudra-webhook", admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/validate")}, true))
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	m := &CertManager{Client: client, Namespace: "gpudra-system", Secret: "gpudra-webhook-cert", WebhookConfiguration: "gpudra-webhook",
+		DNSNames: []string{"gpudra-webhook.gpudra-system.svc"}, CAValidity: 300 * 24 * time.Hour, CertValidity: 30 * 24 * time.Hour, Now: clk.now}
+	_, err := m.Sync(ctx)
+	require.NoError(t, err)
+	oldCA, _, _ := readSecret(t, m)
+
+	var bundle []byte // what the API server trusts, as written
+	var checked int
+	client.PrependReactor("update", "validatingwebhookconfigurations", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		cfg := a.(k8stesting.UpdateAction).GetObject().(*admissionregistrationv1.ValidatingWebhookConfiguration)
+		bundle = cfg.Webhooks[0].ClientConfig.CABundle
+		return false, nil, nil
+	})
+	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		s := a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret)
+		cert, _, err := parsePair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+		require.NoError(t, err)
+		pool := x509.NewCertPool()
+		require.True(t, pool.AppendCertsFromPEM(bundle))
+		_, err = cert.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: cert.NotBefore.Add(time.Minute), DNSName: m.DNSNames[0]})
+		assert.NoError(t, err, "the Secret is about to serve a certificate the caBundle does not verify")
+		checked++
+		return false, nil, nil
+	})
+	bundle = caBundles(t, m)[0]
+	clk.t = oldCA.NotBefore.Add(201 * 24 * time.Hour)
+	_, err = m.Sync(ctx)
+	require.NoError(t, err)
+	newCA, cert, _ := readSecret(t, m)
+	require.False(t, oldCA.Equal(newCA), "the CA was renewed")
+	require.NoError(t, cert.CheckSignatureFrom(newCA), "and the certificate issued from it")
+	assert.Equal(t, 2, checked, "two Secret writes: the new CA beside the old, then the certificate")
 }

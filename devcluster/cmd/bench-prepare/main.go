@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/prepbench"
 )
 
@@ -22,7 +23,11 @@ func main() {
 	flag.IntVar(&cfg.Devices, "devices", 8, "claims go round-robin over device indexes 0..<devices-1>")
 	flag.StringVar(&cfg.DeviceFormat, "device-format", "gpu-%d", "a claim's device name from its index (e.g. gpu-%d-mig-3g-40gb-4 with --sim-machine=dgx-h100: a MIG device created at prepare)")
 	flag.StringVar(&pluginArgs, "plugin-args", "", "space-separated flags added to the plugin's (e.g. --kube-api-qps=1000)")
+	chart := devcluster.DefaultChart(".")
+	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
+	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
 	flag.Parse()
+	cfg.Chart = chart
 	cfg.PluginArgs = strings.Fields(pluginArgs)
 	res, err := prepbench.Run(context.Background(), cfg)
 	if err != nil {

@@ -33,6 +33,7 @@ type options struct {
 	cpQPS      float64
 	cpBurst    int
 	grove      bool
+	chart      devcluster.ChartOptions
 }
 
 type stringList []string
@@ -60,6 +61,9 @@ func main() {
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
+	o.chart = devcluster.DefaultChart(".")
+	fs.StringVar(&o.chart.Dir, "chart", o.chart.Dir, "the gpudra chart: its ServiceAccounts, RBAC and admission policies are installed, and every gpudra component runs as its ServiceAccount")
+	fs.StringVar(&o.chart.Helm, "helm", o.chart.Helm, "helm, to render the chart (make helm builds bin/helm; env HELM)")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.Func("v", "log verbosity (in the log file)", func(v string) error { return klogFlags.Set("v", v) })
@@ -101,7 +105,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl,
+	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl, Chart: o.chart,
 		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove})
 	if err != nil {
 		return err

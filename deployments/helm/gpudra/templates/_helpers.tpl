@@ -56,3 +56,8 @@ app.kubernetes.io/component: controller
 {{- define "gpudra.webhookSecret" -}}
 {{- printf "%s-webhook-cert" (include "gpudra.fullname" .) -}}
 {{- end -}}
+
+{{/* MPS server pods run as this ServiceAccount: no permissions, no token. */}}
+{{- define "gpudra.mpsServerServiceAccount" -}}
+{{- printf "%s-mps-server" (include "gpudra.fullname" .) -}}
+{{- end -}}

@@ -1,0 +1,178 @@
+package e2e
+
+// What a compromised gpudra component can do, tried with its real
+// credentials (a token for the chart's ServiceAccount, bound to its Node
+// for the node agents) against devcluster's own install of the chart's
+// RBAC and admission policies (docs/security.md).
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/sharing"
+)
+
+// asServiceAccount is a client with a component's credentials: sa's token,
+// bound to node unless node is empty.
+func asServiceAccount(t *testing.T, sa, node string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := cluster.ServiceAccountConfig(context.Background(), sa, node)
+	require.NoError(t, err)
+	c, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// refusedWith waits until create is refused with want (a policy is loaded
+// asynchronously), then returns the error.
+func refusedWith(t *testing.T, want string, try func() error) {
+	t.Helper()
+	var err error
+	_ = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		err = try()
+		return err != nil && strings.Contains(err.Error(), want), nil
+	})
+	if assert.Error(t, err, "not refused: %s", want) {
+		assert.Contains(t, err.Error(), want)
+		assert.True(t, apierrors.IsForbidden(err) || apierrors.IsInvalid(err), "%v", err)
+	}
+}
+
+// TestMPSServerPodPinned: the plugin, as its ServiceAccount on its node,
+// may create exactly the MPS server pod it makes (pkg/sharing) and no
+// variation that would give the pod credentials, another program, host
+// access or company.
+func TestMPSServerPodPinned(t *testing.T) {
+	ctx := context.Background()
+	node := cluster.Node("dgx-h100-1")
+	require.NotNil(t, node)
+	plugin := asServiceAccount(t, devcluster.PluginServiceAccount, node.Name)
+	opts := node.SharingOptions()
+	servers, ok := opts.MPSServers.(*sharing.PodServers)
+	require.True(t, ok, "devcluster's plugins run MPS servers as pods, as the chart does")
+	gpu := node.Machine.Devices()[0]
+	server := sharing.MPSServerFor(sharing.MPSRoot(opts.Root), []string{gpu.UUID})
+	base, err := servers.Pod(ctx, server)
+	require.NoError(t, err)
+
+	create := func(pod *v1.Pod) error {
+		_, err := plugin.CoreV1().Pods(devcluster.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	require.NoError(t, create(base), "the server pod the plugin makes")
+
+	hostPathType := v1.HostPathDirectory
+	for _, tc := range []struct {
+		name   string
+		change func(p *v1.Pod)
+		want   string
+	}{
+		{"the controller's ServiceAccount", func(p *v1.Pod) { p.Spec.ServiceAccountName = devcluster.ControllerServiceAccount },
+			"MPS server pods that run as ServiceAccount " + devcluster.MPSServerServiceAccount},
+		{"a mounted token", func(p *v1.Pod) { p.Spec.AutomountServiceAccountToken = nil }, "automountServiceAccountToken false"},
+		{"--control-binary=/bin/sh", func(p *v1.Pod) {
+			p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--control-binary=/bin/sh")
+		}, "with the arguments --driver-root=/driver-root"},
+		{"a server directory outside the plugin's", func(p *v1.Pod) {
+			p.Spec.Containers[0].Args[1] = "--dir=/etc"
+		}, "with the arguments --driver-root=/driver-root"},
+		{"hostPath /", func(p *v1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, v1.Volume{Name: "host", VolumeSource: v1.VolumeSource{HostPath: &v1.HostPathVolumeSource{Path: "/", Type: &hostPathType}}})
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, v1.VolumeMount{Name: "host", MountPath: "/host"})
+		}, "whose volumes are the server's directory"},
+		{"the driver root as /", func(p *v1.Pod) {
+			for i := range p.Spec.Volumes {
+				if p.Spec.Volumes[i].Name == "driver-root" {
+					p.Spec.Volumes[i].HostPath.Path = "/"
+				}
+			}
+		}, "whose volumes are the server's directory"},
+		{"the driver root writable", func(p *v1.Pod) {
+			for i := range p.Spec.Containers[0].VolumeMounts {
+				p.Spec.Containers[0].VolumeMounts[i].ReadOnly = false
+			}
+		}, "whose volumes are the server's directory"},
+		{"env LD_PRELOAD", func(p *v1.Pod) {
+			p.Spec.Containers[0].Env = []v1.EnvVar{{Name: "LD_PRELOAD", Value: "/driver-root/tmp/evil.so"}}
+		}, "without environment variables"},
+		{"hostNetwork", func(p *v1.Pod) { p.Spec.HostNetwork = true }, "without host network, PID or IPC namespaces"},
+		{"hostPID", func(p *v1.Pod) { p.Spec.HostPID = true }, "without host network, PID or IPC namespaces"},
+		{"an extra container", func(p *v1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: "extra", Image: p.Spec.Containers[0].Image, Command: []string{"gpudra-mps-server"}})
+		}, "one container named mps-server"},
+		{"an init container", func(p *v1.Pod) {
+			p.Spec.InitContainers = []v1.Container{{Name: "init", Image: "busybox", Command: []string{"sh"}}}
+		}, "no init or ephemeral containers"},
+		{"another image", func(p *v1.Pod) { p.Spec.Containers[0].Image = "busybox" }, "from the chart's image"},
+		{"another command", func(p *v1.Pod) { p.Spec.Containers[0].Command = []string{"sh", "-c", "cat /etc/shadow"} }, "from the chart's image"},
+		{"another node", func(p *v1.Pod) { p.Spec.NodeName = "dgx-h100-0" }, "may only create or delete MPS server pods of its own node, not of node 'dgx-h100-0'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := base.DeepCopy()
+			tc.change(pod)
+			refusedWith(t, tc.want, func() error { return create(pod) })
+		})
+	}
+}
+
+// TestControllerPodUpdatesPinned: gpudra-controller, as its ServiceAccount,
+// may lift its own scheduling gate and set its own pod condition, and
+// nothing else a pod patch could do.
+func TestControllerPodUpdatesPinned(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	const otherGate = "example.com/quota"
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gated", Labels: map[string]string{"app": "x"}},
+		Spec: v1.PodSpec{SchedulingGates: []v1.PodSchedulingGate{{Name: gpudrav1.SchedulingGate}, {Name: otherGate}},
+			Containers: []v1.Container{{Name: "c", Image: "registry.example.com/app:1"}}}}
+	_, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	controller := asServiceAccount(t, devcluster.ControllerServiceAccount, "")
+
+	patch := func(ops ...map[string]any) error {
+		b, err := json.Marshal(ops)
+		require.NoError(t, err)
+		_, err = controller.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.JSONPatchType, b, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	refusedWith(t, "may only lift its scheduling gate from a pod", func() error {
+		return patch(map[string]any{"op": "replace", "path": "/spec/containers/0/image", "value": "evil.example.com/miner:1"})
+	})
+	refusedWith(t, "may only remove its own scheduling gate gpudra.dev/gang, not add or remove "+otherGate, func() error {
+		return patch(map[string]any{"op": "replace", "path": "/spec/schedulingGates", "value": []map[string]string{{"name": gpudrav1.SchedulingGate}}})
+	})
+	refusedWith(t, "may not change a pod's labels", func() error {
+		return patch(map[string]any{"op": "add", "path": "/metadata/labels/evil", "value": "1"})
+	})
+	// Status patches merge conditions by type, as the controller's do.
+	statusPatch := func(status map[string]any) error {
+		b, err := json.Marshal(map[string]any{"status": status})
+		require.NoError(t, err)
+		_, err = controller.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.StrategicMergePatchType, b, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return err
+	}
+	refusedWith(t, "may only set its own pod condition", func() error {
+		return statusPatch(map[string]any{"conditions": []map[string]string{{"type": "Ready", "status": "True"}}})
+	})
+	refusedWith(t, "may only set its own pod condition", func() error {
+		return statusPatch(map[string]any{"podIP": "10.0.0.66", "podIPs": []map[string]string{{"ip": "10.0.0.66"}}})
+	})
+
+	// What it does: lift its gate, leave the other; set its condition.
+	require.NoError(t, patch(map[string]any{"op": "replace", "path": "/spec/schedulingGates", "value": []map[string]string{{"name": otherGate}}}))
+	require.NoError(t, statusPatch(map[string]any{"conditions": []map[string]string{{"type": "gpudra.dev/GangAllocated", "status": "True", "reason": "GangAllocated"}}}))
+}

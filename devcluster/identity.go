@@ -1,0 +1,227 @@
+package devcluster
+
+// Every gpudra component in devcluster runs as the chart's own identity:
+// the chart is rendered with helm and its ServiceAccounts, RBAC and
+// admission policies are applied, and each component authenticates with a
+// service-account token the API server issued (TokenRequest), as in a
+// cluster. The kubelet plugin's and the device-plugin agent's tokens are
+// bound to their Node, so the API server adds the node-name extra the
+// chart's admission policies check. Admin credentials remain only for the
+// harness (tests, the demo, the Grove stand-in, the kubelets).
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	restclient "k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+)
+
+// The chart's release in devcluster and the identities it creates there.
+const (
+	ChartRelease = "gpudra"
+	// PluginServiceAccount runs the kubelet plugin and the device-plugin
+	// agent; ControllerServiceAccount both controller replicas;
+	// MPSServerServiceAccount the MPS server pods (no permissions, no
+	// token).
+	PluginServiceAccount     = "gpudra-kubelet-plugin"
+	ControllerServiceAccount = "gpudra-controller"
+	MPSServerServiceAccount  = "gpudra-mps-server"
+	// NodeNamePlaceholder stands for the node's name in the host paths
+	// the chart is rendered with: each simulated node has directories of
+	// its own, and the admission policy puts the requesting node's name
+	// in its place.
+	NodeNamePlaceholder = "$(NODE_NAME)"
+	// componentTokenLifetime outlives any devcluster run.
+	componentTokenLifetime = 48 * time.Hour
+)
+
+// ChartOptions say where the chart and the helm binary that renders it are.
+type ChartOptions struct {
+	// Dir is the chart (deployments/helm/gpudra).
+	Dir string
+	// Helm is the helm binary (`make helm` builds bin/helm).
+	Helm string
+}
+
+// DefaultChart is the chart of the repository at root, rendered by
+// $HELM or root's bin/helm (`make helm`).
+func DefaultChart(root string) ChartOptions {
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		helm = filepath.Join(root, "bin", "helm")
+	}
+	return ChartOptions{Dir: filepath.Join(root, "deployments", "helm", "gpudra"), Helm: helm}
+}
+
+// identityKinds are what devcluster applies from the rendered chart: who
+// the components are and what they may do. The workloads (DaemonSet,
+// Deployment, Services) are devcluster's own in-process components, and
+// the webhook configurations point at devcluster's front (controller.go).
+var identityKinds = []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+// RenderChart renders the chart as devcluster installs it: release gpudra
+// in PluginNamespace, the devcluster image tag, the nodes' own directories
+// below dir, gangs on; extra values (helm flags) are added last.
+func RenderChart(ctx context.Context, chart ChartOptions, dir string, extra ...string) (string, error) {
+	if chart.Dir == "" || chart.Helm == "" {
+		return "", fmt.Errorf("devcluster installs the chart's identities and needs the chart and helm (ChartOptions %+v; `make helm` builds bin/helm)", chart)
+	}
+	nodeDir := filepath.Join(dir, "nodes", NodeNamePlaceholder)
+	args := append([]string{"template", ChartRelease, chart.Dir, "--namespace", PluginNamespace, "--kube-version", "1.37.1",
+		"--set-string", "image.tag=" + strings.TrimPrefix(MPSServerImage, "ghcr.io/gpudra/gpudra:"),
+		// The node's directory stands for the kubelet's: the plugin's is
+		// <node>/plugins/gpu.gpudra.dev (Node.PluginDataDir).
+		"--set-string", "kubeletPlugin.kubeletDir=" + nodeDir,
+		"--set-string", "kubeletPlugin.driverRoot=" + filepath.Join(nodeDir, "driver"),
+		"--set", "gangs.enabled=true"}, extra...)
+	out, err := exec.CommandContext(ctx, chart.Helm, args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("helm template %s: %w: %s", chart.Dir, err, out)
+	}
+	return string(out), nil
+}
+
+// installChartIdentities applies the chart's ServiceAccounts, RBAC and
+// admission policies, and waits until the policies are in force.
+func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions) error {
+	rendered, err := RenderChart(ctx, chart, c.Dir)
+	if err != nil {
+		return err
+	}
+	f := filepath.Join(c.Dir, "chart.yaml")
+	if err := os.WriteFile(f, []byte(rendered), 0o600); err != nil {
+		return err
+	}
+	objs, err := Manifests(f)
+	if err != nil {
+		return fmt.Errorf("the rendered chart: %w", err)
+	}
+	var keep []*unstructured.Unstructured
+	for _, o := range objs {
+		if slices.Contains(identityKinds, o.GetKind()) {
+			keep = append(keep, o)
+		}
+	}
+	if err := c.Apply(ctx, PluginNamespace, keep); err != nil {
+		return fmt.Errorf("apply the chart's identities: %w", err)
+	}
+	for _, sa := range []string{PluginServiceAccount, ControllerServiceAccount, MPSServerServiceAccount} {
+		if _, err := c.Client.CoreV1().ServiceAccounts(PluginNamespace).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("the chart has no ServiceAccount %s: %w", sa, err)
+		}
+	}
+	return nil
+}
+
+// componentConfig is a client configuration that authenticates as the
+// service account sa of PluginNamespace with a token from the API server,
+// bound to node when node is set (the node-name extra), with no other
+// credentials. Every response it gets is watched: a 403 is recorded
+// (TakeForbidden).
+func (c *Cluster) componentConfig(ctx context.Context, sa, userAgent string, node *v1.Node) (*restclient.Config, error) {
+	cfg, err := c.serviceAccountConfig(ctx, sa, userAgent, node)
+	if err != nil {
+		return nil, err
+	}
+	user := "system:serviceaccount:" + PluginNamespace + ":" + sa
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return forbiddenRecorder{next: rt, user: user, log: &c.forbidden}
+	})
+	return cfg, nil
+}
+
+// ServiceAccountConfig is a client configuration with the credentials a
+// component has (the ServiceAccount sa of PluginNamespace, its token bound
+// to the Node named node unless node is empty) but none of its recording:
+// for tests that try what a compromised component could do.
+func (c *Cluster) ServiceAccountConfig(ctx context.Context, sa, node string) (*restclient.Config, error) {
+	var bound *v1.Node
+	if node != "" {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("Node %s, for its token: %w", node, err)
+		}
+		bound = n
+	}
+	return c.serviceAccountConfig(ctx, sa, "e2e-as-"+sa, bound)
+}
+
+func (c *Cluster) serviceAccountConfig(ctx context.Context, sa, userAgent string, node *v1.Node) (*restclient.Config, error) {
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To(int64(componentTokenLifetime.Seconds()))}}
+	if node != nil {
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
+	}
+	tok, err := c.Client.CoreV1().ServiceAccounts(PluginNamespace).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("token for ServiceAccount %s/%s: %w", PluginNamespace, sa, err)
+	}
+	cfg := restclient.AnonymousClientConfig(c.RESTConfig)
+	cfg.BearerToken = tok.Status.Token
+	cfg.UserAgent = userAgent
+	return cfg, nil
+}
+
+// nodeComponentConfig is componentConfig bound to the named Node.
+func (c *Cluster) nodeComponentConfig(ctx context.Context, sa, userAgent, nodeName string) (*restclient.Config, error) {
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("Node %s, for its token: %w", nodeName, err)
+	}
+	return c.componentConfig(ctx, sa, userAgent, node)
+}
+
+// ForbiddenCall is a request of a component that the API server refused
+// with 403: RBAC or an admission policy said no.
+type ForbiddenCall struct {
+	User, Method, URL string
+}
+
+func (f ForbiddenCall) String() string { return f.User + " " + f.Method + " " + f.URL }
+
+type forbiddenLog struct {
+	mu    sync.Mutex
+	calls []ForbiddenCall
+}
+
+// TakeForbidden returns the forbidden calls of gpudra's components since
+// the last call, and forgets them. A forbidden call means the chart's
+// RBAC or policies lack what the code does: the e2e suite fails the test
+// during which it happened.
+func (c *Cluster) TakeForbidden() []ForbiddenCall {
+	c.forbidden.mu.Lock()
+	defer c.forbidden.mu.Unlock()
+	out := c.forbidden.calls
+	c.forbidden.calls = nil
+	return out
+}
+
+type forbiddenRecorder struct {
+	next http.RoundTripper
+	user string
+	log  *forbiddenLog
+}
+
+func (r forbiddenRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusForbidden {
+		r.log.mu.Lock()
+		r.log.calls = append(r.log.calls, ForbiddenCall{User: r.user, Method: req.Method, URL: req.URL.RequestURI()})
+		r.log.mu.Unlock()
+	}
+	return resp, err
+}
