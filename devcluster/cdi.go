@@ -3,11 +3,14 @@ package devcluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -62,6 +65,44 @@ func MachineDevices(m *sim.Machine) DeviceIdentifier {
 	}
 }
 
+// MachineHostDevices is the simulated machine's /dev as a runtime stats it
+// for a DeviceSpec: /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
+// /dev/nvidia<minor> of each of its GPUs, and the MIG capability nodes
+// /dev/nvidia-caps/nvidia-cap<N>, with the machine's majors. Any other path
+// does not exist.
+func MachineHostDevices(m *sim.Machine) HostDevice {
+	return func(path string) (oci.LinuxDevice, error) {
+		host, err := m.Host(context.Background())
+		if err != nil {
+			return oci.LinuxDevice{}, err
+		}
+		node := func(major, minor int64) (oci.LinuxDevice, error) {
+			return oci.LinuxDevice{Path: path, Type: "c", Major: major, Minor: minor}, nil
+		}
+		switch path {
+		case "/dev/nvidiactl":
+			return node(host.Majors.NVIDIA, 255)
+		case "/dev/nvidia-uvm":
+			return node(host.Majors.UVM, 0)
+		case "/dev/nvidia-uvm-tools":
+			return node(host.Majors.UVM, 1)
+		}
+		if n, ok := strings.CutPrefix(path, "/dev/nvidia-caps/nvidia-cap"); ok {
+			if minor, err := strconv.ParseInt(n, 10, 64); err == nil && minor >= 0 {
+				return node(host.Majors.Caps, minor)
+			}
+		}
+		if n, ok := strings.CutPrefix(path, "/dev/nvidia"); ok {
+			for _, g := range m.Devices() {
+				if strconv.Itoa(g.Minor) == n {
+					return node(host.Majors.NVIDIA, int64(g.Minor))
+				}
+			}
+		}
+		return oci.LinuxDevice{}, fmt.Errorf("stat %s: %w", path, os.ErrNotExist)
+	}
+}
+
 func identify(gpus []nvdevice.GPU, host nvdevice.Host, nodes []oci.LinuxDevice) []string {
 	gpuMinors, capMinors := map[int64]bool{}, map[int64]bool{}
 	for _, n := range nodes {
@@ -102,17 +143,67 @@ func identify(gpus []nvdevice.GPU, host nvdevice.Host, nodes []oci.LinuxDevice) 
 // empty OCI spec, exactly as a CDI-enabled container runtime does, and
 // names the GPUs its device nodes give (identify may be nil: none named).
 func ResolveCDI(cdiDir string, ids []string, identify DeviceIdentifier) (ContainerView, error) {
+	return ResolveContainer(cdiDir, RuntimeEdits{CDIDevices: ids}, identify, nil)
+}
+
+// RuntimeEdits are what the kubelet hands the container runtime for one
+// container: CDI device names (DRA's, and a device plugin's CdiDevices or
+// cdi.k8s.io annotations), and a device plugin's own device nodes, mounts
+// and variables, which any runtime applies, CDI or not.
+type RuntimeEdits struct {
+	CDIDevices []string
+	Devices    []kubecontainer.DeviceInfo
+	Mounts     []kubecontainer.Mount
+	Envs       []kubecontainer.EnvVar
+}
+
+// HostDevice is what a runtime reads of a device node on the host (type,
+// major, minor) when a DeviceSpec names it; an error if there is none.
+type HostDevice func(path string) (oci.LinuxDevice, error)
+
+// ResolveContainer builds the container's OCI spec as containerd's CRI
+// plugin does: the kubelet's devices (each host path stat'ed through dev,
+// a device cgroup rule with the given permissions), bind mounts and
+// variables first, then the CDI devices injected by the CDI library.
+func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifier, dev HostDevice) (ContainerView, error) {
+	ids := edits.CDIDevices
 	view := ContainerView{CDIDevices: ids}
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(edits.Devices) == 0 && len(edits.Mounts) == 0 && len(edits.Envs) == 0 {
 		return view, nil
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{Resources: &oci.LinuxResources{}}}
+	for _, d := range edits.Devices {
+		if dev == nil {
+			return view, fmt.Errorf("device %s: this node's runtime cannot stat host devices", d.PathOnHost)
+		}
+		n, err := dev(d.PathOnHost)
+		if err != nil {
+			// containerd fails the container.
+			return view, fmt.Errorf("device %s: %w", d.PathOnHost, err)
+		}
+		n.Path = d.PathInContainer
+		spec.Linux.Devices = append(spec.Linux.Devices, n)
+		spec.Linux.Resources.Devices = append(spec.Linux.Resources.Devices, oci.LinuxDeviceCgroup{
+			Allow: true, Type: n.Type, Major: &n.Major, Minor: &n.Minor, Access: d.Permissions})
+	}
+	for _, m := range edits.Mounts {
+		opt := "rw"
+		if m.ReadOnly {
+			opt = "ro"
+		}
+		spec.Mounts = append(spec.Mounts, oci.Mount{Source: m.HostPath, Destination: m.ContainerPath, Type: "bind", Options: []string{"rbind", "rprivate", opt}})
+	}
+	for _, e := range edits.Envs {
+		spec.Process.Env = append(spec.Process.Env, e.Name+"="+e.Value)
 	}
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
 		return view, fmt.Errorf("CDI cache: %w", err)
 	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
-		return view, fmt.Errorf("CDI injection (unresolved %v): %w", unresolved, err)
+	if len(ids) > 0 {
+		if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+			return view, fmt.Errorf("CDI injection (unresolved %v): %w", unresolved, err)
+		}
 	}
 	view.Env = map[string]string{}
 	for _, kv := range spec.Process.Env {
@@ -179,11 +270,12 @@ func conflicts(cache *cdiapi.Cache, ids []string) ([]string, error) {
 	return out, nil
 }
 
-// driverMounts are the mounts the node's common driver device gives, when
-// the container has it.
+// driverMounts are the mounts the node's common driver device gives: the
+// driver's files, whether the container got them through that CDI device
+// or as a device plugin's mounts (when the node has such a spec).
 func driverMounts(cache *cdiapi.Cache, ids []string) (map[string]bool, error) {
 	out := map[string]bool{}
-	if !slices.Contains(ids, cdi.DriverDeviceID) {
+	if !slices.Contains(ids, cdi.DriverDeviceID) && cache.GetDevice(cdi.DriverDeviceID) == nil {
 		return out, nil
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}

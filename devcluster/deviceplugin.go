@@ -33,6 +33,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -120,28 +121,39 @@ func startDeviceManager(logger klog.Logger, dir string, activePods func() []*v1.
 	return &deviceManager{m: m}, nil
 }
 
-// cdiDevices allocates the container's device plugin resources (the
+// runtimeEdits allocates the container's device plugin resources (the
 // kubelet's admission does so for init containers first, then the app
-// containers, which containerViews keeps) and returns the CDI devices the
-// plugins answered with, as the kubelet hands them to the runtime.
-func (d *deviceManager) cdiDevices(ctx context.Context, pod *v1.Pod, c *v1.Container) ([]string, error) {
+// containers, which containerViews keeps) and returns what the plugins
+// answered as the kubelet hands it to the runtime: CDI devices (CdiDevices,
+// and the cdi.k8s.io annotations a CDI-enabled containerd reads), device
+// nodes, mounts and variables.
+func (d *deviceManager) runtimeEdits(ctx context.Context, pod *v1.Pod, c *v1.Container) (RuntimeEdits, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.m.Allocate(ctx, pod, c, lifecycle.AddOperation); err != nil {
-		return nil, fmt.Errorf("device plugin allocation: %w", err)
+		return RuntimeEdits{}, fmt.Errorf("device plugin allocation: %w", err)
 	}
 	opts, err := d.m.GetDeviceRunContainerOptions(ctx, pod, c)
 	if err != nil {
-		return nil, fmt.Errorf("device plugin container options: %w", err)
+		return RuntimeEdits{}, fmt.Errorf("device plugin container options: %w", err)
 	}
 	if opts == nil {
-		return nil, nil
+		return RuntimeEdits{}, nil
 	}
-	ids := make([]string, 0, len(opts.CDIDevices))
+	edits := RuntimeEdits{Devices: opts.Devices, Mounts: opts.Mounts, Envs: opts.Envs}
 	for _, dev := range opts.CDIDevices {
-		ids = append(ids, dev.Name)
+		edits.CDIDevices = append(edits.CDIDevices, dev.Name)
 	}
-	return ids, nil
+	annotations := map[string]string{}
+	for _, a := range opts.Annotations {
+		annotations[a.Name] = a.Value
+	}
+	_, names, err := cdiapi.ParseAnnotations(annotations)
+	if err != nil {
+		return RuntimeEdits{}, fmt.Errorf("device plugin CDI annotations: %w", err)
+	}
+	edits.CDIDevices = append(edits.CDIDevices, names...)
+	return edits, nil
 }
 
 // syncNodeStatus keeps the Node's capacity and allocatable in step with the

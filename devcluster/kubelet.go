@@ -56,8 +56,9 @@ type kubelet struct {
 	client kubernetes.Interface
 	cdiDir string
 	// devices names the GPUs a container's device nodes give it.
-	devices DeviceIdentifier
-	dra     *dra.Manager
+	devices     DeviceIdentifier
+	hostDevices HostDevice
+	dra         *dra.Manager
 	// dm is the kubelet's device manager (deviceplugin.go), on every node
 	// as on a real one; nil only without kubeletDirs.DevicePlugins.
 	dm       *deviceManager
@@ -85,6 +86,9 @@ type kubeletDirs struct {
 	CDI      string
 	// Devices names the GPUs a container's device nodes give it.
 	Devices DeviceIdentifier
+	// HostDevices are the node's device nodes, for a device plugin's
+	// DeviceSpecs.
+	HostDevices HostDevice
 	// DevicePlugins, when set, runs the kubelet's device manager with its
 	// registration socket there.
 	DevicePlugins string
@@ -113,7 +117,7 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 	}))
 	podInformer := factory.Core().V1().Pods()
 	k := &kubelet{
-		node: node, client: client, cdiDir: dirs.CDI, devices: dirs.Devices, dra: manager, pods: podInformer.Lister(),
+		node: node, client: client, cdiDir: dirs.CDI, devices: dirs.Devices, hostDevices: dirs.HostDevices, dra: manager, pods: podInformer.Lister(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),
@@ -348,20 +352,18 @@ func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]C
 		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
-		ids := make([]string, 0, len(info.CDIDevices))
-		for _, d := range info.CDIDevices {
-			ids = append(ids, d.Name)
-		}
+		var edits RuntimeEdits
 		if k.dm != nil {
-			// Device plugin resources: allocated by the device manager,
-			// CDI devices from the plugin's Allocate answer.
-			more, err := k.dm.cdiDevices(ctx, pod, c)
-			if err != nil {
+			// Device plugin resources: allocated by the device manager;
+			// the plugin's Allocate answer as the kubelet hands it over.
+			if edits, err = k.dm.runtimeEdits(ctx, pod, c); err != nil {
 				return nil, fmt.Errorf("container %s: %w", c.Name, err)
 			}
-			ids = append(ids, more...)
 		}
-		view, err := ResolveCDI(k.cdiDir, ids, k.devices)
+		for _, d := range info.CDIDevices {
+			edits.CDIDevices = append(edits.CDIDevices, d.Name)
+		}
+		view, err := ResolveContainer(k.cdiDir, edits, k.devices, k.hostDevices)
 		if err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}

@@ -201,7 +201,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	}
 	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
-		Devices: MachineDevices(machine)}
+		Devices: MachineDevices(machine), HostDevices: MachineHostDevices(machine)}
 	// A kubelet has a device manager and serves its pod-resources API
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
