@@ -27,8 +27,8 @@ import (
 )
 
 // PodResourcesSocket is where the node's kubelet serves the pod-resources
-// API: the node's /var/lib/kubelet/pod-resources/kubelet.sock, below the
-// kubelet directory the chart is rendered with (RenderChart).
+// API: the node's /var/lib/kubelet/pod-resources/kubelet.sock, in the
+// kubelet's state directory.
 func (n *Node) PodResourcesSocket() string {
 	return filepath.Join(n.Dir, "kubelet", "pod-resources", podresources.Socket+".sock")
 }

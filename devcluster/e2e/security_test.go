@@ -8,6 +8,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
@@ -175,4 +177,70 @@ func TestControllerPodUpdatesPinned(t *testing.T) {
 	// What it does: lift its gate, leave the other; set its condition.
 	require.NoError(t, patch(map[string]any{"op": "replace", "path": "/spec/schedulingGates", "value": []map[string]string{{"name": otherGate}}}))
 	require.NoError(t, statusPatch(map[string]any{"conditions": []map[string]string{{"type": "gpudra.dev/GangAllocated", "status": "True", "reason": "GangAllocated"}}}))
+}
+
+// TestGangControllerFailsWithoutItsRule: the chart's RBAC is what the gang
+// controller runs under. With one rule taken from its ClusterRole (creating
+// DeviceTaintRules, the fence) a gang stays gated, the pods' condition
+// names the forbidden call, and the recorder that fails e2e tests saw it;
+// with the rule back, the gang lands.
+func TestGangControllerFailsWithoutItsRule(t *testing.T) {
+	ctx := context.Background()
+	roles := cluster.Client.RbacV1().ClusterRoles()
+	role, err := roles.Get(ctx, devcluster.ControllerServiceAccount, metav1.GetOptions{})
+	require.NoError(t, err)
+	original := role.DeepCopy()
+	restore := func() {
+		r, err := roles.Get(ctx, original.Name, metav1.GetOptions{})
+		require.NoError(t, err)
+		r.Rules = original.Rules
+		_, err = roles.Update(ctx, r, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	t.Cleanup(restore)
+	removed := false
+	for i, rule := range role.Rules {
+		if slices.Contains(rule.Resources, "devicetaintrules") {
+			role.Rules[i].Verbs = slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == "create" })
+			removed = true
+		}
+	}
+	require.True(t, removed, "the chart's controller ClusterRole grants creating devicetaintrules")
+	_, err = roles.Update(ctx, role, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	ns := namespace(t)
+	create(t, ns, gpus("one-gpu", 1), gangPod("rule-0", "rule", 2, "one-gpu", nil), gangPod("rule-1", "rule", 2, "one-gpu", nil))
+	cond := gangCondition(t, ns, "rule-0", v1.ConditionFalse, "WaitingForDevices")
+	var forbidden []devcluster.ForbiddenCall
+	require.Eventually(t, func() bool {
+		forbidden = append(forbidden, cluster.TakeForbidden()...)
+		return len(forbidden) > 0
+	}, 30*time.Second, 100*time.Millisecond, "no forbidden call recorded")
+	assert.Contains(t, cond.Message+" "+condMessage(t, ns, "rule-0"), "devicetaintrules.resource.k8s.io is forbidden")
+	for _, call := range forbidden {
+		assert.Equal(t, "system:serviceaccount:"+devcluster.PluginNamespace+":"+devcluster.ControllerServiceAccount, call.User)
+		assert.Equal(t, "POST /apis/resource.k8s.io/v1/devicetaintrules", call.Method+" "+call.URL)
+	}
+
+	restore()
+	waitRunning(t, ns, "rule-0")
+	waitRunning(t, ns, "rule-1")
+	// The calls refused before the rule was back, and none after.
+	for _, call := range cluster.TakeForbidden() {
+		assert.Equal(t, "POST /apis/resource.k8s.io/v1/devicetaintrules", call.Method+" "+call.URL)
+	}
+}
+
+// condMessage is the pod's current gang condition message.
+func condMessage(t *testing.T, ns, name string) string {
+	t.Helper()
+	p, err := cluster.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	for _, c := range p.Status.Conditions {
+		if c.Type == gang.PodConditionGang {
+			return c.Message
+		}
+	}
+	return ""
 }
