@@ -2,10 +2,14 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -30,8 +34,23 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 )
 
-// startEtcd runs etcd inside this process on free loopback ports.
-func startEtcd(dir string) (*embed.Etcd, string, error) {
+// startEtcd runs etcd inside this process on free loopback ports. A port
+// found free can be taken by another process before etcd binds it (seen:
+// "bind: address already in use"): then it tries again with new ports.
+func startEtcd(dir string) (e *embed.Etcd, clientURL string, err error) {
+	for range 3 {
+		e, clientURL, err = startEtcdOnce(dir)
+		if err == nil || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			return e, clientURL, err
+		}
+		if rmErr := os.RemoveAll(filepath.Join(dir, "etcd")); rmErr != nil {
+			return nil, "", rmErr
+		}
+	}
+	return nil, "", err
+}
+
+func startEtcdOnce(dir string) (*embed.Etcd, string, error) {
 	clientPort, err := freePort()
 	if err != nil {
 		return nil, "", err

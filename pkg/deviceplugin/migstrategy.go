@@ -29,21 +29,12 @@ func baseDevices(inv *nvdevice.Inventory, strategy, gpuName string) (map[string]
 		for i := range inv.GPUs {
 			base[gpuName] = append(base[gpuName], gpuDevice(&inv.GPUs[i]))
 		}
-	case MigStrategySingle:
-		if err := checkSingle(inv); err != nil {
-			return nil, err
-		}
-		for i := range inv.GPUs {
-			g := &inv.GPUs[i]
-			if !g.MIG.Enabled {
-				base[gpuName] = append(base[gpuName], gpuDevice(g))
-				continue
-			}
-			for j := range g.MIG.Devices {
-				base[gpuName] = append(base[gpuName], migDevice(g, &g.MIG.Devices[j]))
+	case MigStrategySingle, MigStrategyMixed:
+		if strategy == MigStrategySingle {
+			if err := checkSingle(inv); err != nil {
+				return nil, err
 			}
 		}
-	case MigStrategyMixed:
 		for i := range inv.GPUs {
 			g := &inv.GPUs[i]
 			if !g.MIG.Enabled {
@@ -52,7 +43,12 @@ func baseDevices(inv *nvdevice.Inventory, strategy, gpuName string) (map[string]
 			}
 			for j := range g.MIG.Devices {
 				m := &g.MIG.Devices[j]
-				name := MigResourceName(m.Profile)
+				// single: every MIG device is a GPU; mixed: one resource
+				// per profile.
+				name := gpuName
+				if strategy == MigStrategyMixed {
+					name = MigResourceName(m.Profile)
+				}
 				base[name] = append(base[name], migDevice(g, m))
 			}
 		}
