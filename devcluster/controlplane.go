@@ -109,6 +109,9 @@ func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapi
 		// As in a cluster: every gpudra component is held to the chart's
 		// RBAC and admission policies (identity.go).
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm enables it: a kubelet may change only its own Node
+		// and its own pods.
+		"--enable-admission-plugins=NodeRestriction",
 	}, extraFlags...)
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
 }

@@ -52,9 +52,12 @@ const (
 // the pod Running. Process pods (the plugin's MPS servers) are the
 // exception: their container runs in-process.
 type kubelet struct {
-	node   string
-	client kubernetes.Interface
-	cdiDir string
+	node string
+	// client is the kubelet's own identity (system:node:<node>); reporter
+	// the harness's, for what devcluster records on a pod and no kubelet
+	// writes (ContainersAnnotation).
+	client, reporter kubernetes.Interface
+	cdiDir           string
 	// devices names the GPUs a container's device nodes give it.
 	devices     DeviceIdentifier
 	hostDevices HostDevice
@@ -99,7 +102,7 @@ type kubeletDirs struct {
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
 // closes when it has stopped.
-func startKubelet(ctx context.Context, node string, client kubernetes.Interface, dirs kubeletDirs) (*kubelet, <-chan struct{}, error) {
+func startKubelet(ctx context.Context, node string, client, reporter kubernetes.Interface, dirs kubeletDirs) (*kubelet, <-chan struct{}, error) {
 	logger := klog.LoggerWithValues(klog.LoggerWithName(klog.FromContext(ctx), "kubelet"), "node", node)
 	ctx = klog.NewContext(ctx, logger)
 
@@ -117,7 +120,7 @@ func startKubelet(ctx context.Context, node string, client kubernetes.Interface,
 	}))
 	podInformer := factory.Core().V1().Pods()
 	k := &kubelet{
-		node: node, client: client, cdiDir: dirs.CDI, devices: dirs.Devices, hostDevices: dirs.HostDevices, dra: manager, pods: podInformer.Lister(),
+		node: node, client: client, reporter: reporter, cdiDir: dirs.CDI, devices: dirs.Devices, hostDevices: dirs.HostDevices, dra: manager, pods: podInformer.Lister(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),
@@ -384,7 +387,7 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	if err != nil {
 		return err
 	}
-	updated, err := k.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	updated, err := k.reporter.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("record container view: %w", err)
 	}

@@ -195,7 +195,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// The kubelet first, as on a real node: the plugin registers with it.
 	logger := klog.LoggerWithValues(klog.FromContext(c.ctx), "node", opts.Name)
 	nodeCtx := klog.NewContext(c.ctx, logger)
-	kubeletClient, err := c.clientFor("kubelet/" + opts.Name)
+	kubeletClient, err := c.kubeletClientFor(opts.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +206,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
 	dirs.DevicePlugins, dirs.PodResources = n.DevicePluginDir(), n.PodResourcesSocket()
-	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, dirs)
+	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, c.Client, dirs)
 	if err != nil {
 		return nil, err
 	}
@@ -421,10 +421,16 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error 
 	return nil
 }
 
-// clientFor is a client with its own user agent and the limits the real
-// components use (the plugin's are its own flags' defaults).
-func (c *Cluster) clientFor(agent string) (kubernetes.Interface, error) {
-	cfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), agent)
+// kubeletClientFor is the node's kubelet client: the kubelet's own
+// identity (user system:node:<node>, group system:nodes), held to what the
+// Node authorizer and NodeRestriction admission allow a kubelet, at the
+// limits the plugin uses. Its 403s are not recorded as the components'
+// are: the Node authorizer learns a pod's claims a moment after the pod is
+// bound, so a kubelet meets (and retries) transient 403s, as on a real
+// node.
+func (c *Cluster) kubeletClientFor(node string) (kubernetes.Interface, error) {
+	cfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), "kubelet/"+node)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
 	cfg.QPS, cfg.Burst = 50, 100
 	return kubernetes.NewForConfig(cfg)
 }
