@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -133,12 +134,12 @@ func New(opts Options) (*Controller, error) {
 	}, nil
 }
 
-// gateIndex indexes gated pods by gang key.
+// gateIndex indexes gang pods by gang key, gated or not.
 const gateIndex = "gang"
 
 func gangIndex(obj any) ([]string, error) {
 	p, ok := obj.(*corev1.Pod)
-	if !ok || !gated(p) {
+	if !ok || !member(p) {
 		return nil, nil
 	}
 	if name, _ := gangKey(p); name != "" {
@@ -315,20 +316,25 @@ func (c *Controller) isRecent(key string) bool {
 	return ok
 }
 
-// gatedPods are the pods that carry gpudra's gate, less those whose gate
-// this controller just lifted (the informer has not seen it yet).
-func (c *Controller) gatedPods() []*corev1.Pod {
+// gangPods are the members of the gangs that have a pod carrying gpudra's
+// gate, gated or not.
+func (c *Controller) gangPods() []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, key := range c.pods.ListIndexFuncValues(gateIndex) {
 		objs, _ := c.pods.ByIndex(gateIndex, key)
+		if !slices.ContainsFunc(objs, func(o any) bool { return gated(o.(*corev1.Pod)) }) {
+			continue
+		}
 		for _, o := range objs {
-			if p := o.(*corev1.Pod); !c.isRecent("pod/" + string(p.UID)) {
-				out = append(out, p)
-			}
+			out = append(out, o.(*corev1.Pod))
 		}
 	}
 	return out
 }
+
+// released says whether this controller just lifted the pod's gate (the
+// informer has not seen it yet).
+func (c *Controller) released(p *corev1.Pod) bool { return c.isRecent("pod/" + string(p.UID)) }
 
 // reservationClaimsOf are the claims holding a reservation.
 func (c *Controller) reservationClaimsOf(r *gpudrav1.GpuReservation) []*resourceapi.ResourceClaim {

@@ -18,15 +18,25 @@ import (
 // LabelPodGang is the label Grove puts on the pods of a PodGang.
 const LabelPodGang = "grove.io/podgang"
 
-// Gang is the pods of one gang that carry gpudra's scheduling gate, and
-// whether enough of them exist to plan.
+// Gang is the pods of one gang, whether enough of them exist to plan, and
+// which still carry gpudra's scheduling gate.
 type Gang struct {
 	// Key is "<namespace>/<name>".
 	Key, Namespace, Name string
 	// Grove: a Grove PodGang; otherwise pods labelled gpudra.dev/gang.
 	Grove bool
-	// Pods are the gated pods, sorted by name.
+	// Pods are the gang's members, sorted by name: every pod of the gang
+	// that has not ended and is not being deleted, gated or not. Counting
+	// only the gated ones stranded pods: after one failed gate lift, or
+	// for a pod a Job or Grove recreated, the gang looked incomplete for
+	// ever.
 	Pods []*corev1.Pod
+	// Gated are the members that still carry gpudra's gate.
+	Gated []*corev1.Pod
+	// Admitted: a member was released already (its gate lifted). The
+	// gang was admitted once; its gated members are released at once,
+	// whatever happened in between (a failed lift, a recreated pod).
+	Admitted bool
 	// Missing says what the gang waits for before it can be planned
 	// ("2 of 4 pods", "the claims of pod a"); empty: ready.
 	Missing string
@@ -44,7 +54,13 @@ func gated(p *corev1.Pod) bool {
 	return slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate })
 }
 
-// gangKey is the gang a gated pod belongs to, or "" for none.
+// member says whether the pod counts as a member of its gang: it has not
+// ended and is not being deleted.
+func member(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// gangKey is the gang a pod belongs to, or "" for none.
 func gangKey(p *corev1.Pod) (name string, grove bool) {
 	if n := p.Labels[gpudrav1.LabelGang]; n != "" {
 		return n, false
@@ -90,16 +106,19 @@ func podGangGroups(pg *unstructured.Unstructured) ([]podGroup, error) {
 	return out, nil
 }
 
-// collectGangs groups gated pods into gangs and says, for each, whether it
-// can be planned: for plain pods, the gang-size annotation's number of pods
+// collectGangs groups gang pods into gangs, keeps those with a gated
+// member, and says, for each, whether it was admitted already or can be
+// planned: for plain pods, the gang-size annotation's number of members
 // exist; for Grove, the PodGang exists and each of its groups has at least
-// minReplicas gated pods. In both cases every pod's claims must exist.
-// podGangs looks up a PodGang (nil when absent); claims a claim.
-func collectGangs(pods []*corev1.Pod, podGangs func(namespace, name string) *unstructured.Unstructured,
+// minReplicas members. In both cases every member's claims must exist.
+// released says whether a gated-looking pod was released already (its gate
+// lift not yet in the informer); podGangs looks up a PodGang (nil when
+// absent); claims a claim.
+func collectGangs(pods []*corev1.Pod, released func(*corev1.Pod) bool, podGangs func(namespace, name string) *unstructured.Unstructured,
 	claims func(namespace, name string) *resourceapi.ResourceClaim) []*Gang {
 	byKey := map[string]*Gang{}
 	for _, p := range pods {
-		if !gated(p) || p.DeletionTimestamp != nil {
+		if !member(p) {
 			continue
 		}
 		name, grove := gangKey(p)
@@ -113,10 +132,19 @@ func collectGangs(pods []*corev1.Pod, podGangs func(namespace, name string) *uns
 			byKey[key] = g
 		}
 		g.Pods = append(g.Pods, p)
+		if gated(p) && (released == nil || !released(p)) {
+			g.Gated = append(g.Gated, p)
+		} else {
+			g.Admitted = true
+		}
 	}
 	out := make([]*Gang, 0, len(byKey))
 	for _, g := range byKey {
+		if len(g.Gated) == 0 {
+			continue // nothing of it waits on gpudra
+		}
 		slices.SortFunc(g.Pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(g.Gated, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 		first := g.Pods[0]
 		if q := first.Annotations[gpudrav1.AnnotationQueue]; q != "" {
 			g.Queue = q

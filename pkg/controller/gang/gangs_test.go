@@ -72,6 +72,8 @@ func TestCollectGangs(t *testing.T) {
 		claims   []string
 		wantKeys []string
 		missing  string
+		admitted bool
+		gated    []string // nil: every member
 	}{{
 		name:     "plain gang complete",
 		pods:     []*corev1.Pod{plain("a", "g", "2", "ca"), plain("b", "g", "2", "cb")},
@@ -98,6 +100,40 @@ func TestCollectGangs(t *testing.T) {
 		pods: []*corev1.Pod{func() *corev1.Pod { p := plain("a", "g", "1"); p.Spec.SchedulingGates = nil; return p }(),
 			func() *corev1.Pod { p := plain("b", "h", "1"); p.DeletionTimestamp = &metav1.Time{Time: t0}; return p }()},
 	}, {
+		// The review's case: one gate lift failed; the other member's
+		// gate is gone, so only one pod is gated. Counting gated pods
+		// said "1 of 2 pods" for ever.
+		name:     "a gang with a released member is admitted",
+		pods:     []*corev1.Pod{plain("a", "g", "2", "ca"), ungated(plain("b", "g", "2", "cb"))},
+		claims:   []string{"ca", "cb"},
+		wantKeys: []string{"ns/g"},
+		admitted: true,
+		gated:    []string{"a"},
+	}, {
+		name:     "a pod whose lift is not yet in the informer counts as released",
+		pods:     []*corev1.Pod{plain("a", "g", "2", "ca"), plain("lifted", "g", "2", "cb")},
+		claims:   []string{"ca", "cb"},
+		wantKeys: []string{"ns/g"},
+		admitted: true,
+		gated:    []string{"a"},
+	}, {
+		// A Job recreated a failed member: the old one ended, the new one
+		// is gated, the others run.
+		name: "a recreated member of an admitted gang",
+		pods: []*corev1.Pod{ungated(plain("a", "g", "2", "ca")), withPhase(ungated(plain("b", "g", "2", "cb")), corev1.PodFailed),
+			plain("b2", "g", "2", "cb2")},
+		claims:   []string{"ca", "cb", "cb2"},
+		wantKeys: []string{"ns/g"},
+		admitted: true,
+		gated:    []string{"b2"},
+	}, {
+		name:     "ended members do not count",
+		pods:     []*corev1.Pod{plain("a", "g", "2", "ca"), withPhase(plain("b", "g", "2", "cb"), corev1.PodSucceeded)},
+		claims:   []string{"ca", "cb"},
+		wantKeys: []string{"ns/g"},
+		missing:  "1 of 2 pods exist",
+		gated:    []string{"a"},
+	}, {
 		name:     "grove gang waits for its PodGang",
 		pods:     []*corev1.Pod{grove("p0")},
 		wantKeys: []string{"ns/pg"},
@@ -116,7 +152,8 @@ func TestCollectGangs(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			gangs := collectGangs(tt.pods, func(ns, name string) *unstructured.Unstructured {
+			released := func(p *corev1.Pod) bool { return p.Name == "lifted" }
+			gangs := collectGangs(tt.pods, released, func(ns, name string) *unstructured.Unstructured {
 				if tt.podGang != nil && name == "pg" {
 					return tt.podGang
 				}
@@ -128,7 +165,22 @@ func TestCollectGangs(t *testing.T) {
 			}
 			assert.Equal(t, tt.wantKeys, keys)
 			if len(gangs) == 1 {
-				assert.Equal(t, tt.missing, gangs[0].Missing)
+				g := gangs[0]
+				if !tt.admitted {
+					assert.Equal(t, tt.missing, g.Missing)
+				}
+				assert.Equal(t, tt.admitted, g.Admitted)
+				want := tt.gated
+				if want == nil {
+					for _, p := range g.Pods {
+						want = append(want, p.Name)
+					}
+				}
+				var got []string
+				for _, p := range g.Gated {
+					got = append(got, p.Name)
+				}
+				assert.Equal(t, want, got, "gated members")
 			}
 		})
 	}
@@ -142,7 +194,7 @@ func TestCollectGangsQueueFields(t *testing.T) {
 	b := plain("b", "g", "2")
 	b.Spec.Priority = ptr.To[int32](50)
 	b.CreationTimestamp = metav1.NewTime(t0.Add(-time.Minute))
-	gangs := collectGangs([]*corev1.Pod{b, a}, func(string, string) *unstructured.Unstructured { return nil }, claimsOf())
+	gangs := collectGangs([]*corev1.Pod{b, a}, nil, func(string, string) *unstructured.Unstructured { return nil }, claimsOf())
 	require.Len(t, gangs, 1)
 	g := gangs[0]
 	assert.Equal(t, "training", g.Queue, "from the first pod by name")

@@ -142,7 +142,13 @@ func (c *Controller) round(ctx context.Context) error {
 	c.metrics.consumed.Set(float64(consumedDevices))
 
 	// Gangs: complete ones become items; the others wait for their pods.
-	for _, g := range collectGangs(c.gatedPods(), c.podGang, c.claim) {
+	for _, g := range collectGangs(c.gangPods(), c.released, c.podGang, c.claim) {
+		if g.Admitted {
+			// Released before: its remaining gated members go now (a
+			// gate lift that failed, a pod recreated by its owner).
+			errs = append(errs, c.release(ctx, g))
+			continue
+		}
 		if g.Missing != "" {
 			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+g.Missing)
 			continue

@@ -190,7 +190,7 @@ func (c *Controller) reportGang(ctx context.Context, g *Gang, reason, message st
 	cond := map[string]any{"type": PodConditionGang, "status": corev1.ConditionFalse, "reason": reason, "message": truncate(message),
 		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
-	for _, p := range g.Pods {
+	for _, p := range g.Gated {
 		if _, err := c.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
 			klog.FromContext(ctx).Error(err, "Set gang condition", "pod", klog.KObj(p))
 		}
@@ -203,7 +203,8 @@ func (c *Controller) recordGang(g *Gang, typ, reason, note string) {
 	}
 }
 
-// release marks the gang allocated on its pods and lifts their gates.
+// release marks the gang allocated on its gated members and lifts their
+// gates.
 func (c *Controller) release(ctx context.Context, g *Gang) error {
 	c.mu.Lock()
 	delete(c.reported, g.Key)
@@ -212,7 +213,7 @@ func (c *Controller) release(ctx context.Context, g *Gang) error {
 		"message": "the gang's devices are allocated", "lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
 	var errs []error
-	for _, p := range g.Pods {
+	for _, p := range g.Gated {
 		if _, err := c.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("set gang condition of pod %s/%s: %w", p.Namespace, p.Name, err))
 		}

@@ -1,0 +1,150 @@
+package gang
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// roundHarness runs the controller's rounds over a fake API whose calls a
+// test can fail; its informers are stand-ins that sync fills from the
+// fake API before a round, as the real ones would be by then.
+type roundHarness struct {
+	c      *Controller
+	client *fake.Clientset
+}
+
+func newRoundHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
+	t.Helper()
+	client := fake.NewClientset(objs...)
+	c, err := New(Options{Client: client, Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Now: func() time.Time { return t0 }})
+	require.NoError(t, err)
+	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gateIndex: gangIndex})
+	c.claims = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{reservationIndex: claimReservation})
+	c.slices, c.classes, c.nodes = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
+	c.reservations, c.queues = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
+	return &roundHarness{c: c, client: client}
+}
+
+// round syncs the informers and runs one round.
+func (h *roundHarness) round(t *testing.T) error {
+	t.Helper()
+	ctx := context.Background()
+	pods, err := h.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	var objs []any
+	for i := range pods.Items {
+		objs = append(objs, &pods.Items[i])
+	}
+	require.NoError(t, h.c.pods.Replace(objs, ""))
+	claims, err := h.client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	objs = nil
+	for i := range claims.Items {
+		objs = append(objs, &claims.Items[i])
+	}
+	require.NoError(t, h.c.claims.Replace(objs, ""))
+	_, ctx = ktesting.NewTestContext(t)
+	return h.c.round(ctx)
+}
+
+func (h *roundHarness) pod(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
+	p, err := h.client.CoreV1().Pods("ns").Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	return p
+}
+
+func ungated(p *corev1.Pod) *corev1.Pod {
+	p.Spec.SchedulingGates = nil
+	return p
+}
+
+func withPhase(p *corev1.Pod, phase corev1.PodPhase) *corev1.Pod {
+	p.Status.Phase = phase
+	return p
+}
+
+func withUID(p *corev1.Pod) *corev1.Pod {
+	p.UID = types.UID("uid-" + p.Name)
+	return p
+}
+
+// failFirst makes the first call that match answers err, once.
+func failFirst(client *fake.Clientset, verb, resource string, match func(k8stesting.Action) bool, err error) *int {
+	failed := new(int)
+	client.PrependReactor(verb, resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if *failed == 0 && match(a) {
+			*failed++
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	return failed
+}
+
+// TestRoundReleasesAfterAFailedGateLift: the review's first scenario. A
+// gang's claims are allocated and its gates are lifted, but one lift fails
+// once (a 500). The next round must lift the remaining gate; counting only
+// gated pods saw "1 of 2 pods exist" and left that pod gated for ever.
+func TestRoundReleasesAfterAFailedGateLift(t *testing.T) {
+	h := newRoundHarness(t,
+		withUID(plain("a", "g", "2", "ca")), withUID(plain("b", "g", "2", "cb")),
+		allocatedClaim("ca", "gpu-0"), allocatedClaim("cb", "gpu-1"))
+	failed := failFirst(h.client, "patch", "pods", func(a k8stesting.Action) bool {
+		p := a.(k8stesting.PatchAction)
+		return p.GetSubresource() == "" && p.GetName() == "a"
+	}, apierrors.NewInternalError(errors.New("etcdserver: request timed out")))
+
+	err := h.round(t)
+	require.Error(t, err, "the failed lift is reported")
+	assert.Contains(t, err.Error(), "lift the gang gate of pod ns/a")
+	require.Equal(t, 1, *failed)
+	assert.True(t, gated(h.pod(t, "a")), "the lift failed")
+	assert.False(t, gated(h.pod(t, "b")), "the other lift went through")
+
+	for i := range 2 { // the informer has seen b's lift by now, or not
+		if i == 1 {
+			h.c.recent = map[string]time.Time{}
+		}
+		require.NoError(t, h.round(t), "round %d", i+2)
+	}
+	assert.False(t, gated(h.pod(t, "a")), "released on the next round")
+	assert.Equal(t, corev1.ConditionTrue, gangConditionOf(h.pod(t, "a")).Status)
+}
+
+// TestRoundReleasesARecreatedMember: a member of an admitted gang ended and
+// its owner (a Job, Grove) made a new pod, which the webhook gated. It is
+// released at once: the gang runs already, and it waits for nobody.
+func TestRoundReleasesARecreatedMember(t *testing.T) {
+	h := newRoundHarness(t,
+		withUID(ungated(plain("a", "g", "2", "ca"))), withUID(withPhase(ungated(plain("b", "g", "2", "cb")), corev1.PodFailed)),
+		withUID(plain("b2", "g", "2", "cb2")),
+		allocatedClaim("ca", "gpu-0"), &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "cb2", Namespace: "ns"}})
+	require.NoError(t, h.round(t))
+	assert.False(t, gated(h.pod(t, "b2")), "the recreated member is released")
+}
+
+func gangConditionOf(p *corev1.Pod) corev1.PodCondition {
+	for _, c := range p.Status.Conditions {
+		if c.Type == PodConditionGang {
+			return c
+		}
+	}
+	return corev1.PodCondition{}
+}
