@@ -78,7 +78,11 @@ type controllers struct {
 	mu       sync.Mutex
 	replicas []*Controller
 	next     int
-	down     bool
+	// gangMode is the replicas' --gang-mode (empty: auto); generation
+	// names the replicas SetGangMode starts.
+	gangMode   string
+	generation int
+	down       bool
 	// conns are the open front connections: an outage ends them too, or
 	// the API server would go on using its kept-alive connections.
 	conns map[net.Conn]struct{}
@@ -128,6 +132,9 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 		return nil, err
 	}
 	rc.QPS, rc.Burst = 20, 30
+	c.gpudra.mu.Lock()
+	gangMode := c.gpudra.gangMode
+	c.gpudra.mu.Unlock()
 	ctx, cancel := context.WithCancel(klog.NewContext(c.ctx, klog.FromContext(c.ctx).WithName(name)))
 	r := &Controller{Name: name, Addr: l.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() {
@@ -135,7 +142,7 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 			LeaseName: ControllerLease, LeaseDuration: ControllerLeaseDuration, RenewDeadline: controllerRenewDeadline, RetryPeriod: controllerRetryPeriod,
 			WebhookListener: l, WebhookSecret: WebhookSecret, WebhookConfiguration: WebhookConfigurationName, ManageCertificates: true,
 			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace,
-			Gangs: true, FenceSettle: FenceSettle})
+			Gangs: true, GangMode: gangMode, FenceSettle: FenceSettle})
 	}()
 	go func() {
 		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -174,6 +181,31 @@ func (c *Cluster) StopController(r *Controller) error {
 	}
 	c.gpudra.mu.Unlock()
 	return r.Stop()
+}
+
+// SetGangMode replaces every replica by one running with --gang-mode mode
+// (auto, gates or off), as a chart upgrade that changes gangs.mode rolls
+// the Deployment, and waits until the new ones serve the webhook.
+func (c *Cluster) SetGangMode(ctx context.Context, mode string) error {
+	old := c.Controllers()
+	c.gpudra.mu.Lock()
+	c.gpudra.gangMode = mode
+	c.gpudra.mu.Unlock()
+	for _, r := range old {
+		if err := c.StopController(r); err != nil {
+			return fmt.Errorf("stop %s: %w", r.Name, err)
+		}
+	}
+	for i := range controllerReplicas {
+		c.gpudra.mu.Lock()
+		c.gpudra.generation++
+		name := fmt.Sprintf("gpudra-controller-%d-%d", i, c.gpudra.generation)
+		c.gpudra.mu.Unlock()
+		if _, err := c.StartController(name); err != nil {
+			return err
+		}
+	}
+	return c.WaitForWebhook(ctx, 30*time.Second)
 }
 
 // SetWebhookDown makes the webhook unreachable (every connection refused

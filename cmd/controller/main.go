@@ -35,7 +35,7 @@ type options struct {
 	webhookDNSNames                                                     []string
 	webhookIPs                                                          []net.IP
 	manageCerts, gangs                                                  bool
-	gangStrategy                                                        string
+	gangStrategy, gangMode                                              string
 	fenceSettle                                                         time.Duration
 	qps                                                                 float64
 	burst                                                               int
@@ -79,6 +79,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("manage-certificates", "MANAGE_CERTIFICATES")
 	fs.BoolVar(&o.gangs, "gangs", true, "run the gang and reservation controller (where the gpudra.dev CRDs are installed)")
 	env("gangs", "GANGS")
+	fs.StringVar(&o.gangMode, "gang-mode", controller.GangModeAuto, "how gangs reach the scheduler: auto (the gate path where the API server serves resource.k8s.io/v1 DeviceTaintRules, off otherwise), gates, or off (gang pods schedule as plain pods)")
+	env("gang-mode", "GANG_MODE")
 	fs.StringVar(&o.gangStrategy, "gang-strategy", string(allocator.FewestNVLinkDomains), "how gangs and reservations choose nodes: FewestNVLinkDomains, Binpack or Spread")
 	env("gang-strategy", "GANG_STRATEGY")
 	fs.DurationVar(&o.fenceSettle, "fence-settle", time.Second, "how long a device fence is given to reach the scheduler before the controller writes an allocation")
@@ -114,6 +116,11 @@ func (o *options) config() (controller.Config, error) {
 	default:
 		return controller.Config{}, fmt.Errorf("--gang-strategy=%q: want FewestNVLinkDomains, Binpack or Spread", o.gangStrategy)
 	}
+	switch o.gangMode {
+	case controller.GangModeAuto, controller.GangModeGates, controller.GangModeOff:
+	default:
+		return controller.Config{}, fmt.Errorf("--gang-mode=%q: want auto, gates or off", o.gangMode)
+	}
 	svc := o.webhookService + "." + o.namespace + ".svc"
 	dns := append([]string{svc, svc + ".cluster.local"}, o.webhookDNSNames...)
 	return controller.Config{Namespace: o.namespace, Identity: id, LeaseName: o.leaseName,
@@ -121,7 +128,7 @@ func (o *options) config() (controller.Config, error) {
 		HealthAddress: o.healthAddr, WebhookAddress: o.webhookAddr, WebhookSecret: o.webhookSecret,
 		WebhookConfiguration: o.webhookConfig, ManageCertificates: o.manageCerts,
 		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace,
-		Gangs: o.gangs, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle}, nil
+		Gangs: o.gangs, GangMode: o.gangMode, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle}, nil
 }
 
 func run(ctx context.Context, o *options, _ featuregate.FeatureGate) error {

@@ -492,11 +492,17 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	checkpoint := filepath.Join(node.DevicePluginDir(), filepath.Base(deviceplugin.DefaultKubeletCheckpoint))
 	stale, err := deviceplugin.DevicePluginAllocations(checkpoint, resources)
 	require.NoError(t, err)
-	require.Len(t, stale, 1, "the kubelet's checkpoint keeps the deleted pod's entry")
-	assert.Equal(t, "UID "+string(held.UID), stale[0].Pod)
-	err = deviceplugin.CheckDevicePluginDrained(ctx, deviceplugin.DeviceHolders{KubeletCheckpoint: checkpoint}, resources)
-	require.Error(t, err, "the checkpoint alone would refuse")
-	assert.Contains(t, err.Error(), "records 1 pod(s) holding GPUs through a device plugin: pod UID "+string(held.UID))
+	// The kubelet drops the entry at its next UpdateAllocatedDevices (an
+	// Allocate, or any pod-resources List): usually it is still there.
+	if len(stale) > 0 {
+		require.Len(t, stale, 1)
+		assert.Equal(t, "UID "+string(held.UID), stale[0].Pod)
+		err = deviceplugin.CheckDevicePluginDrained(ctx, deviceplugin.DeviceHolders{KubeletCheckpoint: checkpoint}, resources)
+		require.Error(t, err, "the checkpoint alone would refuse")
+		assert.Contains(t, err.Error(), "records 1 pod(s) holding GPUs through a device plugin: pod UID "+string(held.UID))
+	} else {
+		t.Log("the kubelet dropped the deleted pod's checkpoint entry already (a pod-resources List updates it)")
+	}
 
 	// To DRA mode: it starts, publishes the GPU, and a claim gets it.
 	labelMode(t, dpSwitchNode, devcluster.ModeDRA)

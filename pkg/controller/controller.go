@@ -10,12 +10,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -26,7 +23,6 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
-	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/controller/grove"
@@ -78,8 +74,10 @@ type Config struct {
 	// controller's default).
 	GrovePendingGrace time.Duration
 	// Gangs runs the gang and reservation controller (pkg/controller/gang)
-	// where gpudra's CRDs are served.
-	Gangs bool
+	// on the path GangMode decides (gangpath.go): auto (default), gates or
+	// off.
+	Gangs    bool
+	GangMode string
 	// GangStrategy orders candidate nodes for gangs and reservations
 	// (empty: FewestNVLinkDomains); FenceSettle is how long a device
 	// fence is given to reach the scheduler (zero: 1 s).
@@ -156,6 +154,17 @@ func Run(ctx context.Context, cfg Config) error {
 	recorder := b.NewRecorder(scheme.Scheme, EventsReportingController)
 
 	h := &health{}
+	// Every replica decides the gang path from discovery, before it
+	// serves: its webhook gates gang pods only on the gate path.
+	var paths *gangPathWatcher
+	if cfg.Gangs {
+		var err error
+		if paths, err = newGangPathWatcher(cfg.GangMode, client.Discovery(), cfg.Registry); err != nil {
+			return err
+		}
+		paths.check(ctx)
+		go paths.Run(ctx)
+	}
 	var certs *webhook.CertLoader
 	if cfg.serveWebhook() {
 		certs = &webhook.CertLoader{Client: client, Namespace: cfg.Namespace, Secret: cfg.WebhookSecret}
@@ -169,7 +178,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		go certs.Run(ctx, cfg.CertReloadPeriod)
 		go func() {
-			if err := webhook.Serve(ctx, l, certs, webhook.NewHandler(cfg.Registry)); err != nil {
+			handler := webhook.NewHandler(cfg.Registry)
+			handler.GateGangs = func() bool { return paths != nil && paths.Gates() }
+			if err := webhook.Serve(ctx, l, certs, handler); err != nil {
 				cancel(err)
 			}
 		}()
@@ -184,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 		m.leader.Set(1)
 		defer m.leader.Set(0)
 		logger.Info("Became leader")
-		if err := runLeader(ctx, cfg, client, recorder, certs); err != nil {
+		if err := runLeader(ctx, cfg, client, recorder, certs, paths); err != nil {
 			cancel(err)
 		}
 	}
@@ -225,7 +236,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // runLeader runs the leader-only work until ctx ends; the first fatal
 // error stops all of it.
-func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, certs *webhook.CertLoader) error {
+func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, certs *webhook.CertLoader, paths *gangPathWatcher) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	g, err := grove.New(grove.Options{Client: client, Recorder: recorder, Registerer: cfg.Registry, PendingGrace: cfg.GrovePendingGrace})
@@ -238,18 +249,12 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 			cancel(fmt.Errorf("grove controller: %w", err))
 		}
 	})
-	if cfg.Gangs {
-		gc, err := newGangController(ctx, cfg, client, recorder)
-		if err != nil {
-			return err
-		}
-		if gc != nil {
-			wg.StartWithContext(ctx, func(ctx context.Context) {
-				if err := gc.Run(ctx); err != nil {
-					cancel(fmt.Errorf("gang controller: %w", err))
-				}
-			})
-		}
+	if paths != nil {
+		wg.StartWithContext(ctx, func(ctx context.Context) {
+			if err := runGangs(ctx, cfg, client, recorder, paths); err != nil {
+				cancel(fmt.Errorf("gang controller: %w", err))
+			}
+		})
 	}
 	if cfg.ManageCertificates && certs != nil {
 		cm := &webhook.CertManager{Client: client, Namespace: cfg.Namespace, Secret: cfg.WebhookSecret, WebhookConfiguration: cfg.WebhookConfiguration,
@@ -275,32 +280,81 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 	return nil
 }
 
-// newGangController returns the gang and reservation controller, or nil
-// (with a log line saying why) where gpudra's CRDs are not served.
-func newGangController(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder) (*gang.Controller, error) {
+// runGangs runs the gang path the watcher decides, again at each change:
+// on the gate path the gang and reservation controller; with gangs off, a
+// release of every pod a stale view gated (now, and once more after every
+// replica has asked discovery again).
+func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, paths *gangPathWatcher) error {
 	logger := klog.FromContext(ctx)
+	for ctx.Err() == nil {
+		p, changed := paths.current()
+		switch p.Path {
+		case GangPathGates:
+			gc, err := newGangController(cfg, client, recorder, p.Grove)
+			if err != nil {
+				return err
+			}
+			sub, stop := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-changed:
+				case <-sub.Done():
+				}
+				stop()
+			}()
+			err = gc.Run(sub)
+			stop()
+			// Stopped for a new path (caches that had not synced yet say
+			// so as an error): go on with that path.
+			if err != nil && ctx.Err() == nil && !isClosed(changed) {
+				return err
+			}
+		default:
+			logger.Info("Gangs off", "reason", p.Reason)
+			for _, after := range []<-chan time.Time{nil, time.After(2 * gangPathCheckEvery)} {
+				if after != nil {
+					select {
+					case <-after:
+					case <-changed:
+					case <-ctx.Done():
+					}
+				}
+				if ctx.Err() != nil || isClosed(changed) {
+					break
+				}
+				if n, err := gang.ReleaseGated(ctx, client, recorder, p.Reason); err != nil || n > 0 {
+					logger.Info("Released gated gang pods: gangs are off", "released", n, "err", err)
+				}
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+			}
+		}
+	}
+	return nil
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// newGangController returns the gang and reservation controller.
+func newGangController(cfg Config, client kubernetes.Interface, recorder events.EventRecorder, grove bool) (*gang.Controller, error) {
 	if cfg.RESTConfig == nil {
-		logger.Info("Gang and reservation controller off: it needs a REST configuration for its dynamic client")
-		return nil, nil
+		return nil, errors.New("gang and reservation controller: it needs a REST configuration for its dynamic client")
 	}
 	dyn, err := dynamic.NewForConfig(cfg.RESTConfig)
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
-	served := func(gv schema.GroupVersion, resource string) bool {
-		list, err := client.Discovery().ServerResourcesForGroupVersion(gv.String())
-		if err != nil {
-			return false
-		}
-		return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource })
-	}
-	if !served(gpudrav1.SchemeGroupVersion, gpudrav1.GpuReservations.Resource) || !served(gpudrav1.SchemeGroupVersion, gpudrav1.GpuQueues.Resource) {
-		logger.Info("Gang and reservation controller off: the gpudra.dev CRDs (GpuReservation, GpuQueue) are not installed; the chart installs them")
-		return nil, nil
-	}
 	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
-		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle,
-		Grove: served(gang.PodGangs.GroupVersion(), gang.PodGangs.Resource)})
+		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: grove})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

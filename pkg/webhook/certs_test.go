@@ -148,7 +148,9 @@ func TestServe(t *testing.T) {
 	require.NoError(t, loader.Ready())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	go func() { _ = Serve(ctx, l, loader, NewHandler(nil)) }()
+	h := NewHandler(nil)
+	h.GateGangs = func() bool { return true }
+	go func() { _ = Serve(ctx, l, loader, h) }()
 
 	post := func() (*x509.Certificate, *admissionv1.AdmissionResponse) {
 		_, cert, s := readSecret(t, m)

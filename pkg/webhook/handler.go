@@ -41,6 +41,10 @@ const maxBody = 4 << 20
 // (pkg/controller) for the two.
 type Handler struct {
 	requests *prometheus.CounterVec
+	// GateGangs says whether the mutating webhook gates gang pods now (the
+	// gang path is the gate path); nil or false: every pod passes
+	// unchanged, so that no pod is gated that nothing would release.
+	GateGangs func() bool
 }
 
 // NewHandler returns the webhook's handler; reg (nil: none) receives
@@ -75,6 +79,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	answer := Review
 	if r.URL.Path == MutatePath {
 		answer = Mutate
+		if h.GateGangs == nil || !h.GateGangs() {
+			answer = allow
+		}
 	}
 	resp := answer(review.Request)
 	h.requests.WithLabelValues(review.Request.Resource.Resource, fmt.Sprint(resp.Allowed)).Inc()
@@ -171,4 +178,9 @@ func decode[T any](raw []byte) (*T, error) {
 		return nil, fmt.Errorf("decode %T: %w", *new(T), err)
 	}
 	return gpudraapi.FromUnstructured[T](&u)
+}
+
+// allow admits the request unchanged.
+func allow(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 }

@@ -137,10 +137,13 @@ func TestMutate(t *testing.T) {
 }
 
 // TestHandlerRoutes: one handler answers both webhooks by path, and counts
-// pods under resource "pods".
+// pods under resource "pods"; gang pods are gated only while the gang path
+// is the gate path.
 func TestHandlerRoutes(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	h := NewHandler(reg)
+	gates := false
+	h.GateGangs = func() bool { return gates }
 	post := func(path string, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Request: req})
 		require.NoError(t, err)
@@ -151,7 +154,13 @@ func TestHandlerRoutes(t *testing.T) {
 		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
 		return out.Response
 	}
+	// Gangs off (the API server serves no DeviceTaintRules, say): a gang
+	// pod passes unchanged, so that nothing strands it behind a gate.
 	resp := post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, nil)))
+	assert.True(t, resp.Allowed)
+	assert.Empty(t, resp.Patch, "no gate with gangs off")
+	gates = true
+	resp = post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, nil)))
 	assert.True(t, resp.Allowed)
 	assert.JSONEq(t, addGates, string(resp.Patch))
 	resp = post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, map[string]string{})))
@@ -161,7 +170,7 @@ func TestHandlerRoutes(t *testing.T) {
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch)
 
-	assert.Equal(t, 2.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "true")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "true")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "false")))
 }
 

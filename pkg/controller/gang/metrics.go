@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -72,13 +73,40 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.queueLength, m.queueDevices, m.waitSeconds, m.held, m.consumed, m.expired,
-		m.admitted, m.conflicts, m.planSeconds, m.devices, m.waitingDemand, m.unsatisfiable} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register gang controller metrics: %w", err)
-		}
+	// The leader starts a new controller when the gang path changes: the
+	// second one takes the collectors the first registered.
+	var errs []error
+	m.queueLength = register(reg, m.queueLength, &errs)
+	m.queueDevices = register(reg, m.queueDevices, &errs)
+	m.waitSeconds = register(reg, m.waitSeconds, &errs)
+	m.held = register(reg, m.held, &errs)
+	m.consumed = register(reg, m.consumed, &errs)
+	m.expired = register(reg, m.expired, &errs)
+	m.admitted = register(reg, m.admitted, &errs)
+	m.conflicts = register(reg, m.conflicts, &errs)
+	m.planSeconds = register(reg, m.planSeconds, &errs)
+	m.devices = register(reg, m.devices, &errs)
+	m.waitingDemand = register(reg, m.waitingDemand, &errs)
+	m.unsatisfiable = register(reg, m.unsatisfiable, &errs)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("register gang controller metrics: %w", err)
 	}
 	return m, nil
+}
+
+// register registers c, or returns the same collector registered before.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing
+		}
+	}
+	if err != nil {
+		*errs = append(*errs, err)
+	}
+	return c
 }
 
 // classCounts counts, per DeviceClass, the devices that match it: free,

@@ -148,3 +148,27 @@ func gangConditionOf(p *corev1.Pod) corev1.PodCondition {
 	}
 	return corev1.PodCondition{}
 }
+
+// TestReleaseGated: with gangs off, every live pod carrying gpudra's gate
+// is released with the reason on its condition; other gates, ended pods
+// and pods without the gate are left alone.
+func TestReleaseGated(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	other := plain("other", "g", "2")
+	other.Spec.SchedulingGates = append(other.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: "example.com/quota"})
+	client := fake.NewClientset(plain("a", "g", "2"), other, withPhase(plain("ended", "h", "1"), corev1.PodSucceeded), ungated(plain("free", "i", "1")))
+	n, err := ReleaseGated(ctx, client, nil, "the API server does not serve DeviceTaintRules")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	get := func(name string) *corev1.Pod {
+		p, err := client.CoreV1().Pods("ns").Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		return p
+	}
+	assert.False(t, gated(get("a")))
+	c := gangConditionOf(get("a"))
+	assert.Equal(t, ReasonGangsOff, c.Reason)
+	assert.Contains(t, c.Message, "DeviceTaintRules")
+	assert.Equal(t, []corev1.PodSchedulingGate{{Name: "example.com/quota"}}, get("other").Spec.SchedulingGates, "another gate stays")
+	assert.True(t, gated(get("ended")), "an ended pod is left alone")
+}

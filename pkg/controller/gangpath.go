@@ -1,0 +1,164 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/klog/v2"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/controller/gang"
+)
+
+// Gang modes (--gang-mode, chart gangs.mode): which path hands gangs to
+// the scheduler.
+const (
+	// GangModeAuto takes the gate path where the API server serves what it
+	// needs, and turns gangs off otherwise.
+	GangModeAuto = "auto"
+	// GangModeGates is the gate path: a scheduling gate on gang pods, lifted
+	// once the controller allocated the whole gang behind a DeviceTaintRule
+	// fence. Off where DeviceTaintRules are not served.
+	GangModeGates = "gates"
+	// GangModeOff: no gate; gang pods schedule as plain pods.
+	GangModeOff = "off"
+)
+
+// Gang paths: what a mode comes to on this cluster.
+const (
+	GangPathGates = "gates"
+	GangPathOff   = "off"
+)
+
+// gangPathCheckEvery is how often every replica asks discovery again: a
+// cluster upgraded to serve DeviceTaintRules, or CRDs installed later, take
+// effect without a restart.
+var gangPathCheckEvery = time.Minute
+
+// served is what discovery says the API server serves, of what gangs need.
+type served struct {
+	// TaintRules: resource.k8s.io/v1 DeviceTaintRules (Kubernetes 1.37).
+	TaintRules bool
+	// CRDs: gpudra.dev GpuReservations and GpuQueues.
+	CRDs bool
+	// Grove: Grove's PodGangs.
+	Grove bool
+}
+
+// gangPath is the decision, and why.
+type gangPath struct {
+	Path, Reason string
+	// Grove: watch Grove's PodGangs (a change restarts the gang controller).
+	Grove bool
+}
+
+// decideGangPath is the pure decision of a mode on a cluster.
+func decideGangPath(mode string, s served) gangPath {
+	switch {
+	case mode == GangModeOff:
+		return gangPath{Path: GangPathOff, Reason: "gangs.mode is off"}
+	case !s.CRDs:
+		return gangPath{Path: GangPathOff, Reason: "the gpudra.dev CRDs (GpuReservation, GpuQueue) are not installed; the chart installs them"}
+	case !s.TaintRules:
+		return gangPath{Path: GangPathOff, Reason: "the API server does not serve resource.k8s.io/v1 DeviceTaintRules (Kubernetes 1.37 or later), " +
+			"which the gate path fences devices with: gang pods are not gated and schedule as plain pods"}
+	}
+	return gangPath{Path: GangPathGates, Reason: "DeviceTaintRules are served: gang pods are gated and allocated whole behind a fence", Grove: s.Grove}
+}
+
+// discover asks the API server what it serves.
+func discover(disc discovery.DiscoveryInterface) served {
+	has := func(gv schema.GroupVersion, resource string) bool {
+		list, err := disc.ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			return false
+		}
+		return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource })
+	}
+	return served{
+		TaintRules: has(schema.GroupVersion{Group: "resource.k8s.io", Version: "v1"}, "devicetaintrules"),
+		CRDs:       has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuReservations.Resource) && has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuQueues.Resource),
+		Grove:      has(gang.PodGangs.GroupVersion(), gang.PodGangs.Resource),
+	}
+}
+
+// gangPathWatcher keeps every replica's view of the gang path: the webhook
+// gates gang pods only on the gate path, and the leader runs the gang
+// controller or releases what a stale view gated.
+type gangPathWatcher struct {
+	mode   string
+	disc   discovery.DiscoveryInterface
+	metric *prometheus.GaugeVec
+
+	mu      sync.Mutex
+	cur     gangPath
+	checked bool
+	changed chan struct{} // closed and replaced at each change
+}
+
+func newGangPathWatcher(mode string, disc discovery.DiscoveryInterface, reg prometheus.Registerer) (*gangPathWatcher, error) {
+	switch mode {
+	case "":
+		mode = GangModeAuto
+	case GangModeAuto, GangModeGates, GangModeOff:
+	default:
+		return nil, fmt.Errorf("gang mode %q: want %s, %s or %s", mode, GangModeAuto, GangModeGates, GangModeOff)
+	}
+	w := &gangPathWatcher{mode: mode, disc: disc, changed: make(chan struct{}),
+		metric: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "gpudra", Subsystem: "gang", Name: "path",
+			Help: "The path that hands gangs to the scheduler on this cluster (1 for the current one): gates, or off."}, []string{"path"})}
+	if reg != nil {
+		if err := reg.Register(w.metric); err != nil {
+			return nil, fmt.Errorf("gang path metric: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// check asks discovery and records the decision; it logs a change.
+func (w *gangPathWatcher) check(ctx context.Context) {
+	p := decideGangPath(w.mode, discover(w.disc))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.checked && p == w.cur {
+		return
+	}
+	klog.FromContext(ctx).Info("Gang path", "path", p.Path, "mode", w.mode, "reason", p.Reason, "grove", p.Grove)
+	w.cur, w.checked = p, true
+	for _, path := range []string{GangPathGates, GangPathOff} {
+		v := 0.0
+		if path == p.Path {
+			v = 1
+		}
+		w.metric.WithLabelValues(path).Set(v)
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// Run checks at once and then every gangPathCheckEvery until ctx ends.
+func (w *gangPathWatcher) Run(ctx context.Context) {
+	wait.UntilWithContext(ctx, w.check, gangPathCheckEvery)
+}
+
+// current is the path and a channel closed when it changes.
+func (w *gangPathWatcher) current() (gangPath, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cur, w.changed
+}
+
+// Gates says whether gang pods are to be gated now (before the first
+// check: not, so that no pod is gated that nobody would release).
+func (w *gangPathWatcher) Gates() bool {
+	p, _ := w.current()
+	return p.Path == GangPathGates
+}
