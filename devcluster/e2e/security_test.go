@@ -16,11 +16,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/devcluster"
@@ -243,4 +246,74 @@ func condMessage(t *testing.T, ns, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestGangGateOnlyTheControllerLifts: a user who may patch their pods may
+// not lift gpudra's gate from a gang pod (jumping the queue and scheduling
+// it alone); other changes to the pod stay allowed.
+func TestGangGateOnlyTheControllerLifts(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	create(t, ns, gpus("one-gpu", 1), gangPod("wait-0", "wait", 2, "one-gpu", nil))
+	gangCondition(t, ns, "wait-0", v1.ConditionFalse, gang.ReasonWaitingForPods)
+
+	_, err := cluster.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pod-editor"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch", "update"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cluster.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "pod-editor"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: "alice"}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	cfg := restclient.CopyConfig(cluster.RESTConfig)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
+	alice, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	patch := func(ops ...map[string]any) error {
+		b, err := json.Marshal(ops)
+		require.NoError(t, err)
+		_, err = alice.CoreV1().Pods(ns).Patch(ctx, "wait-0", types.JSONPatchType, b, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	refusedWith(t, "only gpudra-controller lifts the scheduling gate gpudra.dev/gang", func() error {
+		return patch(map[string]any{"op": "replace", "path": "/spec/schedulingGates", "value": []any{}})
+	})
+	require.NoError(t, patch(map[string]any{"op": "add", "path": "/metadata/labels/team", "value": "a"}), "other changes stay allowed")
+}
+
+// TestFenceTolerationRefused: no claim or claim template may tolerate the
+// gang fence's device taint, through a request or a firstAvailable
+// subrequest; other tolerations stay allowed.
+func TestFenceTolerationRefused(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	tolerate := func(key string) []resourceapi.DeviceToleration {
+		return []resourceapi.DeviceToleration{{Key: key, Operator: resourceapi.DeviceTolerationOpExists}}
+	}
+	claim := func(name string, req resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}}
+	}
+	exact := func(key string) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev", Tolerations: tolerate(key)}}
+	}
+	sub := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "full", DeviceClassName: "gpu.gpudra.dev", Tolerations: tolerate("gpudra.dev/fence")}}}
+	const want = "a claim may not tolerate the device taint gpudra.dev/fence"
+	refusedWith(t, want, func() error {
+		_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("fenced", exact("gpudra.dev/fence")), dry)
+		return err
+	})
+	refusedWith(t, want, func() error {
+		_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("fenced-sub", sub), dry)
+		return err
+	})
+	refusedWith(t, want, func() error {
+		_, err := cluster.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "fenced"},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: claim("", exact("gpudra.dev/fence")).Spec}}, dry)
+		return err
+	})
+	_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("unhealthy-ok", exact("gpu.gpudra.dev/unhealthy")), dry)
+	assert.NoError(t, err, "another toleration")
 }

@@ -249,6 +249,39 @@ func TestGangGroups(t *testing.T) {
 	assert.ErrorContains(t, err, "claim gone of pod p4 does not exist")
 }
 
+// TestGangGroupsHonourCordonsAndTaints: the review's case of a planner that
+// placed gang pods on nodes the scheduler would never bind them to. A
+// cordoned node and one with an untolerated NoSchedule or NoExecute taint
+// are left out, as the scheduler's NodeUnschedulable and TaintToleration
+// filters leave them out; a PreferNoSchedule taint and a tolerated taint
+// are not.
+func TestGangGroupsHonourCordonsAndTaints(t *testing.T) {
+	taint := func(key string, effect corev1.TaintEffect) []corev1.Taint {
+		return []corev1.Taint{{Key: key, Value: "x", Effect: effect}}
+	}
+	nodes := []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "free"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "cordoned"}, Spec: corev1.NodeSpec{Unschedulable: true}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "noschedule"}, Spec: corev1.NodeSpec{Taints: taint("dedicated", corev1.TaintEffectNoSchedule)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "noexecute"}, Spec: corev1.NodeSpec{Taints: taint("maintenance", corev1.TaintEffectNoExecute)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "prefer"}, Spec: corev1.NodeSpec{Taints: taint("soft", corev1.TaintEffectPreferNoSchedule)}},
+	}
+	lookup := func(ns, name string) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	}
+	groups, err := gangGroups(&Gang{Pods: []*corev1.Pod{plain("p", "g", "1", "c")}}, nodes, lookup)
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	assert.Equal(t, sets.New("free", "prefer"), groups[0].Nodes)
+
+	tolerant := plain("t", "g", "1", "c")
+	tolerant.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists},
+		{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	groups, err = gangGroups(&Gang{Pods: []*corev1.Pod{tolerant}}, nodes, lookup)
+	require.NoError(t, err)
+	assert.Equal(t, sets.New("free", "prefer", "noschedule", "cordoned"), groups[0].Nodes, "what it tolerates")
+}
+
 func TestReservationClaims(t *testing.T) {
 	r := &gpudrav1.GpuReservation{ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", UID: "uid-r"},
 		Spec: gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 4, SameNVLinkDomain: true,

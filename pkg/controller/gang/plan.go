@@ -10,7 +10,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/allocator"
 )
@@ -166,24 +168,55 @@ func gangGroups(g *Gang, nodes []*corev1.Node, claim func(namespace, name string
 	return groups, nil
 }
 
-// podNodes are the nodes a pod's nodeSelector and required node affinity
-// allow; nil means all.
+// podNodes are the nodes the scheduler could bind the pod to, as far as
+// nodes go: its nodeSelector and required node affinity allow them, and
+// they are neither cordoned nor tainted NoSchedule or NoExecute against its
+// tolerations (the scheduler's NodeUnschedulable and TaintToleration
+// filters). Devices planned on another node would be held by a pod that
+// can never run. nil means all.
 func podNodes(p *corev1.Pod, nodes []*corev1.Node) (sets.Set[string], error) {
-	if len(p.Spec.NodeSelector) == 0 && (p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil) {
+	selective := len(p.Spec.NodeSelector) > 0 || (p.Spec.Affinity != nil && p.Spec.Affinity.NodeAffinity != nil)
+	var req nodeaffinity.RequiredNodeAffinity
+	if selective {
+		req = nodeaffinity.GetRequiredNodeAffinity(p)
+	}
+	out := sets.New[string]()
+	excluded := false
+	for _, n := range nodes {
+		if !admits(n, p) {
+			excluded = true
+			continue
+		}
+		if selective {
+			ok, err := req.Match(n)
+			if err != nil {
+				return nil, fmt.Errorf("node affinity of pod %s: %w", p.Name, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		out.Insert(n.Name)
+	}
+	if !selective && !excluded {
 		return nil, nil
 	}
-	req := nodeaffinity.GetRequiredNodeAffinity(p)
-	out := sets.New[string]()
-	for _, n := range nodes {
-		ok, err := req.Match(n)
-		if err != nil {
-			return nil, fmt.Errorf("node affinity of pod %s: %w", p.Name, err)
-		}
-		if ok {
-			out.Insert(n.Name)
-		}
-	}
 	return out, nil
+}
+
+// admits says whether node n takes pod p: not cordoned (unless p tolerates
+// node.kubernetes.io/unschedulable), and no NoSchedule or NoExecute taint
+// that p does not tolerate.
+func admits(n *corev1.Node, p *corev1.Pod) bool {
+	logger := klog.Background()
+	if n.Spec.Unschedulable && !corev1helpers.TolerationsTolerateTaint(logger, p.Spec.Tolerations,
+		&corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}, false) {
+		return false
+	}
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(logger, n.Spec.Taints, p.Spec.Tolerations, func(t *corev1.Taint) bool {
+		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+	}, false)
+	return !untolerated
 }
 
 // allocationNodes are the nodes an allocated claim can be used on.
