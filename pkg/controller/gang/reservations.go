@@ -1,6 +1,8 @@
 package gang
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
@@ -87,4 +90,21 @@ func heldStatus(claims []*resourceapi.ResourceClaim, deviceDomain func(pool, dev
 	}
 	slices.SortFunc(held, func(a, b gpudrav1.HeldClaim) int { return strings.Compare(a.Name, b.Name) })
 	return held, devices, sets.List(nodeSet), sets.List(domainSet)
+}
+
+// takeBack clears the allocations of a reservation's claims that no pod
+// uses, after a half-written plan.
+func (c *Controller) takeBack(ctx context.Context, r *gpudrav1.GpuReservation, claims []*resourceapi.ResourceClaim) error {
+	var errs []error
+	for _, cl := range claims {
+		if cl.UID == "" || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) > 0 {
+			continue
+		}
+		if err := c.committer.unwrite(ctx, cl, false); err != nil {
+			errs = append(errs, fmt.Errorf("take back claim %s/%s of reservation %s: %w", cl.Namespace, cl.Name, r.Name, err))
+			continue
+		}
+		klog.FromContext(ctx).Info("Took back the allocation of a half-written reservation", "reservation", klog.KObj(r), "claim", klog.KObj(cl))
+	}
+	return errors.Join(errs...)
 }

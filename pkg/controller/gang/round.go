@@ -126,6 +126,16 @@ func (c *Controller) round(ctx context.Context) error {
 			errs = append(errs, c.syncHeld(ctx, r, it.claims, snap, now))
 			continue
 		}
+		if allocated > 0 {
+			// Half written: a leader stopped between two claim writes.
+			// Planned around, those claims could break sameNVLinkDomain,
+			// and planned again they are refused as already allocated,
+			// so the reservation stayed Queued holding devices. They are
+			// taken back, and the whole reservation is planned anew.
+			errs = append(errs, c.takeBack(ctx, r, it.claims))
+			c.kick()
+			continue
+		}
 		queuedAt := r.CreationTimestamp.Time
 		if r.Status.QueuedAt != nil {
 			queuedAt = r.Status.QueuedAt.Time

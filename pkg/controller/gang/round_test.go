@@ -19,6 +19,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
 
 // roundHarness runs the controller's rounds over a fake API whose calls a
@@ -171,4 +173,31 @@ func TestReleaseGated(t *testing.T) {
 	assert.Contains(t, c.Message, "DeviceTaintRules")
 	assert.Equal(t, []corev1.PodSchedulingGate{{Name: "example.com/quota"}}, get("other").Spec.SchedulingGates, "another gate stays")
 	assert.True(t, gated(get("ended")), "an ended pod is left alone")
+}
+
+// TestRoundTakesBackAHalfWrittenReservation: the review's failover between
+// two claim writes. A reservation of two claims has one allocated (the
+// leader died before the second write). The round takes that allocation
+// back so that the whole reservation is planned anew; before, it stayed
+// Queued for ever, holding the device, its claims refused as already
+// allocated.
+func TestRoundTakesBackAHalfWrittenReservation(t *testing.T) {
+	r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
+		ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", UID: "uid-r", CreationTimestamp: metav1.NewTime(t0)},
+		Spec:       gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 1, TTL: metav1.Duration{Duration: time.Hour}}}
+	owned := func(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+		c.Labels = map[string]string{gpudrav1.LabelReservation: "r"}
+		c.OwnerReferences = []metav1.OwnerReference{{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation, Name: "r", UID: "uid-r"}}
+		return c
+	}
+	written := owned(allocatedClaim("r-0", "gpu-0"))
+	h := newRoundHarness(t, written)
+	u, err := gpudrav1.ToUnstructured(r)
+	require.NoError(t, err)
+	require.NoError(t, h.c.reservations.Add(u))
+
+	_ = h.round(t) // no slices here: planning the rest would find nothing anyway
+	cl, err := h.client.ResourceV1().ResourceClaims("ns").Get(context.Background(), "r-0", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Nil(t, cl.Status.Allocation, "the half-written allocation is taken back")
 }
