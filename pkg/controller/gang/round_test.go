@@ -201,3 +201,33 @@ func TestRoundTakesBackAHalfWrittenReservation(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, cl.Status.Allocation, "the half-written allocation is taken back")
 }
+
+// TestRoundKeepsAReservationClaimWhosePodEnded: a held reservation's claim
+// was used by a pod that ended; the claim controller deallocated it. Before
+// the TTL, the claim stays, so that the pod's replacement can name it;
+// before, it was deleted and the replacement could never start. At the TTL
+// it goes.
+func TestRoundKeepsAReservationClaimWhosePodEnded(t *testing.T) {
+	r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
+		ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", UID: "uid-r", CreationTimestamp: metav1.NewTime(t0)},
+		Spec:       gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 1, Count: 1, TTL: metav1.Duration{Duration: time.Hour}},
+		Status: gpudrav1.GpuReservationStatus{Phase: gpudrav1.ReservationConsumed, HeldAt: metaTime(t0),
+			ExpiresAt: metaTime(t0.Add(time.Hour))}}
+	deallocated := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "r-0", Namespace: "ns", UID: "uid-r-0",
+		Labels:          map[string]string{gpudrav1.LabelReservation: "r"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation, Name: "r", UID: "uid-r"}}}}
+	h := newRoundHarness(t, deallocated)
+	u, err := gpudrav1.ToUnstructured(r)
+	require.NoError(t, err)
+	require.NoError(t, h.c.reservations.Add(u))
+	ctx := context.Background()
+
+	_ = h.round(t)
+	_, err = h.client.ResourceV1().ResourceClaims("ns").Get(ctx, "r-0", metav1.GetOptions{})
+	require.NoError(t, err, "kept before the TTL, for the pod's replacement")
+
+	h.c.opts.Now = func() time.Time { return t0.Add(2 * time.Hour) }
+	_ = h.round(t)
+	_, err = h.client.ResourceV1().ResourceClaims("ns").Get(ctx, "r-0", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "released at the TTL: %v", err)
+}

@@ -97,8 +97,10 @@ func (c *Controller) record(r *gpudrav1.GpuReservation, typ, reason, note string
 }
 
 // syncHeld keeps a held reservation's status true: which claims pods use,
-// and at the TTL, releases the claims no pod uses. A claim whose pods have
-// all ended was deallocated by the claim controller; it is deleted.
+// and at the TTL, releases (deletes) the claims no pod uses. A claim whose
+// pods have all ended was deallocated by the claim controller; it is kept
+// until the TTL, so that a pod its owner recreates (a Job's retry, a
+// Deployment's replacement) can still name it and have it allocated again.
 func (c *Controller) syncHeld(ctx context.Context, r *gpudrav1.GpuReservation, claims []*resourceapi.ResourceClaim, snap *snapshot, now time.Time) error {
 	expired := r.Status.ExpiresAt != nil && !now.Before(r.Status.ExpiresAt.Time)
 	var errs []error
@@ -107,7 +109,7 @@ func (c *Controller) syncHeld(ctx context.Context, r *gpudrav1.GpuReservation, c
 	for _, cl := range claims {
 		inUse := len(cl.Status.ReservedFor) > 0
 		everUsed = everUsed || inUse
-		release := cl.Status.Allocation == nil || (expired && !inUse)
+		release := expired && !inUse
 		if !release {
 			remaining = append(remaining, cl)
 			continue
