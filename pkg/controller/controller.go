@@ -311,28 +311,30 @@ func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, reco
 			}
 		default:
 			logger.Info("Gangs off", "reason", p.Reason)
-			for _, after := range []<-chan time.Time{nil, time.After(2 * gangPathCheckEvery)} {
-				if after != nil {
-					select {
-					case <-after:
-					case <-changed:
-					case <-ctx.Done():
-					}
-				}
-				if ctx.Err() != nil || isClosed(changed) {
-					break
-				}
-				if n, err := gang.ReleaseGated(ctx, client, recorder, p.Reason); err != nil || n > 0 {
-					logger.Info("Released gated gang pods: gangs are off", "released", n, "err", err)
-				}
-			}
+			releaseGated(ctx, client, recorder, p.Reason)
+			// Once more after every replica has asked discovery again: a
+			// replica with the old view may have gated pods meanwhile.
 			select {
+			case <-time.After(2 * gangPathCheckEvery):
+				releaseGated(ctx, client, recorder, p.Reason)
+				select {
+				case <-changed:
+				case <-ctx.Done():
+				}
 			case <-changed:
 			case <-ctx.Done():
 			}
 		}
 	}
 	return nil
+}
+
+// releaseGated releases the pods that carry gpudra's gate where gangs are
+// off, and logs what it did.
+func releaseGated(ctx context.Context, client kubernetes.Interface, recorder events.EventRecorder, why string) {
+	if n, err := gang.ReleaseGated(ctx, client, recorder, why); err != nil || n > 0 {
+		klog.FromContext(ctx).Info("Released gated gang pods: gangs are off", "released", n, "err", err)
+	}
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -2,15 +2,11 @@ package gang
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -30,9 +26,7 @@ func ReleaseGated(ctx context.Context, client kubernetes.Interface, recorder eve
 	if err != nil {
 		return 0, fmt.Errorf("list pods to release from the gang gate: %w", err)
 	}
-	cond := map[string]any{"type": PodConditionGang, "status": corev1.ConditionFalse, "reason": ReasonGangsOff, "message": truncate(why),
-		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
-	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	patch := gangConditionPatch(corev1.ConditionFalse, ReasonGangsOff, why)
 	var errs []error
 	n := 0
 	for i := range list.Items {
@@ -40,8 +34,8 @@ func ReleaseGated(ctx context.Context, client kubernetes.Interface, recorder eve
 		if !gated(p) || !member(p) {
 			continue
 		}
-		if _, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("set gang condition of pod %s/%s: %w", p.Namespace, p.Name, err))
+		if err := setGangCondition(ctx, client, p, patch); err != nil {
+			errs = append(errs, err)
 		}
 		if err := ungate(ctx, client, p); err != nil {
 			errs = append(errs, err)

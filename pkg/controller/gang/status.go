@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -189,14 +190,31 @@ func (c *Controller) reportGang(ctx context.Context, g *Gang, reason, message st
 		typ = corev1.EventTypeWarning
 	}
 	c.recordGang(g, typ, reason, fmt.Sprintf("gang %s: %s", g.Name, message))
-	cond := map[string]any{"type": PodConditionGang, "status": corev1.ConditionFalse, "reason": reason, "message": truncate(message),
-		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
-	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	patch := gangConditionPatch(corev1.ConditionFalse, reason, message)
 	for _, p := range g.Gated {
-		if _, err := c.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+		if err := setGangCondition(ctx, c.opts.Client, p, patch); err != nil {
 			klog.FromContext(ctx).Error(err, "Set gang condition", "pod", klog.KObj(p))
 		}
 	}
+}
+
+// gangConditionPatch is the status patch that sets gpudra's pod condition:
+// a strategic merge of one condition, by type, that leaves the others.
+func gangConditionPatch(status corev1.ConditionStatus, reason, message string) []byte {
+	cond := map[string]any{"type": PodConditionGang, "status": status, "reason": reason, "message": truncate(message),
+		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	return patch
+}
+
+// setGangCondition applies a gangConditionPatch to a pod; a pod gone is no
+// error.
+func setGangCondition(ctx context.Context, client kubernetes.Interface, p *corev1.Pod, patch []byte) error {
+	_, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("set gang condition of pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return nil
 }
 
 func (c *Controller) recordGang(g *Gang, typ, reason, note string) {
@@ -211,13 +229,11 @@ func (c *Controller) release(ctx context.Context, g *Gang) error {
 	c.mu.Lock()
 	delete(c.reported, g.Key)
 	c.mu.Unlock()
-	cond := map[string]any{"type": PodConditionGang, "status": corev1.ConditionTrue, "reason": ReasonGangAllocated,
-		"message": "the gang's devices are allocated", "lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
-	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	patch := gangConditionPatch(corev1.ConditionTrue, ReasonGangAllocated, "the gang's devices are allocated")
 	var errs []error
 	for _, p := range g.Gated {
-		if _, err := c.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("set gang condition of pod %s/%s: %w", p.Namespace, p.Name, err))
+		if err := setGangCondition(ctx, c.opts.Client, p, patch); err != nil {
+			errs = append(errs, err)
 		}
 		if err := ungate(ctx, c.opts.Client, p); err != nil {
 			errs = append(errs, err)
