@@ -46,6 +46,12 @@ type Options struct {
 	// APIServerFlags are added to kube-apiserver's flags (after
 	// --authorization-mode=Node,RBAC, which every devcluster runs with).
 	APIServerFlags []string
+	// NoWorkloadAPI leaves kube-scheduler's Workload API off: no
+	// scheduling.k8s.io/v1beta1 Workloads and PodGroups, no claims
+	// reserved for a PodGroup, as on a 1.37 cluster with the beta gates at
+	// their defaults. By default devcluster serves them (controlplane.go,
+	// workloadAPIFlags).
+	NoWorkloadAPI bool
 	// MPSControlBinary is what the nodes' plugins run as
 	// nvidia-cuda-mps-control: hack/fake-nvidia-cuda-mps-control, a
 	// stand-in that records what it is asked. Empty: MPS claims are refused.
@@ -132,7 +138,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if c.etcd, etcdURL, err = startEtcd(c.Dir); err != nil {
 		return c, err
 	}
-	if c.apiServer, err = startAPIServer(c.tb, etcdURL, opts.APIServerFlags); err != nil {
+	if c.apiServer, err = startAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.APIServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
 	}
 	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)

@@ -95,7 +95,7 @@ func freePort() (int, error) {
 }
 
 // startAPIServer runs the real kube-apiserver against the embedded etcd.
-func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapiservertesting.TestServer, error) {
+func startAPIServer(tb *processTB, etcdURL string, workloadAPI bool, extraFlags []string) (kubeapiservertesting.TestServer, error) {
 	storage := storagebackend.NewDefaultConfig("/registry", nil)
 	storage.Transport.ServerList = []string{etcdURL}
 	flags := append([]string{
@@ -112,8 +112,25 @@ func startAPIServer(tb *processTB, etcdURL string, extraFlags []string) (kubeapi
 		// As kubeadm enables it: a kubelet may change only its own Node
 		// and its own pods.
 		"--enable-admission-plugins=NodeRestriction",
-	}, extraFlags...)
+	}, workloadAPIFlags(workloadAPI)...)
+	flags = append(flags, extraFlags...)
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
+}
+
+// workloadAPIFlags turn on, or leave off, kube-scheduler's own gang
+// scheduling: scheduling.k8s.io/v1beta1 Workloads and PodGroups
+// (GenericWorkload, beta and off by default in 1.37, as new beta APIs are),
+// claims reserved for a PodGroup (DRAWorkloadResourceClaims, beta) and
+// PodGroup topology constraints (TopologyAwareWorkloadScheduling, alpha),
+// which keep a gang that fits one node, one NVLink domain, there. The test
+// server copies the gates into the process's default feature gate, which
+// the scheduler, the claim controller and the kubelets read too, so the
+// whole in-process cluster agrees.
+func workloadAPIFlags(on bool) []string {
+	return []string{
+		fmt.Sprintf("--feature-gates=GenericWorkload=%t,DRAWorkloadResourceClaims=%t,TopologyAwareWorkloadScheduling=%t", on, on, on),
+		fmt.Sprintf("--runtime-config=scheduling.k8s.io/v1beta1=%t", on),
+	}
 }
 
 // The client rate limits the real components ship with, in

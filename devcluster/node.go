@@ -1,6 +1,7 @@
 package devcluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,9 @@ type NodeOptions struct {
 	Mode               string
 	DevicePluginConfig *deviceplugin.Config
 	GPUResourceName    string
+	// MaxPods is the Node's pod capacity, as the kubelet's --max-pods
+	// sets it; 0: 110, the kubelet's default.
+	MaxPods int
 }
 
 // Node is a simulated GPU node: a Node object, the simulated machine, the
@@ -393,7 +397,7 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error 
 	}
 	capacity := v1.ResourceList{
 		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
-		v1.ResourcePods: resource.MustParse("110"), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
+		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
 	}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels}}
 	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})

@@ -79,7 +79,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("manage-certificates", "MANAGE_CERTIFICATES")
 	fs.BoolVar(&o.gangs, "gangs", true, "run the gang and reservation controller (where the gpudra.dev CRDs are installed)")
 	env("gangs", "GANGS")
-	fs.StringVar(&o.gangMode, "gang-mode", controller.GangModeAuto, "how gangs reach the scheduler: auto (the gate path where the API server serves resource.k8s.io/v1 DeviceTaintRules, off otherwise), gates, or off (gang pods schedule as plain pods)")
+	fs.StringVar(&o.gangMode, "gang-mode", controller.GangModeAuto, "how gangs reach the scheduler: auto (kube-scheduler's Workload API where scheduling.k8s.io/v1beta1 PodGroups are served, else the gate path where resource.k8s.io/v1 DeviceTaintRules are, else off), workload, gates, or off (gang pods schedule as plain pods)")
 	env("gang-mode", "GANG_MODE")
 	fs.StringVar(&o.gangStrategy, "gang-strategy", string(allocator.FewestNVLinkDomains), "how gangs and reservations choose nodes: FewestNVLinkDomains, Binpack or Spread")
 	env("gang-strategy", "GANG_STRATEGY")
@@ -117,9 +117,9 @@ func (o *options) config() (controller.Config, error) {
 		return controller.Config{}, fmt.Errorf("--gang-strategy=%q: want FewestNVLinkDomains, Binpack or Spread", o.gangStrategy)
 	}
 	switch o.gangMode {
-	case controller.GangModeAuto, controller.GangModeGates, controller.GangModeOff:
+	case controller.GangModeAuto, controller.GangModeWorkload, controller.GangModeGates, controller.GangModeOff:
 	default:
-		return controller.Config{}, fmt.Errorf("--gang-mode=%q: want auto, gates or off", o.gangMode)
+		return controller.Config{}, fmt.Errorf("--gang-mode=%q: want auto, workload, gates or off", o.gangMode)
 	}
 	svc := o.webhookService + "." + o.namespace + ".svc"
 	dns := append([]string{svc, svc + ".cluster.local"}, o.webhookDNSNames...)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/controller"
 )
 
 // TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace: the
@@ -22,6 +23,7 @@ import (
 // watcher lists every allocated claim every 50 ms: no device may ever be in
 // two of them.
 func TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ns := namespace(t)
 	ctx := context.Background()
 	create(t, ns, gpus("one", 1))

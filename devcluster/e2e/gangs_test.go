@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 )
 
@@ -113,6 +114,7 @@ func firstKey(m map[string]bool) string {
 }
 
 func TestGangGrovePodGangLandsAllOrNothingOnOneNVLinkDomain(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ns := namespace(t)
 	ctx := context.Background()
 	apply(t, ns, filepath.Join(examples, "gang", "podcliqueset.yaml"))
@@ -147,7 +149,10 @@ func TestGangGrovePodGangLandsAllOrNothingOnOneNVLinkDomain(t *testing.T) {
 	assert.Len(t, nodes, 1, "one node: %v", nodes)
 }
 
+// TestGangExamplePlainPods: the example on the gate path (the Workload API
+// path runs it in TestWorkloadPathPlainGang).
 func TestGangExamplePlainPods(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ns := namespace(t)
 	apply(t, ns, filepath.Join(examples, "gang", "plain-pods.yaml"))
 	var pods []*v1.Pod
@@ -157,48 +162,6 @@ func TestGangExamplePlainPods(t *testing.T) {
 	_, domains, devices := gangDevices(t, pods)
 	assert.Equal(t, 8, devices)
 	assert.Len(t, domains, 1, "one NVLink domain: %v", domains)
-}
-
-func TestGangThatCannotFitStaysGatedWhileSinglePodsSchedule(t *testing.T) {
-	ns := namespace(t)
-	ctx := context.Background()
-	create(t, ns, gpus("one", 1))
-	create(t, ns, gpus("four", 4))
-	// One GPU of the node in use: a gang of 2 x 4 GPUs pinned there waits.
-	create(t, ns, nil, func() *v1.Pod { p := gpuPod("single-a", "one"); pinned(nomigNode)(p); return p }())
-	waitRunning(t, ns, "single-a")
-	create(t, ns, nil, gangPod("waits-0", "waits", 2, "four", pinned(nomigNode)), gangPod("waits-1", "waits", 2, "four", pinned(nomigNode)))
-	cond := gangCondition(t, ns, "waits-0", v1.ConditionFalse, gpudrav1.ReasonWaitingForDevices)
-	assert.Contains(t, cond.Message, "waiting for 8 free devices")
-	// A gang that could never fit there (3 x 4 GPUs on an 8-GPU node) says
-	// so, and does not hold the queue.
-	create(t, ns, nil, gangPod("never-0", "never", 3, "four", pinned(nomigNode)), gangPod("never-1", "never", 3, "four", pinned(nomigNode)),
-		gangPod("never-2", "never", 3, "four", pinned(nomigNode)))
-	cond = gangCondition(t, ns, "never-0", v1.ConditionFalse, gpudrav1.ReasonUnsatisfiable)
-	assert.Contains(t, cond.Message, "even on an empty cluster")
-	// Single pods keep scheduling meanwhile, on the same node.
-	create(t, ns, nil, func() *v1.Pod { p := gpuPod("single-b", "one"); pinned(nomigNode)(p); return p }())
-	waitRunning(t, ns, "single-b")
-	for _, name := range []string{"waits-0", "waits-1", "never-0"} {
-		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		require.NoError(t, err)
-		assert.True(t, gatedByGpudra(p), "pod %s still gated", name)
-		assert.Empty(t, p.Spec.NodeName)
-		for _, st := range p.Status.ResourceClaimStatuses {
-			c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, *st.ResourceClaimName, metav1.GetOptions{})
-			require.NoError(t, err)
-			assert.Nil(t, c.Status.Allocation, "a waiting gang holds nothing: claim %s", c.Name)
-		}
-	}
-	waitEvent(t, ns, "never-0", gpudrav1.ReasonUnsatisfiable)
-	// The node empties: the waiting gang lands whole.
-	for _, name := range []string{"single-a", "single-b"} {
-		require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}))
-	}
-	a, b := waitRunning(t, ns, "waits-0"), waitRunning(t, ns, "waits-1")
-	_, domains, devices := gangDevices(t, []*v1.Pod{a, b})
-	assert.Equal(t, 8, devices)
-	assert.Len(t, domains, 1)
 }
 
 // waitEvent waits for an Event with the reason about the pod.
@@ -262,7 +225,11 @@ func claimPod(name, claim string) *v1.Pod {
 	return p
 }
 
+// TestReservationHeldConsumedAndReleasedAtTTL runs on the Workload API path
+// (TestReservationExample on the gate path): reservations are held the same
+// way on both, by the controller behind a fence.
 func TestReservationHeldConsumedAndReleasedAtTTL(t *testing.T) {
+	onGangPath(t, controller.GangModeWorkload)
 	ns := namespace(t)
 	ctx := context.Background()
 	createReservation(t, ns, &gpudrav1.GpuReservation{ObjectMeta: metav1.ObjectMeta{Name: "burst"}, Spec: gpudrav1.GpuReservationSpec{
@@ -304,6 +271,7 @@ func TestReservationHeldConsumedAndReleasedAtTTL(t *testing.T) {
 }
 
 func TestReservationExample(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ns := namespace(t)
 	apply(t, ns, filepath.Join(examples, "reservation", "reservation.yaml"))
 	t.Cleanup(func() {
@@ -323,11 +291,22 @@ func TestReservationExample(t *testing.T) {
 
 // TestQueuePoliciesOrderCompetingGangs: two gangs, A then B, each wanting
 // the whole node, wait behind a pod that holds it; when it ends, the
-// queue's policy says which gang gets the node.
+// queue's policy says which gang gets the node: on the gate path the
+// controller allocates it, on the Workload API path it hands that gang's
+// PodGroup to kube-scheduler first.
 func TestQueuePoliciesOrderCompetingGangs(t *testing.T) {
-	ctx := context.Background()
 	prio := &schedulingPriorityClass{name: "gpudra-e2e-high", value: 1000}
 	prio.create(t)
+	for _, mode := range gangPaths {
+		t.Run(mode, func(t *testing.T) {
+			onGangPath(t, mode)
+			queuePolicies(t, mode, prio)
+		})
+	}
+}
+
+func queuePolicies(t *testing.T, mode string, prio *schedulingPriorityClass) {
+	ctx := context.Background()
 	tests := []struct {
 		policy gpudrav1.QueuePolicy
 		spec   map[string]any
@@ -394,7 +373,7 @@ func TestQueuePoliciesOrderCompetingGangs(t *testing.T) {
 			assert.Contains(t, cond.Message, "queue "+qname)
 			p, err := cluster.Client.CoreV1().Pods(loseNS).Get(ctx, loser+"-0", metav1.GetOptions{})
 			require.NoError(t, err)
-			assert.True(t, gatedByGpudra(p), "the losing gang stays gated")
+			assert.True(t, heldBack(t, p, mode), "the losing gang stays held back")
 			deleteAllPods(t, winNS)
 			deleteAllPods(t, loseNS)
 		})

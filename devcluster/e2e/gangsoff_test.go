@@ -17,18 +17,18 @@ import (
 // cluster without DeviceTaintRules, as on Kubernetes 1.34-1.36, comes to
 // the same), a pod gated before is released with the reason on its
 // condition and an Event, and new gang pods are not gated: they schedule
-// as plain pods instead of waiting for ever. Back to auto, gang pods are
-// gated again.
+// as plain pods instead of waiting for ever. Back on the gate path, gang
+// pods are gated again.
 func TestGangsOff(t *testing.T) {
 	ctx := context.Background()
+	onGangPath(t, controller.GangModeGates)
 	ns := namespace(t)
-	t.Cleanup(func() { require.NoError(t, cluster.SetGangMode(ctx, controller.GangModeAuto)) })
 
 	// A gang of two with one pod: gated, waiting for the other.
 	create(t, ns, gpus("one-gpu", 1), gangPod("early-0", "early", 2, "one-gpu", nil))
 	gangCondition(t, ns, "early-0", v1.ConditionFalse, gang.ReasonWaitingForPods)
 
-	require.NoError(t, cluster.SetGangMode(ctx, controller.GangModeOff))
+	onGangPath(t, controller.GangModeOff)
 	waitRunning(t, ns, "early-0")
 	cond := gangCondition(t, ns, "early-0", v1.ConditionFalse, gang.ReasonGangsOff)
 	assert.Contains(t, cond.Message, "gangs.mode is off")
@@ -39,7 +39,7 @@ func TestGangsOff(t *testing.T) {
 	assert.False(t, gatedByGpudra(p), "no gate with gangs off")
 	waitRunning(t, ns, "late-0")
 
-	require.NoError(t, cluster.SetGangMode(ctx, controller.GangModeAuto))
+	onGangPath(t, controller.GangModeGates)
 	create(t, ns, nil, gangPod("again-0", "again", 2, "one-gpu", nil))
 	p, err = cluster.Client.CoreV1().Pods(ns).Get(ctx, "again-0", metav1.GetOptions{})
 	require.NoError(t, err)

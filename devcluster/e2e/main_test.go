@@ -79,7 +79,9 @@ func run(m *testing.M) int {
 	}
 	defer cluster.Stop()
 	// As in the demo: one DGX H100 in MIG mode, one with MIG off.
-	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig"},
+	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig",
+		// A PodGroup's 300 pods share one claim here (gangworkload_test.go).
+		MaxPods: 400},
 		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml")),
 		// Device-plugin mode (deviceplugin_test.go): labelled and tainted,
 		// with no ResourceSlices, so DRA tests never land there.

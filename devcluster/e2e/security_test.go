@@ -27,6 +27,7 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
@@ -188,6 +189,7 @@ func TestControllerPodUpdatesPinned(t *testing.T) {
 // names the forbidden call, and the recorder that fails e2e tests saw it;
 // with the rule back, the gang lands.
 func TestGangControllerFailsWithoutItsRule(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ctx := context.Background()
 	roles := cluster.Client.RbacV1().ClusterRoles()
 	role, err := roles.Get(ctx, devcluster.ControllerServiceAccount, metav1.GetOptions{})
@@ -252,6 +254,7 @@ func condMessage(t *testing.T, ns, name string) string {
 // not lift gpudra's gate from a gang pod (jumping the queue and scheduling
 // it alone); other changes to the pod stay allowed.
 func TestGangGateOnlyTheControllerLifts(t *testing.T) {
+	onGangPath(t, controller.GangModeGates)
 	ctx := context.Background()
 	ns := namespace(t)
 	create(t, ns, gpus("one-gpu", 1), gangPod("wait-0", "wait", 2, "one-gpu", nil))

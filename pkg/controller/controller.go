@@ -74,8 +74,8 @@ type Config struct {
 	// controller's default).
 	GrovePendingGrace time.Duration
 	// Gangs runs the gang and reservation controller (pkg/controller/gang)
-	// on the path GangMode decides (gangpath.go): auto (default), gates or
-	// off.
+	// on the path GangMode decides (gangpath.go): auto (default),
+	// workload, gates or off.
 	Gangs    bool
 	GangMode string
 	// GangStrategy orders candidate nodes for gangs and reservations
@@ -179,7 +179,12 @@ func Run(ctx context.Context, cfg Config) error {
 		go certs.Run(ctx, cfg.CertReloadPeriod)
 		go func() {
 			handler := webhook.NewHandler(cfg.Registry)
-			handler.GateGangs = func() bool { return paths != nil && paths.Gates() }
+			handler.GangPath = func() string {
+				if paths == nil {
+					return GangPathOff
+				}
+				return paths.Path()
+			}
 			if err := webhook.Serve(ctx, l, certs, handler); err != nil {
 				cancel(err)
 			}
@@ -281,7 +286,8 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 }
 
 // runGangs runs the gang path the watcher decides, again at each change:
-// on the gate path the gang and reservation controller; with gangs off, a
+// on the Workload API and gate paths the gang and reservation controller,
+// handing gangs over the path's way; with gangs off, a
 // release of every pod a stale view gated (now, and once more after every
 // replica has asked discovery again).
 func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, paths *gangPathWatcher) error {
@@ -289,12 +295,27 @@ func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, reco
 	for ctx.Err() == nil {
 		p, changed := paths.current()
 		switch p.Path {
-		case GangPathGates:
-			gc, err := newGangController(cfg, client, recorder, p.Grove)
+		case GangPathGates, GangPathWorkload:
+			gc, err := newGangController(cfg, client, recorder, p)
 			if err != nil {
 				return err
 			}
 			sub, stop := context.WithCancel(ctx)
+			if p.Path == GangPathWorkload {
+				// Pods gated on the gate path before (or by a replica
+				// with the old view) would wait for ever: the Workload
+				// API path lifts no gate. Released now, and once more
+				// after every replica has asked discovery again.
+				go func() {
+					why := "gangs moved to the Workload API path; a pod gated before schedules as a plain pod"
+					releaseGated(sub, client, recorder, why)
+					select {
+					case <-time.After(2 * gangPathCheckEvery):
+						releaseGated(sub, client, recorder, why)
+					case <-sub.Done():
+					}
+				}()
+			}
 			go func() {
 				select {
 				case <-changed:
@@ -347,7 +368,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // newGangController returns the gang and reservation controller.
-func newGangController(cfg Config, client kubernetes.Interface, recorder events.EventRecorder, grove bool) (*gang.Controller, error) {
+func newGangController(cfg Config, client kubernetes.Interface, recorder events.EventRecorder, p gangPath) (*gang.Controller, error) {
 	if cfg.RESTConfig == nil {
 		return nil, errors.New("gang and reservation controller: it needs a REST configuration for its dynamic client")
 	}
@@ -356,7 +377,7 @@ func newGangController(cfg Config, client kubernetes.Interface, recorder events.
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
-		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: grove})
+		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

@@ -16,14 +16,21 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
+	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
 // Gang modes (--gang-mode, chart gangs.mode): which path hands gangs to
 // the scheduler.
 const (
-	// GangModeAuto takes the gate path where the API server serves what it
-	// needs, and turns gangs off otherwise.
+	// GangModeAuto takes the Workload API path where the API server serves
+	// scheduling.k8s.io/v1beta1 PodGroups, the gate path where it serves
+	// resource.k8s.io/v1 DeviceTaintRules, and turns gangs off otherwise.
 	GangModeAuto = "auto"
+	// GangModeWorkload is kube-scheduler's own gang scheduling: each gang
+	// is a Workload with a gang PodGroup, created when its queue hands it
+	// over; the scheduler places all of its pods or none. Off where
+	// PodGroups are not served.
+	GangModeWorkload = "workload"
 	// GangModeGates is the gate path: a scheduling gate on gang pods, lifted
 	// once the controller allocated the whole gang behind a DeviceTaintRule
 	// fence. Off where DeviceTaintRules are not served.
@@ -34,9 +41,13 @@ const (
 
 // Gang paths: what a mode comes to on this cluster.
 const (
-	GangPathGates = "gates"
-	GangPathOff   = "off"
+	GangPathWorkload = webhook.GangPathWorkload
+	GangPathGates    = webhook.GangPathGates
+	GangPathOff      = "off"
 )
+
+// gangPaths are the paths, as the metric lists them.
+var gangPaths = []string{GangPathWorkload, GangPathGates, GangPathOff}
 
 // gangPathCheckEvery is how often every replica asks discovery again: a
 // cluster upgraded to serve DeviceTaintRules, or CRDs installed later, take
@@ -45,6 +56,9 @@ var gangPathCheckEvery = time.Minute
 
 // served is what discovery says the API server serves, of what gangs need.
 type served struct {
+	// PodGroups: scheduling.k8s.io/v1beta1 Workloads and PodGroups
+	// (Kubernetes 1.37 with the GenericWorkload gate).
+	PodGroups bool
 	// TaintRules: resource.k8s.io/v1 DeviceTaintRules (Kubernetes 1.37).
 	TaintRules bool
 	// CRDs: gpudra.dev GpuReservations and GpuQueues.
@@ -67,6 +81,12 @@ func decideGangPath(mode string, s served) gangPath {
 		return gangPath{Path: GangPathOff, Reason: "gangs.mode is off"}
 	case !s.CRDs:
 		return gangPath{Path: GangPathOff, Reason: "the gpudra.dev CRDs (GpuReservation, GpuQueue) are not installed; the chart installs them"}
+	case mode == GangModeWorkload && !s.PodGroups:
+		return gangPath{Path: GangPathOff, Reason: "gangs.mode is workload but the API server does not serve scheduling.k8s.io/v1beta1 PodGroups " +
+			"(Kubernetes 1.37 with the GenericWorkload feature gate and --runtime-config=scheduling.k8s.io/v1beta1=true): gang pods schedule as plain pods"}
+	case (mode == GangModeWorkload || mode == GangModeAuto) && s.PodGroups:
+		return gangPath{Path: GangPathWorkload, Reason: "scheduling.k8s.io/v1beta1 PodGroups are served: each gang is handed to kube-scheduler as a gang PodGroup, which it places whole",
+			Grove: s.Grove}
 	case !s.TaintRules:
 		return gangPath{Path: GangPathOff, Reason: "the API server does not serve resource.k8s.io/v1 DeviceTaintRules (Kubernetes 1.37 or later), " +
 			"which the gate path fences devices with: gang pods are not gated and schedule as plain pods"}
@@ -84,6 +104,8 @@ func discover(disc discovery.DiscoveryInterface) served {
 		return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource })
 	}
 	return served{
+		PodGroups: has(schema.GroupVersion{Group: "scheduling.k8s.io", Version: "v1beta1"}, "podgroups") &&
+			has(schema.GroupVersion{Group: "scheduling.k8s.io", Version: "v1beta1"}, "workloads"),
 		TaintRules: has(schema.GroupVersion{Group: "resource.k8s.io", Version: "v1"}, "devicetaintrules"),
 		CRDs:       has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuReservations.Resource) && has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuQueues.Resource),
 		Grove:      has(gang.PodGangs.GroupVersion(), gang.PodGangs.Resource),
@@ -108,13 +130,13 @@ func newGangPathWatcher(mode string, disc discovery.DiscoveryInterface, reg prom
 	switch mode {
 	case "":
 		mode = GangModeAuto
-	case GangModeAuto, GangModeGates, GangModeOff:
+	case GangModeAuto, GangModeWorkload, GangModeGates, GangModeOff:
 	default:
-		return nil, fmt.Errorf("gang mode %q: want %s, %s or %s", mode, GangModeAuto, GangModeGates, GangModeOff)
+		return nil, fmt.Errorf("gang mode %q: want %s, %s, %s or %s", mode, GangModeAuto, GangModeWorkload, GangModeGates, GangModeOff)
 	}
 	w := &gangPathWatcher{mode: mode, disc: disc, changed: make(chan struct{}),
 		metric: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "gpudra", Subsystem: "gang", Name: "path",
-			Help: "The path that hands gangs to the scheduler on this cluster (1 for the current one): gates, or off."}, []string{"path"})}
+			Help: "The path that hands gangs to the scheduler on this cluster (1 for the current one): workload, gates, or off."}, []string{"path"})}
 	if reg != nil {
 		if err := reg.Register(w.metric); err != nil {
 			return nil, fmt.Errorf("gang path metric: %w", err)
@@ -133,7 +155,7 @@ func (w *gangPathWatcher) check(ctx context.Context) {
 	}
 	klog.FromContext(ctx).Info("Gang path", "path", p.Path, "mode", w.mode, "reason", p.Reason, "grove", p.Grove)
 	w.cur, w.checked = p, true
-	for _, path := range []string{GangPathGates, GangPathOff} {
+	for _, path := range gangPaths {
 		v := 0.0
 		if path == p.Path {
 			v = 1
@@ -156,9 +178,12 @@ func (w *gangPathWatcher) current() (gangPath, <-chan struct{}) {
 	return w.cur, w.changed
 }
 
-// Gates says whether gang pods are to be gated now (before the first
-// check: not, so that no pod is gated that nobody would release).
-func (w *gangPathWatcher) Gates() bool {
+// Path is the current path, for the webhook: before the first check it is
+// off, so that no pod is gated or grouped that nobody would hand over.
+func (w *gangPathWatcher) Path() string {
 	p, _ := w.current()
-	return p.Path == GangPathGates
+	if p.Path == "" {
+		return GangPathOff
+	}
+	return p.Path
 }

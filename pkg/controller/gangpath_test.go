@@ -14,7 +14,8 @@ import (
 )
 
 func TestDecideGangPath(t *testing.T) {
-	all := served{TaintRules: true, CRDs: true, Grove: true}
+	all := served{PodGroups: true, TaintRules: true, CRDs: true, Grove: true}
+	gatesOnly := served{TaintRules: true, CRDs: true, Grove: true}
 	tests := []struct {
 		name   string
 		mode   string
@@ -22,8 +23,11 @@ func TestDecideGangPath(t *testing.T) {
 		want   string
 		reason string
 	}{
-		{"auto on 1.37 with the CRDs", GangModeAuto, all, GangPathGates, "DeviceTaintRules are served"},
-		{"gates on 1.37", GangModeGates, all, GangPathGates, "DeviceTaintRules are served"},
+		{"auto on 1.37 with the Workload API", GangModeAuto, all, GangPathWorkload, "PodGroups are served"},
+		{"workload on 1.37 with the Workload API", GangModeWorkload, all, GangPathWorkload, "PodGroups are served"},
+		{"auto on 1.37 without the Workload API", GangModeAuto, gatesOnly, GangPathGates, "DeviceTaintRules are served"},
+		{"workload without the Workload API is off, not gates", GangModeWorkload, gatesOnly, GangPathOff, "does not serve scheduling.k8s.io/v1beta1 PodGroups"},
+		{"gates on 1.37 even with the Workload API", GangModeGates, all, GangPathGates, "DeviceTaintRules are served"},
 		{"auto on 1.34-1.36: no DeviceTaintRules", GangModeAuto, served{CRDs: true}, GangPathOff, "does not serve resource.k8s.io/v1 DeviceTaintRules"},
 		{"gates without DeviceTaintRules cannot work", GangModeGates, served{CRDs: true}, GangPathOff, "does not serve resource.k8s.io/v1 DeviceTaintRules"},
 		{"no CRDs", GangModeAuto, served{TaintRules: true}, GangPathOff, "CRDs (GpuReservation, GpuQueue) are not installed"},
@@ -51,11 +55,11 @@ func TestGangPathWatcher(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	w, err := newGangPathWatcher("", disc, reg)
 	require.NoError(t, err)
-	assert.False(t, w.Gates(), "nothing is gated before the first check")
+	assert.Equal(t, GangPathOff, w.Path(), "nothing is gated before the first check")
 	w.check(ctx)
 	p, changed := w.current()
 	assert.Equal(t, GangPathOff, p.Path)
-	assert.False(t, w.Gates())
+	assert.Equal(t, GangPathOff, w.Path())
 	assert.Equal(t, 1.0, testutil.ToFloat64(w.metric.WithLabelValues(GangPathOff)))
 
 	w.check(ctx)
@@ -67,10 +71,20 @@ func TestGangPathWatcher(t *testing.T) {
 	assert.True(t, isClosed(changed), "a change is signalled")
 	p, _ = w.current()
 	assert.Equal(t, GangPathGates, p.Path)
-	assert.True(t, w.Gates())
+	assert.Equal(t, GangPathGates, w.Path())
 	assert.Equal(t, 1.0, testutil.ToFloat64(w.metric.WithLabelValues(GangPathGates)))
 	assert.Equal(t, 0.0, testutil.ToFloat64(w.metric.WithLabelValues(GangPathOff)))
 
-	_, err = newGangPathWatcher("workload", disc, nil)
-	assert.ErrorContains(t, err, `gang mode "workload": want auto, gates or off`)
+	// Upgraded again, with the Workload API on: auto takes it.
+	changed = func() <-chan struct{} { _, ch := w.current(); return ch }()
+	disc.Resources = append(disc.Resources, &metav1.APIResourceList{GroupVersion: "scheduling.k8s.io/v1beta1",
+		APIResources: []metav1.APIResource{{Name: "workloads"}, {Name: "podgroups"}}})
+	w.check(ctx)
+	assert.True(t, isClosed(changed))
+	assert.Equal(t, GangPathWorkload, w.Path())
+	assert.Equal(t, 1.0, testutil.ToFloat64(w.metric.WithLabelValues(GangPathWorkload)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(w.metric.WithLabelValues(GangPathGates)))
+
+	_, err = newGangPathWatcher("podgroups", disc, nil)
+	assert.ErrorContains(t, err, `gang mode "podgroups": want auto, workload, gates or off`)
 }

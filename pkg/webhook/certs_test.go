@@ -149,7 +149,7 @@ func TestServe(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	h := NewHandler(nil)
-	h.GateGangs = func() bool { return true }
+	h.GangPath = func() string { return GangPathGates }
 	go func() { _ = Serve(ctx, l, loader, h) }()
 
 	post := func() (*x509.Certificate, *admissionv1.AdmissionResponse) {

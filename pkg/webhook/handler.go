@@ -41,10 +41,10 @@ const maxBody = 4 << 20
 // (pkg/controller) for the two.
 type Handler struct {
 	requests *prometheus.CounterVec
-	// GateGangs says whether the mutating webhook gates gang pods now (the
-	// gang path is the gate path); nil or false: every pod passes
-	// unchanged, so that no pod is gated that nothing would release.
-	GateGangs func() bool
+	// GangPath is the gang path now: GangPathGates or GangPathWorkload
+	// (see Mutate). nil, or any other answer: every pod passes unchanged,
+	// so that no pod is gated or grouped that nothing would hand over.
+	GangPath func() string
 }
 
 // NewHandler returns the webhook's handler; reg (nil: none) receives
@@ -78,9 +78,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	answer := Review
 	if r.URL.Path == MutatePath {
-		answer = Mutate
-		if h.GateGangs == nil || !h.GateGangs() {
-			answer = allow
+		path := ""
+		if h.GangPath != nil {
+			path = h.GangPath()
+		}
+		answer = allow
+		if path == GangPathGates || path == GangPathWorkload {
+			answer = func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse { return Mutate(req, path) }
 		}
 	}
 	resp := answer(review.Request)

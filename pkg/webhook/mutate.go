@@ -27,6 +27,16 @@ var Pods = corev1.SchemeGroupVersion.WithResource("pods")
 // (grove.io common.LabelPodGang): such pods form a gang as well.
 const LabelGrovePodGang = "grove.io/podgang"
 
+// The gang paths the mutating webhook acts on (pkg/controller decides which
+// one a cluster takes; any other value, "off" included, changes nothing).
+const (
+	// GangPathGates: gang pods get the scheduling gate gpudra.dev/gang.
+	GangPathGates = "gates"
+	// GangPathWorkload: gang pods get spec.schedulingGroup naming their
+	// gang's PodGroup (kube-scheduler's Workload API).
+	GangPathWorkload = "workload"
+)
+
 // MaxGangSize bounds gpudra.dev/gang-size: the controller plans a gang's
 // devices at once, and a typo of a few zeros must not make it wait forever
 // for pods that never come.
@@ -39,15 +49,21 @@ type PatchOperation struct {
 	Value any    `json:"value"`
 }
 
-// Mutate answers one request of the mutating webhook: a pod of a gang that
-// the default scheduler would place is created with the scheduling gate
-// gpudra.dev/gang, which the controller lifts once the whole gang's devices
-// are allocated; without it the scheduler would place the pods one by one
-// and a gang could end up half placed, holding GPUs while it waits. Every
-// other request is allowed unchanged: pods for another scheduler (KAI,
+// Mutate answers one request of the mutating webhook on a gang path. A pod
+// of a gang that the default scheduler would place is created so that it
+// cannot be placed alone; without that the scheduler would place the pods
+// one by one, and a gang could end up half placed, holding GPUs while it
+// waits:
+//   - on the gate path, with the scheduling gate gpudra.dev/gang, which the
+//     controller lifts once the whole gang's devices are allocated;
+//   - on the Workload API path, with spec.schedulingGroup naming the gang's
+//     PodGroup, which the controller creates when the gang's queue hands it
+//     over; kube-scheduler then places all of its pods or none.
+//
+// Every other request is allowed unchanged: pods for another scheduler (KAI,
 // Volcano) get their gangs from it, and a pod bound to a node skips
 // scheduling (the API server refuses gates on it).
-func Mutate(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+func Mutate(req *admissionv1.AdmissionRequest, path string) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	gvr := metav1.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource}
 	if req.Operation != admissionv1.Create || gvr != metav1.GroupVersionResource(Pods) {
@@ -60,7 +76,14 @@ func Mutate(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 			Message: fmt.Sprintf("decode Pod: %v", err)}
 		return resp
 	}
-	patch, errs := GatePod(&pod)
+	var patch []PatchOperation
+	var errs field.ErrorList
+	switch path {
+	case GangPathGates:
+		patch, errs = GatePod(&pod)
+	case GangPathWorkload:
+		patch, errs = GroupPod(&pod)
+	}
 	if len(errs) > 0 {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity, Reason: metav1.StatusReasonInvalid,
@@ -81,6 +104,33 @@ func Mutate(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	}
 	resp.Patch, resp.PatchType = raw, ptr.To(admissionv1.PatchTypeJSONPatch)
 	return resp
+}
+
+// PodGroupName is the PodGroup of a gang pod on the Workload API path: the
+// gang's name (label gpudra.dev/gang, or Grove's grove.io/podgang), in the
+// pod's namespace; "" for a pod of no gang.
+func PodGroupName(pod *corev1.Pod) string {
+	if n := pod.Labels[gpudraapi.LabelGang]; n != "" {
+		return n
+	}
+	return pod.Labels[LabelGrovePodGang]
+}
+
+// GroupPod checks the gang annotations of a gang pod and returns the JSON
+// patch that sets spec.schedulingGroup to its gang's PodGroup (none when
+// the pod is no gang pod, or names a scheduling group already: the user's
+// own PodGroup is left to them, and a reinvocation changes nothing).
+func GroupPod(pod *corev1.Pod) ([]PatchOperation, field.ErrorList) {
+	if !IsGangPod(pod) {
+		return nil, nil
+	}
+	if errs := validateGangPod(pod); len(errs) > 0 {
+		return nil, errs
+	}
+	if pod.Spec.SchedulingGroup != nil {
+		return nil, nil
+	}
+	return []PatchOperation{{Op: "add", Path: "/spec/schedulingGroup", Value: corev1.PodSchedulingGroup{PodGroupName: ptr.To(PodGroupName(pod))}}}, nil
 }
 
 // IsGangPod says whether the webhook gates pod: a member of a gang (a

@@ -113,7 +113,7 @@ func TestMutate(t *testing.T) {
 		}(), refused: []string{"decode Pod"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			resp := Mutate(tc.req)
+			resp := Mutate(tc.req, GangPathGates)
 			assert.Equal(t, tc.req.UID, resp.UID)
 			if tc.refused != nil {
 				require.False(t, resp.Allowed)
@@ -136,14 +136,54 @@ func TestMutate(t *testing.T) {
 	}
 }
 
+// TestMutateWorkloadPath: on the Workload API path a gang pod is not gated
+// but names its gang's PodGroup; the same annotations are checked.
+func TestMutateWorkloadPath(t *testing.T) {
+	group := func(name string) string {
+		return `[{"op":"add","path":"/spec/schedulingGroup","value":{"podGroupName":"` + name + `"}}]`
+	}
+	for name, tc := range map[string]struct {
+		pod       *corev1.Pod
+		wantPatch string
+		refused   string
+	}{
+		"plain gang":   {pod: gangPod(nil, nil), wantPatch: group("train")},
+		"grove member": {pod: gangPod(map[string]string{LabelGrovePodGang: "pcs-0"}, map[string]string{}), wantPatch: group("pcs-0")},
+		"own group kept": {pod: func() *corev1.Pod {
+			p := gangPod(nil, nil)
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("mine")}
+			return p
+		}()},
+		"not a gang":       {pod: gangPod(map[string]string{"app": "x"}, map[string]string{})},
+		"other scheduler":  {pod: func() *corev1.Pod { p := gangPod(nil, nil); p.Spec.SchedulerName = "volcano"; return p }()},
+		"size still check": {pod: gangPod(nil, map[string]string{}), refused: "gpudra.dev/gang-size"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := Mutate(podRequest(admissionv1.Create, tc.pod), GangPathWorkload)
+			if tc.refused != "" {
+				require.False(t, resp.Allowed)
+				assert.Contains(t, resp.Result.Message, tc.refused)
+				return
+			}
+			require.True(t, resp.Allowed)
+			if tc.wantPatch == "" {
+				assert.Empty(t, resp.Patch)
+				return
+			}
+			assert.JSONEq(t, tc.wantPatch, string(resp.Patch))
+			assert.NotContains(t, string(resp.Patch), "schedulingGates", "no gate on the Workload API path")
+		})
+	}
+}
+
 // TestHandlerRoutes: one handler answers both webhooks by path, and counts
 // pods under resource "pods"; gang pods are gated only while the gang path
 // is the gate path.
 func TestHandlerRoutes(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	h := NewHandler(reg)
-	gates := false
-	h.GateGangs = func() bool { return gates }
+	path := "off"
+	h.GangPath = func() string { return path }
 	post := func(path string, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Request: req})
 		require.NoError(t, err)
@@ -159,18 +199,22 @@ func TestHandlerRoutes(t *testing.T) {
 	resp := post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, nil)))
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch, "no gate with gangs off")
-	gates = true
+	path = GangPathGates
 	resp = post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, nil)))
 	assert.True(t, resp.Allowed)
 	assert.JSONEq(t, addGates, string(resp.Patch))
 	resp = post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, map[string]string{})))
 	assert.False(t, resp.Allowed)
+	path = GangPathWorkload
+	resp = post(MutatePath, podRequest(admissionv1.Create, gangPod(nil, nil)))
+	assert.True(t, resp.Allowed)
+	assert.Contains(t, string(resp.Patch), "schedulingGroup")
 	// The validating path does not mutate pods.
 	resp = post(Path, podRequest(admissionv1.Create, gangPod(nil, nil)))
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch)
 
-	assert.Equal(t, 3.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "true")))
+	assert.Equal(t, 4.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "true")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(h.requests.WithLabelValues("pods", "false")))
 }
 

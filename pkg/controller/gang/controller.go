@@ -65,6 +65,10 @@ type Options struct {
 	Period time.Duration
 	// Grove: watch PodGangs (Grove's CRDs are installed).
 	Grove bool
+	// Path hands gangs to the scheduler: PathGates (default) or
+	// PathWorkload (workload.go). Reservations are held the same way on
+	// both.
+	Path string
 	// Now is the clock; nil: time.Now.
 	Now func() time.Time
 }
@@ -85,6 +89,8 @@ type Controller struct {
 	reservations cache.Store
 	queues       cache.Store
 	podGangs     cache.Store
+	podGroups    cache.Store // Workload API path only
+	templates    cache.Store // Workload API path only
 
 	mu sync.Mutex
 	// reported holds, per gang or reservation key, the last message
@@ -95,6 +101,9 @@ type Controller struct {
 	// behind its own writes, and a round must not plan or report them
 	// again from a stale view.
 	recent map[string]time.Time
+	// handed holds, per gang key, the plan of a gang handed to
+	// kube-scheduler (Workload API path) until its claims are allocated.
+	handed map[string]handed
 	// verdicts remembers, per item, whether it could ever fit.
 	verdicts map[string]verdict
 	// lastClassCount is when the per-class device metrics were last
@@ -119,6 +128,13 @@ func New(opts Options) (*Controller, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	switch opts.Path {
+	case "":
+		opts.Path = PathGates
+	case PathGates, PathWorkload:
+	default:
+		return nil, fmt.Errorf("gang controller: path %q: want %s or %s", opts.Path, PathGates, PathWorkload)
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
@@ -131,6 +147,7 @@ func New(opts Options) (*Controller, error) {
 		reported:  map[string]string{},
 		recent:    map[string]time.Time{},
 		verdicts:  map[string]verdict{},
+		handed:    map[string]handed{},
 	}, nil
 }
 
@@ -189,6 +206,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.podGangs = pgInf.GetStore()
 		watched = append(watched, pgInf)
 	}
+	if c.opts.Path == PathWorkload {
+		groupInf := typed.Scheduling().V1beta1().PodGroups().Informer()
+		templateInf := typed.Resource().V1().ResourceClaimTemplates().Informer()
+		c.podGroups, c.templates = groupInf.GetStore(), templateInf.GetStore()
+		watched = append(watched, groupInf, templateInf)
+	}
 	kick := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.kick() },
 		UpdateFunc: func(any, any) { c.kick() },
@@ -199,9 +222,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("gang controller: event handler: %w", err)
 		}
 	}
-	// Pods: only gated ones, and pods that stop using claims, matter.
+	// Pods: only waiting ones, and pods that stop using claims, matter.
 	podKick := func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok && (gated(p) || len(p.Spec.ResourceClaims) > 0) {
+		if p, ok := obj.(*corev1.Pod); ok && (c.waits(p) || len(p.Spec.ResourceClaims) > 0) {
 			c.kick()
 		}
 	}
@@ -227,7 +250,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := sweepFences(ctx, c.opts.Client, c.opts.Now(), 0); err != nil {
 		logger.Error(err, "Sweep device fences left by an earlier leader")
 	}
-	logger.Info("Planning gangs and reservations", "strategy", c.opts.Strategy, "grove", c.opts.Grove)
+	logger.Info("Planning gangs and reservations", "path", c.opts.Path, "strategy", c.opts.Strategy, "grove", c.opts.Grove)
 	ticker := time.NewTicker(c.opts.Period)
 	defer ticker.Stop()
 	for {
@@ -259,6 +282,28 @@ func (c *Controller) claim(namespace, name string) *resourceapi.ResourceClaim {
 	return obj.(*resourceapi.ResourceClaim)
 }
 
+// podClaims are a pod's claims. On the Workload API path a claim still to
+// be made from a template is planned from the template: the claim
+// controller makes it only once the pod's PodGroup exists.
+func (c *Controller) podClaims(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error) {
+	var template func(namespace, name string) *resourceapi.ResourceClaimTemplate
+	if c.opts.Path == PathWorkload {
+		template = c.template
+	}
+	return claimsOfPod(p, c.claim, template)
+}
+
+func (c *Controller) template(namespace, name string) *resourceapi.ResourceClaimTemplate {
+	if c.templates == nil {
+		return nil
+	}
+	obj, ok, err := c.templates.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	return obj.(*resourceapi.ResourceClaimTemplate)
+}
+
 func (c *Controller) podGang(namespace, name string) *unstructured.Unstructured {
 	if c.podGangs == nil {
 		return nil
@@ -287,6 +332,10 @@ func (c *Controller) snapshot() *snapshot {
 			s.allocated = append(s.allocated, cl)
 		}
 	}
+	s.allocated = append(s.allocated, c.handedClaims(func(namespace, name string) bool {
+		obj, ok, err := c.pods.GetByKey(namespace + "/" + name)
+		return err != nil || !ok || obj.(*corev1.Pod).Spec.NodeName != ""
+	})...)
 	return s
 }
 
@@ -316,13 +365,13 @@ func (c *Controller) isRecent(key string) bool {
 	return ok
 }
 
-// gangPods are the members of the gangs that have a pod carrying gpudra's
-// gate, gated or not.
+// gangPods are the members of the gangs that have a pod waiting on gpudra,
+// waiting or not.
 func (c *Controller) gangPods() []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, key := range c.pods.ListIndexFuncValues(gateIndex) {
 		objs, _ := c.pods.ByIndex(gateIndex, key)
-		if !slices.ContainsFunc(objs, func(o any) bool { return gated(o.(*corev1.Pod)) }) {
+		if !slices.ContainsFunc(objs, func(o any) bool { return c.waits(o.(*corev1.Pod)) }) {
 			continue
 		}
 		for _, o := range objs {

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
@@ -19,7 +20,7 @@ import (
 const LabelPodGang = "grove.io/podgang"
 
 // Gang is the pods of one gang, whether enough of them exist to plan, and
-// which still carry gpudra's scheduling gate.
+// which still wait on gpudra to be handed to the scheduler.
 type Gang struct {
 	// Key is "<namespace>/<name>".
 	Key, Namespace, Name string
@@ -31,10 +32,12 @@ type Gang struct {
 	// for a pod a Job or Grove recreated, the gang looked incomplete for
 	// ever.
 	Pods []*corev1.Pod
-	// Gated are the members that still carry gpudra's gate.
-	Gated []*corev1.Pod
+	// Waiting are the members that still wait on gpudra: on the gate
+	// path those that carry its gate, on the Workload API path those
+	// whose PodGroup does not exist yet.
+	Waiting []*corev1.Pod
 	// Admitted: a member was released already (its gate lifted). The
-	// gang was admitted once; its gated members are released at once,
+	// gang was admitted once; its waiting members are released at once,
 	// whatever happened in between (a failed lift, a recreated pod).
 	Admitted bool
 	// Missing says what the gang waits for before it can be planned
@@ -106,16 +109,18 @@ func podGangGroups(pg *unstructured.Unstructured) ([]podGroup, error) {
 	return out, nil
 }
 
-// collectGangs groups gang pods into gangs, keeps those with a gated
+// collectGangs groups gang pods into gangs, keeps those with a waiting
 // member, and says, for each, whether it was admitted already or can be
 // planned: for plain pods, the gang-size annotation's number of members
 // exist; for Grove, the PodGang exists and each of its groups has at least
 // minReplicas members. In both cases every member's claims must exist.
-// released says whether a gated-looking pod was released already (its gate
-// lift not yet in the informer); podGangs looks up a PodGang (nil when
+// waits says whether a member still waits on gpudra (nil: it carries the
+// gate; the controller also counts a pod whose gate lift the informer has
+// not shown yet as released, and on the Workload API path asks whether the
+// gang's PodGroup exists); podGangs looks up a PodGang (nil when
 // absent); claims a claim.
-func collectGangs(pods []*corev1.Pod, released func(*corev1.Pod) bool, podGangs func(namespace, name string) *unstructured.Unstructured,
-	claims func(namespace, name string) *resourceapi.ResourceClaim) []*Gang {
+func collectGangs(pods []*corev1.Pod, waits func(*corev1.Pod) bool, podGangs func(namespace, name string) *unstructured.Unstructured,
+	claims podClaims) []*Gang {
 	byKey := map[string]*Gang{}
 	for _, p := range pods {
 		if !member(p) {
@@ -132,19 +137,22 @@ func collectGangs(pods []*corev1.Pod, released func(*corev1.Pod) bool, podGangs 
 			byKey[key] = g
 		}
 		g.Pods = append(g.Pods, p)
-		if gated(p) && (released == nil || !released(p)) {
-			g.Gated = append(g.Gated, p)
+		if waits == nil {
+			waits = gated
+		}
+		if waits(p) {
+			g.Waiting = append(g.Waiting, p)
 		} else {
 			g.Admitted = true
 		}
 	}
 	out := make([]*Gang, 0, len(byKey))
 	for _, g := range byKey {
-		if len(g.Gated) == 0 {
+		if len(g.Waiting) == 0 {
 			continue // nothing of it waits on gpudra
 		}
 		slices.SortFunc(g.Pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
-		slices.SortFunc(g.Gated, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(g.Waiting, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 		first := g.Pods[0]
 		if q := first.Annotations[gpudrav1.AnnotationQueue]; q != "" {
 			g.Queue = q
@@ -210,39 +218,72 @@ func (g *Gang) missingPods(podGangs func(namespace, name string) *unstructured.U
 	return strings.Join(missing, "; ")
 }
 
-func (g *Gang) missingClaims(claims func(namespace, name string) *resourceapi.ResourceClaim) string {
+func (g *Gang) missingClaims(claims podClaims) string {
 	for _, p := range g.Pods {
-		names, err := podClaimNames(p)
-		if err != nil {
+		if _, err := claims(p); err != nil {
 			return err.Error()
-		}
-		for _, n := range names {
-			if claims(p.Namespace, n) == nil {
-				return fmt.Sprintf("claim %s of pod %s", n, p.Name)
-			}
 		}
 	}
 	return ""
 }
 
-// podClaimNames are the names of a pod's ResourceClaims: those it names,
-// and those made from its templates (in its status once the claim
-// controller made them).
-func podClaimNames(p *corev1.Pod) ([]string, error) {
-	var names []string
+// podClaims returns a pod's ResourceClaims, or an error naming the first
+// that does not exist (yet).
+type podClaims func(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error)
+
+// claimsByName are a pod's claims looked up by name: those it names, and
+// those made from its templates (in its status once the claim controller
+// made them).
+func claimsByName(claim func(namespace, name string) *resourceapi.ResourceClaim) podClaims {
+	return func(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error) {
+		return claimsOfPod(p, claim, nil)
+	}
+}
+
+// claimsOfPod resolves a pod's claims. template, when not nil, stands in
+// for a claim the claim controller has not made from its template yet:
+// the claim as planned, from the template's spec. On the Workload API
+// path the claim controller waits for a pod's PodGroup before it makes the
+// claims, and the PodGroup is what the plan decides to create.
+func claimsOfPod(p *corev1.Pod, claim func(namespace, name string) *resourceapi.ResourceClaim,
+	template func(namespace, name string) *resourceapi.ResourceClaimTemplate) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
 	for _, rc := range p.Spec.ResourceClaims {
+		name := ""
 		switch {
 		case rc.ResourceClaimName != nil:
-			names = append(names, *rc.ResourceClaimName)
+			name = *rc.ResourceClaimName
 		case rc.ResourceClaimTemplateName != nil:
 			i := slices.IndexFunc(p.Status.ResourceClaimStatuses, func(s corev1.PodResourceClaimStatus) bool { return s.Name == rc.Name })
-			if i < 0 {
+			switch {
+			case i >= 0 && p.Status.ResourceClaimStatuses[i].ResourceClaimName == nil:
+				continue // not needed
+			case i >= 0:
+				name = *p.Status.ResourceClaimStatuses[i].ResourceClaimName
+			case template == nil:
 				return nil, fmt.Errorf("the claim %s of pod %s (not made from its template yet)", rc.Name, p.Name)
+			default:
+				t := template(p.Namespace, *rc.ResourceClaimTemplateName)
+				if t == nil {
+					return nil, fmt.Errorf("the ResourceClaimTemplate %s of pod %s", *rc.ResourceClaimTemplateName, p.Name)
+				}
+				out = append(out, &resourceapi.ResourceClaim{
+					ObjectMeta: metav1.ObjectMeta{Name: p.Name + "-" + rc.Name, Namespace: p.Namespace, Labels: map[string]string{labelPlanned: "true"}},
+					Spec:       *t.Spec.Spec.DeepCopy()})
+				continue
 			}
-			if n := p.Status.ResourceClaimStatuses[i].ResourceClaimName; n != nil {
-				names = append(names, *n)
-			}
+		default:
+			continue
 		}
+		c := claim(p.Namespace, name)
+		if c == nil {
+			return nil, fmt.Errorf("claim %s of pod %s", name, p.Name)
+		}
+		out = append(out, c)
 	}
-	return names, nil
+	return out, nil
 }
+
+// labelPlanned marks a claim that claimsOfPod made from a template, only
+// to plan with: it is never written.
+const labelPlanned = "gpudra.dev/planned-from-template"

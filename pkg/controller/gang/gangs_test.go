@@ -152,13 +152,13 @@ func TestCollectGangs(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			released := func(p *corev1.Pod) bool { return p.Name == "lifted" }
-			gangs := collectGangs(tt.pods, released, func(ns, name string) *unstructured.Unstructured {
+			waits := func(p *corev1.Pod) bool { return gated(p) && p.Name != "lifted" }
+			gangs := collectGangs(tt.pods, waits, func(ns, name string) *unstructured.Unstructured {
 				if tt.podGang != nil && name == "pg" {
 					return tt.podGang
 				}
 				return nil
-			}, claimsOf(tt.claims...))
+			}, claimsByName(claimsOf(tt.claims...)))
 			var keys []string
 			for _, g := range gangs {
 				keys = append(keys, g.Key)
@@ -177,7 +177,7 @@ func TestCollectGangs(t *testing.T) {
 					}
 				}
 				var got []string
-				for _, p := range g.Gated {
+				for _, p := range g.Waiting {
 					got = append(got, p.Name)
 				}
 				assert.Equal(t, want, got, "gated members")
@@ -194,7 +194,7 @@ func TestCollectGangsQueueFields(t *testing.T) {
 	b := plain("b", "g", "2")
 	b.Spec.Priority = ptr.To[int32](50)
 	b.CreationTimestamp = metav1.NewTime(t0.Add(-time.Minute))
-	gangs := collectGangs([]*corev1.Pod{b, a}, nil, func(string, string) *unstructured.Unstructured { return nil }, claimsOf())
+	gangs := collectGangs([]*corev1.Pod{b, a}, nil, func(string, string) *unstructured.Unstructured { return nil }, claimsByName(claimsOf()))
 	require.Len(t, gangs, 1)
 	g := gangs[0]
 	assert.Equal(t, "training", g.Queue, "from the first pod by name")
@@ -229,7 +229,7 @@ func TestGangGroups(t *testing.T) {
 		plain("p2", "g", "4", "held"),
 		zoneA,
 	}}
-	groups, err := gangGroups(g, nodes, lookup)
+	groups, err := gangGroups(g, nodes, claimsByName(lookup))
 	require.NoError(t, err)
 	require.Len(t, groups, 2, "p0+p1 share a claim; p2 needs nothing new; za alone")
 	assert.Equal(t, "pod p0+p1", groups[0].Name)
@@ -240,13 +240,13 @@ func TestGangGroups(t *testing.T) {
 
 	// A pod with a held claim and a new one is tied to the held claim's node.
 	g = &Gang{Pods: []*corev1.Pod{plain("p3", "g", "1", "held", "c")}}
-	groups, err = gangGroups(g, nodes, lookup)
+	groups, err = gangGroups(g, nodes, claimsByName(lookup))
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	assert.Equal(t, sets.New("n1"), groups[0].Nodes)
 
-	_, err = gangGroups(&Gang{Pods: []*corev1.Pod{plain("p4", "g", "1", "gone")}}, nodes, lookup)
-	assert.ErrorContains(t, err, "claim gone of pod p4 does not exist")
+	_, err = gangGroups(&Gang{Pods: []*corev1.Pod{plain("p4", "g", "1", "gone")}}, nodes, claimsByName(lookup))
+	assert.ErrorContains(t, err, "claim gone of pod p4")
 }
 
 // TestGangGroupsHonourCordonsAndTaints: the review's case of a planner that
@@ -269,7 +269,7 @@ func TestGangGroupsHonourCordonsAndTaints(t *testing.T) {
 	lookup := func(ns, name string) *resourceapi.ResourceClaim {
 		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	}
-	groups, err := gangGroups(&Gang{Pods: []*corev1.Pod{plain("p", "g", "1", "c")}}, nodes, lookup)
+	groups, err := gangGroups(&Gang{Pods: []*corev1.Pod{plain("p", "g", "1", "c")}}, nodes, claimsByName(lookup))
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	assert.Equal(t, sets.New("free", "prefer"), groups[0].Nodes)
@@ -277,7 +277,7 @@ func TestGangGroupsHonourCordonsAndTaints(t *testing.T) {
 	tolerant := plain("t", "g", "1", "c")
 	tolerant.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists},
 		{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
-	groups, err = gangGroups(&Gang{Pods: []*corev1.Pod{tolerant}}, nodes, lookup)
+	groups, err = gangGroups(&Gang{Pods: []*corev1.Pod{tolerant}}, nodes, claimsByName(lookup))
 	require.NoError(t, err)
 	assert.Equal(t, sets.New("free", "prefer", "noschedule", "cordoned"), groups[0].Nodes, "what it tolerates")
 }

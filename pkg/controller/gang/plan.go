@@ -90,7 +90,7 @@ func (s *snapshot) domainOf(pool, device string) string {
 // any claim they have that is already allocated. It returns the groups
 // with something to allocate; a gang whose claims are all allocated has
 // none.
-func gangGroups(g *Gang, nodes []*corev1.Node, claim func(namespace, name string) *resourceapi.ResourceClaim) ([]allocator.Group, error) {
+func gangGroups(g *Gang, nodes []*corev1.Node, claims podClaims) ([]allocator.Group, error) {
 	// Union-find over pods by shared claim.
 	parent := make([]int, len(g.Pods))
 	for i := range parent {
@@ -104,22 +104,18 @@ func gangGroups(g *Gang, nodes []*corev1.Node, claim func(namespace, name string
 		return parent[i]
 	}
 	owner := map[string]int{}
-	podClaims := make([][]*resourceapi.ResourceClaim, len(g.Pods))
+	perPod := make([][]*resourceapi.ResourceClaim, len(g.Pods))
 	for i, p := range g.Pods {
-		names, err := podClaimNames(p)
+		cls, err := claims(p)
 		if err != nil {
 			return nil, err
 		}
-		for _, n := range names {
-			c := claim(p.Namespace, n)
-			if c == nil {
-				return nil, fmt.Errorf("claim %s of pod %s does not exist", n, p.Name)
-			}
-			podClaims[i] = append(podClaims[i], c)
-			if j, ok := owner[n]; ok {
+		for _, c := range cls {
+			perPod[i] = append(perPod[i], c)
+			if j, ok := owner[c.Name]; ok {
 				parent[find(i)] = find(j)
 			} else {
-				owner[n] = i
+				owner[c.Name] = i
 			}
 		}
 	}
@@ -145,7 +141,7 @@ func gangGroups(g *Gang, nodes []*corev1.Node, claim func(namespace, name string
 			return nil, err
 		}
 		a.nodes = intersect(a.nodes, allowed)
-		for _, c := range podClaims[i] {
+		for _, c := range perPod[i] {
 			if a.seen.Has(c.Name) {
 				continue
 			}

@@ -152,18 +152,18 @@ func (c *Controller) round(ctx context.Context) error {
 	c.metrics.consumed.Set(float64(consumedDevices))
 
 	// Gangs: complete ones become items; the others wait for their pods.
-	for _, g := range collectGangs(c.gangPods(), c.released, c.podGang, c.claim) {
+	for _, g := range collectGangs(c.gangPods(), c.waits, c.podGang, c.podClaims) {
 		if g.Admitted {
-			// Released before: its remaining gated members go now (a
+			// Released before: its remaining waiting members go now (a
 			// gate lift that failed, a pod recreated by its owner).
-			errs = append(errs, c.release(ctx, g))
+			errs = append(errs, c.admit(ctx, g))
 			continue
 		}
 		if g.Missing != "" {
 			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+g.Missing)
 			continue
 		}
-		groups, err := gangGroups(g, snap.nodes, c.claim)
+		groups, err := gangGroups(g, snap.nodes, c.podClaims)
 		if err != nil {
 			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+err.Error())
 			continue
@@ -171,7 +171,7 @@ func (c *Controller) round(ctx context.Context) error {
 		if len(groups) == 0 {
 			// Everything is allocated (a round stopped between writing and
 			// lifting the gates, or the pods use held claims only).
-			errs = append(errs, c.release(ctx, g))
+			errs = append(errs, c.admit(ctx, g))
 			continue
 		}
 		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
@@ -186,6 +186,7 @@ func (c *Controller) round(ctx context.Context) error {
 	}
 
 	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
+	errs = append(errs, c.sweepWorkloads(ctx))
 	if now.Sub(c.lastClassCount) > 15*time.Second {
 		c.lastClassCount = now
 		for class, cnt := range countByClass(ctx, c.cel, snap.classes, snap.slices, snap.allocated, heldClaims) {
@@ -284,7 +285,14 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 	case err != nil:
 		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, fmt.Errorf("plan %s: %w", it.Key, err)
 	}
-	if err := c.committer.commit(ctx, result, it.create); err != nil {
+	// On the Workload API path a gang's devices are the scheduler's to
+	// allocate: the plan only says that the gang fits now, in queue order.
+	handOff := it.kind == KindGang && c.opts.Path == PathWorkload
+	if handOff {
+		if err := c.handOff(ctx, it.gang, topologyKey(&result)); err != nil {
+			return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, err
+		}
+	} else if err := c.committer.commit(ctx, result, it.create); err != nil {
 		if errors.Is(err, ErrConflict) {
 			c.metrics.conflicts.Inc()
 			logger.V(2).Info("Planned devices were taken; planning again", "err", err)
@@ -293,17 +301,21 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 		}
 		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, fmt.Errorf("allocate %s: %w", it.Key, err)
 	}
-	// The informers lag: what was just allocated counts as used for the
-	// rest of the round.
+	// The informers lag (and on the Workload API path the scheduler has not
+	// allocated yet): what was just planned counts as used for the rest of
+	// the round.
 	for _, a := range result.Allocations {
 		cl := a.Claim.DeepCopy()
 		cl.Status.Allocation = a.Result.DeepCopy()
 		snap.allocated = append(snap.allocated, cl)
 	}
 	c.remember(it.Key)
+	if handOff {
+		c.rememberHanded(it.Key, it.gang, result)
+	}
 	c.metrics.admitted.WithLabelValues(it.kind).Inc()
 	c.metrics.waitSeconds.WithLabelValues(it.queueName, it.kind).Observe(now.Sub(it.QueuedAt).Seconds())
-	logger.Info("Allocated", "devices", it.Devices, "nodes", result.Nodes, "nvlinkDomains", result.NVLinkDomains)
+	logger.Info("Admitted", "path", c.opts.Path, "devices", it.Devices, "nodes", result.Nodes, "nvlinkDomains", result.NVLinkDomains)
 	switch it.kind {
 	case KindReservation:
 		return outcome{reason: gpudrav1.ReasonAllocated}, c.setReservationStatus(ctx, it.res, func(st *gpudrav1.GpuReservationStatus) {
@@ -322,11 +334,18 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now tim
 				st.Claims = append(st.Claims, h)
 			}
 		})
-	default:
+	case KindGang:
+		if handOff {
+			c.recordGang(it.gang, corev1.EventTypeNormal, ReasonPodGroupCreated,
+				fmt.Sprintf("gang %s: %d devices fit (on %v now); handed to kube-scheduler as PodGroup %s, which places all of its pods or none",
+					it.gang.Name, it.Devices, result.Nodes, it.gang.Name))
+			return outcome{reason: gpudrav1.ReasonAllocated}, c.markHandedOff(ctx, it.gang)
+		}
 		c.recordGang(it.gang, corev1.EventTypeNormal, ReasonGangAllocated,
 			fmt.Sprintf("gang %s: %d devices allocated on %v (NVLink domains %v); scheduling gates lifted", it.gang.Name, it.Devices, result.Nodes, result.NVLinkDomains))
 		return outcome{reason: gpudrav1.ReasonAllocated}, c.release(ctx, it.gang)
 	}
+	return outcome{}, fmt.Errorf("unknown item kind %q", it.kind)
 }
 
 // unsatisfiable says why an item would not fit even on an empty cluster,

@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -65,6 +67,32 @@ type Input struct {
 	PendingGrace time.Duration
 }
 
+// reservingPodGroups are the PodGroups a claim is, or will be, reserved
+// for: those in its status.reservedFor, and the PodGroup that owns it (the
+// claim controller made it from the PodGroup's template).
+func reservingPodGroups(claim *resourceapi.ResourceClaim) sets.Set[string] {
+	out := sets.New[string]()
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == schedulingv1beta1.GroupName && r.Resource == "podgroups" {
+			out.Insert(r.Name)
+		}
+	}
+	for _, o := range claim.OwnerReferences {
+		if o.Kind == "PodGroup" && strings.HasPrefix(o.APIVersion, schedulingv1beta1.GroupName+"/") {
+			out.Insert(o.Name)
+		}
+	}
+	return out
+}
+
+// podGroupOf is the PodGroup a pod names in spec.schedulingGroup, or "".
+func podGroupOf(p *corev1.Pod) string {
+	if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+		return *sg.PodGroupName
+	}
+	return ""
+}
+
 // Analyze describes the group of a Grove claim and what stops it from
 // working. recheck > 0 is when the answer may change with time alone (a
 // pending consumer reaching the grace period).
@@ -75,12 +103,7 @@ func Analyze(in Input) (g Group, recheck time.Duration) {
 	if grace == 0 {
 		grace = DefaultPendingGrace
 	}
-	reserved := map[string]bool{}
-	for _, r := range claim.Status.ReservedFor {
-		if r.Resource == "pods" {
-			reserved[string(r.UID)] = true
-		}
-	}
+	groups := reservingPodGroups(claim)
 	var consumers []*corev1.Pod
 	for _, p := range in.Pods {
 		if References(p, claim.Name) && p.Namespace == claim.Namespace && p.DeletionTimestamp == nil {
@@ -88,8 +111,17 @@ func Analyze(in Input) (g Group, recheck time.Duration) {
 		}
 	}
 	sort.Slice(consumers, func(i, j int) bool { return consumers[i].Name < consumers[j].Name })
+	// A claim reserved for a PodGroup (DRAWorkloadResourceClaims) is
+	// reserved for every pod of it, in one reservedFor entry: those pods
+	// do not count against the limit.
+	slots := len(groups)
 	for _, p := range consumers {
-		g.Consumers = append(g.Consumers, Consumer{Name: p.Name, UID: p.UID, Node: p.Spec.NodeName, Phase: p.Status.Phase, Reserved: reserved[string(p.UID)]})
+		inGroup := groups.Has(podGroupOf(p))
+		if !inGroup {
+			slots++
+		}
+		g.Consumers = append(g.Consumers, Consumer{Name: p.Name, UID: p.UID, Node: p.Spec.NodeName, Phase: p.Status.Phase,
+			Reserved: inGroup || resourceclaim.IsReservedForPod(p, claim, false)})
 	}
 
 	var nodes []*corev1.Node
@@ -118,16 +150,20 @@ func Analyze(in Input) (g Group, recheck time.Duration) {
 		g.Sharing = cfg.Sharing
 	}
 
-	if n := len(consumers); n > resourceapi.ResourceClaimReservedForMaxSize {
+	if n := slots; n > resourceapi.ResourceClaimReservedForMaxSize {
 		var waiting []string
-		for _, p := range consumers {
-			if !reserved[string(p.UID)] {
-				waiting = append(waiting, p.Name)
+		for _, c := range g.Consumers {
+			if !c.Reserved {
+				waiting = append(waiting, c.Name)
 			}
 		}
+		who := fmt.Sprintf("%d pods", n)
+		if len(groups) > 0 {
+			who = fmt.Sprintf("%d pods outside PodGroup %s and the PodGroup", n-len(groups), strings.Join(sets.List(groups), ", "))
+		}
 		g.Problems = append(g.Problems, Problem{Reason: ReasonTooManyConsumers, Pods: waiting, Message: fmt.Sprintf(
-			"%d pods reference claim %s, a claim can be reserved for at most %d; not reserved: %s",
-			n, claim.Name, resourceapi.ResourceClaimReservedForMaxSize, capList(waiting))})
+			"%s reference claim %s, a claim can be reserved for at most %d; not reserved: %s",
+			who, claim.Name, resourceapi.ResourceClaimReservedForMaxSize, capList(waiting))})
 	}
 	if claim.Status.Allocation != nil && claim.Status.Allocation.NodeSelector != nil && len(nodes) > 0 {
 		if p := nodeExcluded(consumers, nodes); p != nil {

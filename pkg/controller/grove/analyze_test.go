@@ -47,6 +47,20 @@ func TestAnalyzeProblems(t *testing.T) {
 			reasons: []string{ReasonTooManyConsumers},
 			contain: "257 pods reference claim grove-demo-0-engine-0-engine-gpu, a claim can be reserved for at most 256",
 		},
+		// DRAWorkloadResourceClaims: one reservedFor entry for a whole
+		// PodGroup, however many pods it has.
+		"300 pods of a PodGroup the claim is reserved for": {
+			claim: groveClaim(allocated("node-a"), reservedForPodGroup("serving")),
+			pods:  inPodGroup("serving", manyConsumers(300)),
+			nodes: []*corev1.Node{nodeA},
+		},
+		"300 pods of another PodGroup still count one by one": {
+			claim:   groveClaim(allocated("node-a"), reservedForPodGroup("serving")),
+			pods:    inPodGroup("other", manyConsumers(300)),
+			nodes:   []*corev1.Node{nodeA},
+			reasons: []string{ReasonTooManyConsumers},
+			contain: "300 pods outside PodGroup serving and the PodGroup reference claim",
+		},
 		"nodeSelector excludes the allocated node": {
 			claim:   groveClaim(allocated("node-a"), reservedFor(running)),
 			pods:    []*corev1.Pod{running, consumer("shadow", nodeSelector("zone", "b"))},

@@ -139,3 +139,20 @@ func manyConsumers(n int) []*corev1.Pod {
 	}
 	return out
 }
+
+// reservedForPodGroup reserves the claim for a PodGroup, as the claim
+// controller does with DRAWorkloadResourceClaims.
+func reservedForPodGroup(name string) claimOpt {
+	return func(c *resourceapi.ResourceClaim) {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{
+			APIGroup: "scheduling.k8s.io", Resource: "podgroups", Name: name, UID: types.UID(name + "-uid")})
+	}
+}
+
+// inPodGroup makes the pods name the PodGroup in spec.schedulingGroup.
+func inPodGroup(name string, pods []*corev1.Pod) []*corev1.Pod {
+	for _, p := range pods {
+		p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To(name)}
+	}
+	return pods
+}

@@ -1,0 +1,299 @@
+package gang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/allocator"
+)
+
+// Paths: how a gang that its queue lets go is handed to the scheduler.
+// Everything before that (collecting gangs, queues, planning, statuses) is
+// one core for both.
+const (
+	// PathGates: the controller allocates the gang's claims itself behind a
+	// DeviceTaintRule fence (commit.go) and lifts the pods' scheduling gate.
+	PathGates = "gates"
+	// PathWorkload: the controller creates the gang's Workload and gang
+	// PodGroup; kube-scheduler places all of its pods, and allocates their
+	// claims, or none. No fence, no claim write.
+	PathWorkload = "workload"
+)
+
+// podGroupTemplate names the one PodGroup template of a gang's Workload.
+const podGroupTemplate = "gang"
+
+// ReasonPodGroupCreated is the reason of the gang condition and Event when
+// a gang was handed to kube-scheduler as a PodGroup.
+const ReasonPodGroupCreated = "PodGroupCreated"
+
+// workloadSweepAge: a Workload of a plain gang with no member left is
+// deleted once its PodGroup is this old (a gang whose pods are being made
+// again keeps it).
+const workloadSweepAge = time.Minute
+
+// waits says whether a gang pod still waits on gpudra. On the gate path: it
+// carries the gate, and this controller did not just lift it. On the
+// Workload API path: it names its gang's PodGroup (the webhook set
+// spec.schedulingGroup), which does not exist yet. A pod that names
+// another scheduling group belongs to somebody else's PodGroup.
+func (c *Controller) waits(p *corev1.Pod) bool {
+	if c.opts.Path != PathWorkload {
+		return gated(p) && !c.released(p)
+	}
+	name, _ := gangKey(p)
+	sg := p.Spec.SchedulingGroup
+	if name == "" || sg == nil || sg.PodGroupName == nil || *sg.PodGroupName != name {
+		return false
+	}
+	return c.podGroup(p.Namespace, name) == nil && !c.isRecent(podGroupKey(p.Namespace, name))
+}
+
+func podGroupKey(namespace, name string) string { return "podgroup/" + namespace + "/" + name }
+
+func (c *Controller) podGroup(namespace, name string) *schedulingv1beta1.PodGroup {
+	if c.podGroups == nil {
+		return nil
+	}
+	obj, ok, err := c.podGroups.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	return obj.(*schedulingv1beta1.PodGroup)
+}
+
+// minCount is how many of a gang's pods kube-scheduler must place together:
+// a plain gang's gpudra.dev/gang-size; for a Grove PodGang the sum of its
+// groups' minReplicas, in one PodGroup, so that the cliques land together
+// (PodGroups per clique would need CompositePodGroups, alpha in 1.37, to be
+// all or nothing across cliques).
+func minCount(g *Gang, podGang *unstructured.Unstructured) (int32, error) {
+	if !g.Grove {
+		n, err := strconv.Atoi(g.Pods[0].Annotations[gpudrav1.AnnotationGangSize])
+		if err != nil || n < 1 {
+			return 0, fmt.Errorf("gang %s: annotation %s: %q is no size", g.Key, gpudrav1.AnnotationGangSize, g.Pods[0].Annotations[gpudrav1.AnnotationGangSize])
+		}
+		return int32(n), nil
+	}
+	if podGang == nil {
+		return 0, fmt.Errorf("gang %s: its PodGang is gone", g.Key)
+	}
+	groups, err := podGangGroups(podGang)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, grp := range groups {
+		n += max(grp.minReplicas, 1)
+	}
+	return int32(n), nil
+}
+
+// TopologyKeyNode is the topology constraint of a gang planned on one node:
+// an H100 node (HGX) is one NVLink domain, so "one node" says "one NVLink
+// domain" in the words the PodGroup topology API has (node labels).
+const TopologyKeyNode = "kubernetes.io/hostname"
+
+// topologyKey is the PodGroup topology constraint for a plan: a gang that
+// fits on one node (the planner packs NVLink domains first) is kept on one
+// node; "" for none (a gang that needs several nodes: H100 NVLink does not
+// cross nodes).
+func topologyKey(result *allocator.Result) string {
+	if result != nil && len(result.Nodes) == 1 {
+		return TopologyKeyNode
+	}
+	return ""
+}
+
+// handOff creates the gang's Workload, with one gang template, and its
+// PodGroup, which the pods name; topology, when not empty, is the
+// PodGroup's topology constraint (an API server without the alpha gate
+// TopologyAwareWorkloadScheduling drops it). An object there already (an
+// earlier round, or a leader that stopped between the two creates) is
+// kept, so a failover finishes a half-written hand-off.
+func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) error {
+	pg := c.podGang(g.Namespace, g.Name)
+	n, err := minCount(g, pg)
+	if err != nil {
+		return err
+	}
+	policy := schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: n}}
+	var constraints *schedulingv1beta1.PodGroupSchedulingConstraints
+	if topology != "" {
+		constraints = &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: topology}}}
+	}
+	labels := map[string]string{gpudrav1.LabelGang: g.Name}
+	// kube-scheduler refuses a PodGroup whose priority is not its pods'
+	// ("all pods in a single pod group should have the same priority").
+	priorityClass := gangPriorityClass(g)
+	wl := &schedulingv1beta1.Workload{
+		ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: g.Namespace, Labels: labels},
+		Spec: schedulingv1beta1.WorkloadSpec{PodGroupTemplates: []schedulingv1beta1.PodGroupTemplate{{
+			Name: podGroupTemplate, SchedulingPolicy: policy, SchedulingConstraints: constraints, PriorityClassName: priorityClass}}},
+	}
+	if g.Grove && pg != nil {
+		// Deleted with its PodGang.
+		wl.OwnerReferences = []metav1.OwnerReference{{APIVersion: PodGangs.GroupVersion().String(), Kind: "PodGang", Name: pg.GetName(), UID: pg.GetUID()}}
+		wl.Spec.ControllerRef = &schedulingv1beta1.TypedLocalObjectReference{APIGroup: PodGangs.Group, Kind: "PodGang", Name: pg.GetName()}
+	}
+	api := c.opts.Client.SchedulingV1beta1()
+	created, err := api.Workloads(g.Namespace).Create(ctx, wl, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = api.Workloads(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("gang %s: Workload: %w", g.Key, err)
+	}
+	group := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: g.Namespace, Labels: labels,
+			// Deleted with its Workload.
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: schedulingv1beta1.SchemeGroupVersion.String(), Kind: "Workload",
+				Name: created.Name, UID: created.UID, Controller: ptr.To(true)}}},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			WorkloadRef:           &schedulingv1beta1.WorkloadReference{WorkloadName: created.Name, TemplateName: podGroupTemplate},
+			SchedulingPolicy:      policy,
+			SchedulingConstraints: constraints,
+			PriorityClassName:     priorityClass,
+		},
+	}
+	if _, err := api.PodGroups(g.Namespace).Create(ctx, group, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("gang %s: PodGroup: %w", g.Key, err)
+	}
+	c.remember(podGroupKey(g.Namespace, g.Name))
+	klog.FromContext(ctx).V(2).Info("Handed to kube-scheduler", "gang", g.Key, "podGroup", g.Name, "minCount", n, "topology", topology)
+	return nil
+}
+
+// gangPriorityClass is the PriorityClass of the gang's highest-priority
+// pod, which its PodGroup takes (the gang's pods should share one: the
+// scheduler places no pod of a PodGroup whose pods differ, and says so in a
+// FailedScheduling Event).
+func gangPriorityClass(g *Gang) string {
+	class := ""
+	var best *int32
+	for _, p := range g.Pods {
+		if best == nil || (p.Spec.Priority != nil && *p.Spec.Priority > *best) {
+			best, class = p.Spec.Priority, p.Spec.PriorityClassName
+			if best == nil {
+				best = ptr.To[int32](0)
+			}
+		}
+	}
+	return class
+}
+
+// markHandedOff sets the gang condition on the members: which PodGroup
+// serves the gang, and so which path.
+func (c *Controller) markHandedOff(ctx context.Context, g *Gang) error {
+	c.mu.Lock()
+	delete(c.reported, g.Key)
+	c.mu.Unlock()
+	patch := gangConditionPatch(corev1.ConditionTrue, ReasonPodGroupCreated,
+		fmt.Sprintf("handed to kube-scheduler as PodGroup %s (Workload API path): it places all of the gang's pods or none", g.Name))
+	var errs []error
+	for _, p := range g.Waiting {
+		errs = append(errs, setGangCondition(ctx, c.opts.Client, p, patch))
+	}
+	return errors.Join(errs...)
+}
+
+// sweepWorkloads deletes the Workloads gpudra made for plain gangs that have
+// no member left (a Grove gang's goes with its PodGang): the next gang of
+// that name gets a PodGroup of its own size. The PodGroup goes with it.
+func (c *Controller) sweepWorkloads(ctx context.Context) error {
+	if c.podGroups == nil {
+		return nil
+	}
+	var errs []error
+	for _, obj := range c.podGroups.List() {
+		pg := obj.(*schedulingv1beta1.PodGroup)
+		name := pg.Labels[gpudrav1.LabelGang]
+		if name == "" || c.opts.Now().Sub(pg.CreationTimestamp.Time) < workloadSweepAge {
+			continue
+		}
+		if members, _ := c.pods.ByIndex(gateIndex, pg.Namespace+"/"+name); len(members) > 0 {
+			continue
+		}
+		owner := metav1.GetControllerOf(pg)
+		if owner == nil || owner.Kind != "Workload" {
+			continue
+		}
+		err := c.opts.Client.SchedulingV1beta1().Workloads(pg.Namespace).Delete(ctx, owner.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &owner.UID}, PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		if err == nil {
+			klog.FromContext(ctx).V(2).Info("Deleted the Workload of an ended gang", "workload", klog.KRef(pg.Namespace, owner.Name))
+		}
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("delete Workload %s/%s: %w", pg.Namespace, owner.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// handedTTL bounds how long a handed-off gang's plan counts against the
+// devices: kube-scheduler places a gang within seconds when it fits; one it
+// cannot place (it planned other devices, or the cluster changed) must not
+// hold the queue for ever.
+const handedTTL = 2 * time.Minute
+
+// handed is a gang handed to kube-scheduler whose pods are not all bound
+// yet: its claims as planned, and its pods.
+type handed struct {
+	at     time.Time
+	claims []*resourceapi.ResourceClaim
+	pods   []*corev1.Pod
+}
+
+// rememberHanded keeps a handed-off gang's plan: until the scheduler has
+// bound its pods (it writes their claims' allocations before it binds),
+// the devices count as used, so that the items behind it in the queue are
+// not handed the same devices, which would undo the queue's order.
+func (c *Controller) rememberHanded(key string, g *Gang, result allocator.Result) {
+	h := handed{at: c.opts.Now(), pods: g.Pods}
+	for _, a := range result.Allocations {
+		cl := a.Claim.DeepCopy()
+		cl.Status.Allocation = a.Result.DeepCopy()
+		h.claims = append(h.claims, cl)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handed[key] = h
+}
+
+// handedClaims are the planned claims of handed-off gangs whose pods are
+// not all bound; bound(namespace, name) says whether a pod is bound (or
+// gone). Entries whose pods are all bound, or past handedTTL, are
+// forgotten.
+func (c *Controller) handedClaims(bound func(namespace, name string) bool) []*resourceapi.ResourceClaim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*resourceapi.ResourceClaim
+	for key, h := range c.handed {
+		done := true
+		for _, p := range h.pods {
+			if !bound(p.Namespace, p.Name) {
+				done = false
+				break
+			}
+		}
+		if done || c.opts.Now().Sub(h.at) > handedTTL {
+			delete(c.handed, key)
+			continue
+		}
+		out = append(out, h.claims...)
+	}
+	return out
+}
