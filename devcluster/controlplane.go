@@ -269,9 +269,12 @@ func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan 
 	schedInformers := scheduler.NewInformerFactory(schedClient, 0, nil)
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: eventClient.EventsV1()})
 	broadcaster.StartRecordingToSink(ctx.Done())
+	// Pods annotated for it wait in PreBind (prebinddelay.go).
+	registry := withPreBindDelay(schedCfg.Profiles)
 	sched, err := scheduler.New(ctx, schedClient, schedInformers, nil, profile.NewRecorderFactory(broadcaster),
 		scheduler.WithKubeConfig(schedKubeConfig),
 		scheduler.WithProfiles(schedCfg.Profiles...),
+		scheduler.WithFrameworkOutOfTreeRegistry(registry),
 		scheduler.WithPercentageOfNodesToScore(schedCfg.PercentageOfNodesToScore),
 		// Pods that did not fit are retried soon: the demo and the tests
 		// create claims and slices in any order.

@@ -39,7 +39,10 @@ func onFractionalNode(p *v1.Pod) *v1.Pod {
 }
 
 // waitPrepareFailed waits for the pod's FailedPrepareDynamicResources
-// event and returns its message.
+// event and returns its message. A kubelet that fetches the claim before
+// the Node authorizer's graph has seen the pod bound is refused once ("no
+// relationship found between node ..."), and retries: that event is not the
+// one asked for.
 func waitPrepareFailed(t *testing.T, ns, pod string) string {
 	t.Helper()
 	var msg string
@@ -49,7 +52,7 @@ func waitPrepareFailed(t *testing.T, ns, pod string) string {
 			return false, nil
 		}
 		for _, e := range events.Items {
-			if e.InvolvedObject.Name == pod && e.Reason == "FailedPrepareDynamicResources" {
+			if e.InvolvedObject.Name == pod && e.Reason == "FailedPrepareDynamicResources" && !strings.Contains(e.Message, "no relationship found between node") {
 				msg = e.Message
 				return true, nil
 			}

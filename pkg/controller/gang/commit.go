@@ -47,7 +47,30 @@ type committer struct {
 	// informer, and an allocation the scheduler decided before it to be
 	// written, before the check.
 	settle time.Duration
+	// kept are the fences of written plans, by DeviceTaintRule name: each
+	// stays until this controller's informer shows the plan's claims
+	// allocated (liftKept), since the scheduler's informer lags the same
+	// way. Lifted at once, the scheduler could choose a device whose
+	// allocation it has not seen yet. Only the round goroutine uses it.
+	kept map[string]*keptFence
+	// written are the claims this controller allocated, by UID, with when:
+	// the double-allocation repair takes back only its own.
+	written map[types.UID]time.Time
+	// binding says which pod, if any, kube-scheduler is binding to one of
+	// the nodes with claims it has not written yet (nil: none is asked).
+	binding func(nodes []string) string
 }
+
+// keptFence is a fence kept after its plan was written.
+type keptFence struct {
+	// claims are the written claims (namespace/name) whose allocation the
+	// informer must show before the fence goes.
+	claims []string
+	since  time.Time
+}
+
+// keptFenceMax bounds how long a fence is kept waiting for the informer.
+const keptFenceMax = 30 * time.Second
 
 // deviceRef names one allocated device.
 type deviceRef struct{ driver, pool, device string }
@@ -65,69 +88,252 @@ func planDevices(plan allocator.Result) []deviceRef {
 	return out
 }
 
-// fenceName is a DeviceTaintRule's name: stable per device, so that a
-// second fence of the same device (two rounds racing after a leader
-// change) collides instead of stacking.
+// fenceName is a DeviceTaintRule's name: stable per device (device "" for
+// a whole pool), so that a second fence of the same devices (two rounds
+// racing after a leader change) collides instead of stacking.
 func fenceName(d deviceRef) string {
 	sum := sha256.Sum256([]byte(d.driver + "/" + d.pool + "/" + d.device))
+	if d.device == "" {
+		return "gpudra-fence-pool-" + hex.EncodeToString(sum[:8])
+	}
 	return "gpudra-fence-" + hex.EncodeToString(sum[:8])
 }
 
-// commit writes plan's allocations. create says which claims do not exist
-// yet (a reservation's): they are created first, with the scheduler's
-// finalizer so that the claim controller deallocates them when their last
-// user goes.
-func (c *committer) commit(ctx context.Context, plan allocator.Result, create sets.Set[string]) error {
+// maxDeviceFencesPerPool: a plan that would fence more devices of one pool
+// fences the whole pool with one DeviceTaintRule instead. Fences are API
+// writes at the controller's client rate (20/s): a gang of 8 x 8 GPUs took
+// 64 creates and 64 deletes, seconds in the critical path
+// (BenchmarkGang8x8GPUs). The pool's other devices are kept from the
+// scheduler only until the plan's writes are seen.
+const maxDeviceFencesPerPool = 2
+
+// fencesFor returns the DeviceTaintRules that fence the devices: one per
+// device, or one per pool where a pool has more than maxDeviceFencesPerPool.
+func fencesFor(devices []deviceRef) []*resourceapi.DeviceTaintRule {
+	type poolKey struct{ driver, pool string }
+	byPool := map[poolKey][]deviceRef{}
+	var order []poolKey
+	for _, d := range devices {
+		k := poolKey{d.driver, d.pool}
+		if _, ok := byPool[k]; !ok {
+			order = append(order, k)
+		}
+		byPool[k] = append(byPool[k], d)
+	}
+	var out []*resourceapi.DeviceTaintRule
+	rule := func(d deviceRef) *resourceapi.DeviceTaintRule {
+		sel := &resourceapi.DeviceTaintSelector{Driver: ptr.To(d.driver), Pool: ptr.To(d.pool)}
+		if d.device != "" {
+			sel.Device = ptr.To(d.device)
+		}
+		return &resourceapi.DeviceTaintRule{
+			ObjectMeta: metav1.ObjectMeta{Name: fenceName(d), Labels: map[string]string{LabelFence: "true"}},
+			Spec: resourceapi.DeviceTaintRuleSpec{DeviceSelector: sel,
+				Taint: resourceapi.DeviceTaint{Key: FenceTaintKey, Value: "allocating", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
+		}
+	}
+	for _, k := range order {
+		ds := byPool[k]
+		if len(ds) > maxDeviceFencesPerPool {
+			out = append(out, rule(deviceRef{driver: k.driver, pool: k.pool}))
+			continue
+		}
+		for _, d := range ds {
+			out = append(out, rule(d))
+		}
+	}
+	return out
+}
+
+// fenceSubject says what a fence covers, for errors.
+func fenceSubject(r *resourceapi.DeviceTaintRule) string {
+	sel := r.Spec.DeviceSelector
+	if sel.Device == nil {
+		return "pool " + ptr.Deref(sel.Pool, "")
+	}
+	return "device " + ptr.Deref(sel.Pool, "") + "/" + *sel.Device
+}
+
+// commitPlan is one plan of a batch: its allocations, and which of its
+// claims do not exist yet (a reservation's: they are created first, with the
+// scheduler's finalizer so that the claim controller deallocates them when
+// their last user goes).
+type commitPlan struct {
+	result allocator.Result
+	create sets.Set[string]
+}
+
+// commit writes one plan (commitAll of one).
+func (c *committer) commit(ctx context.Context, plan allocator.Result, create sets.Set[string], counters *counterIndex) error {
+	return c.commitAll(ctx, []commitPlan{{result: plan, create: create}}, counters)[0]
+}
+
+// commitAll writes the plans a round admitted, each all or nothing, behind
+// one fence and one settle for all of them: admissions of one round do not
+// wait on each other's settle time. counters (nil: none) says which devices
+// share counters with the planned ones: they are fenced too, and the check
+// adds up counters. It returns one error per plan (ErrConflict: planned
+// again).
+func (c *committer) commitAll(ctx context.Context, plans []commitPlan, counters *counterIndex) []error {
 	logger := klog.FromContext(ctx)
-	devices := planDevices(plan)
+	errs := make([]error, len(plans))
+	failAll := func(err error) []error {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	var devices []deviceRef
+	for _, p := range plans {
+		devices = append(devices, planDevices(p.result)...)
+	}
+	fenced := devices
+	if counters != nil {
+		fenced = append(slices.Clone(devices), counters.siblings(devices)...)
+	}
 	var fences []string
+	written := false
 	defer func() {
-		// Lift the fence whatever happened: a leftover fence only keeps the
-		// scheduler away from free devices (and is swept up later).
-		for _, name := range fences {
-			if err := c.client.ResourceV1().DeviceTaintRules().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Lift device fence", "deviceTaintRule", name)
-			}
+		if !written {
+			// Nothing written: lift at once. A leftover fence only keeps
+			// the scheduler away from free devices (and is swept up later).
+			c.lift(ctx, fences...)
 		}
 	}()
-	for _, d := range devices {
-		rule := &resourceapi.DeviceTaintRule{
-			ObjectMeta: metav1.ObjectMeta{Name: fenceName(d), Labels: map[string]string{LabelFence: "true"}},
-			Spec: resourceapi.DeviceTaintRuleSpec{
-				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &d.driver, Pool: &d.pool, Device: &d.device},
-				Taint:          resourceapi.DeviceTaint{Key: FenceTaintKey, Value: "allocating", Effect: resourceapi.DeviceTaintEffectNoSchedule},
-			},
+	for _, f := range fencesFor(fenced) {
+		if k := c.kept[f.Name]; k != nil {
+			// Fenced already for a plan of this controller whose writes the
+			// informer has not shown yet: it now waits for these too.
+			fences = append(fences, f.Name)
+			continue
 		}
-		if _, err := c.client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{}); err != nil {
+		if _, err := c.client.ResourceV1().DeviceTaintRules().Create(ctx, f, metav1.CreateOptions{}); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("device %s/%s is fenced by another allocation: %w", d.pool, d.device, ErrConflict)
+				return failAll(fmt.Errorf("%s is fenced by another allocation: %w", fenceSubject(f), ErrConflict))
 			}
-			return fmt.Errorf("fence device %s/%s: %w", d.pool, d.device, err)
+			return failAll(fmt.Errorf("fence %s: %w", fenceSubject(f), err))
 		}
-		fences = append(fences, rule.Name)
+		fences = append(fences, f.Name)
 	}
 	if c.settle > 0 {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return failAll(ctx.Err())
 		case <-time.After(c.settle):
 		}
 	}
-	if err := c.checkFree(ctx, devices, plan); err != nil {
-		return err
+	// One list from the API server (not the informer, which may lag) for
+	// the whole batch.
+	list, err := c.client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return failAll(fmt.Errorf("check planned devices are free: %w", err))
 	}
-	for i, a := range plan.Allocations {
-		if err := c.write(ctx, a, create.Has(a.Claim.Namespace+"/"+a.Claim.Name)); err != nil {
-			// All or nothing: take back what was written.
-			for _, done := range plan.Allocations[:i] {
-				if uerr := c.unwrite(context.WithoutCancel(ctx), done.Claim, create.Has(done.Claim.Namespace+"/"+done.Claim.Name)); uerr != nil {
-					logger.Error(uerr, "Take back a partly written plan", "claim", klog.KObj(done.Claim))
-				}
+	var admitted []deviceRef // of the plans written so far
+	for i, p := range plans {
+		mine := planDevices(p.result)
+		if errs[i] = checkFree(list.Items, mine, admitted, p.result, counters); errs[i] != nil {
+			continue
+		}
+		// kube-scheduler decides at Reserve and writes the claims at
+		// PreBind, after the other PreBind plugins (a volume can take
+		// seconds); it names the node in status.nominatedNodeName first
+		// (NominatedNodeNameForExpectation, on since 1.35). Its choice is
+		// invisible to the check above until then: wait for it.
+		if c.binding != nil {
+			if pod := c.binding(p.result.Nodes); pod != "" {
+				errs[i] = fmt.Errorf("kube-scheduler is binding pod %s to a planned node and has not written its claims yet: %w", pod, ErrConflict)
+				continue
 			}
-			return err
+		}
+		for j, a := range p.result.Allocations {
+			if err := c.write(ctx, a, p.create.Has(a.Claim.Namespace+"/"+a.Claim.Name)); err != nil {
+				// All or nothing: take back what was written.
+				for _, done := range p.result.Allocations[:j] {
+					if uerr := c.unwrite(context.WithoutCancel(ctx), done.Claim, p.create.Has(done.Claim.Namespace+"/"+done.Claim.Name)); uerr != nil {
+						logger.Error(uerr, "Take back a partly written plan", "claim", klog.KObj(done.Claim))
+					}
+				}
+				errs[i] = err
+				break
+			}
+		}
+		if errs[i] == nil {
+			written = true
+			admitted = append(admitted, mine...)
+			// Kept until the informer shows the writes (liftKept).
+			c.keep(fences, p.result)
 		}
 	}
-	return nil
+	return errs
+}
+
+// keep records a written plan's fences (and its claims as this
+// controller's own).
+func (c *committer) keep(fences []string, plan allocator.Result) {
+	if c.kept == nil {
+		c.kept = map[string]*keptFence{}
+	}
+	if c.written == nil {
+		c.written = map[types.UID]time.Time{}
+	}
+	now := time.Now()
+	var claims []string
+	for _, a := range plan.Allocations {
+		claims = append(claims, a.Claim.Namespace+"/"+a.Claim.Name)
+	}
+	for _, name := range fences {
+		k := c.kept[name]
+		if k == nil {
+			k = &keptFence{since: now}
+			c.kept[name] = k
+		}
+		k.claims = append(k.claims, claims...)
+	}
+	for uid, at := range c.written {
+		if now.Sub(at) > 10*time.Minute {
+			delete(c.written, uid)
+		}
+	}
+	for _, a := range plan.Allocations {
+		if a.Claim.UID != "" {
+			c.written[a.Claim.UID] = now
+		}
+	}
+}
+
+// liftKept lifts the kept fences whose claims the informer shows allocated
+// (allocated says so; a claim gone counts), or that were kept too long.
+func (c *committer) liftKept(ctx context.Context, allocated func(key string) bool) {
+	var lift []string
+	for name, k := range c.kept {
+		done := time.Since(k.since) > keptFenceMax
+		if !done {
+			done = true
+			for _, key := range k.claims {
+				if !allocated(key) {
+					done = false
+					break
+				}
+			}
+		}
+		if done {
+			lift = append(lift, name)
+			delete(c.kept, name)
+		}
+	}
+	c.lift(ctx, lift...)
+}
+
+// lift deletes fences.
+func (c *committer) lift(ctx context.Context, names ...string) {
+	for _, name := range names {
+		if c.kept[name] != nil {
+			continue // another written plan still waits on it
+		}
+		if err := c.client.ResourceV1().DeviceTaintRules().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			klog.FromContext(ctx).Error(err, "Lift device fence", "deviceTaintRule", name)
+		}
+	}
 }
 
 // unwrite takes back one written allocation: a claim it created is
@@ -153,12 +359,13 @@ func (c *committer) unwrite(ctx context.Context, claim *resourceapi.ResourceClai
 	return err
 }
 
-// checkFree lists the claims from the API server (not the informer, which
-// may lag) and fails with ErrConflict when another claim holds one of the
-// devices, or a device sharing a counter set with it is not visible here:
-// the structured allocator's plan already accounted for counters against
-// the snapshot, so only exact device collisions are checked.
-func (c *committer) checkFree(ctx context.Context, devices []deviceRef, plan allocator.Result) error {
+// checkFree fails with ErrConflict when another claim of list (read from
+// the API server after the settle) holds one of the planned devices, or
+// when the devices other claims hold, those of the batch's plans written
+// before (admitted) and the planned ones together overdraw a shared counter
+// (a GPU's memory slices, its whole-GPU counter): a MIG placement the
+// scheduler gave out on a planned GPU is no exact device collision.
+func checkFree(list []resourceapi.ResourceClaim, devices, admitted []deviceRef, plan allocator.Result, counters *counterIndex) error {
 	mine := sets.New[types.UID]()
 	for _, a := range plan.Allocations {
 		if a.Claim.UID != "" {
@@ -166,11 +373,8 @@ func (c *committer) checkFree(ctx context.Context, devices []deviceRef, plan all
 		}
 	}
 	want := sets.New[deviceRef](devices...)
-	list, err := c.client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("check planned devices are free: %w", err)
-	}
-	for _, claim := range list.Items {
+	all := append(slices.Clone(devices), admitted...)
+	for _, claim := range list {
 		if claim.Status.Allocation == nil || mine.Has(claim.UID) {
 			continue
 		}
@@ -181,6 +385,12 @@ func (c *committer) checkFree(ctx context.Context, devices []deviceRef, plan all
 			if want.Has(deviceRef{r.Driver, r.Pool, r.Device}) {
 				return fmt.Errorf("device %s/%s is now in claim %s/%s: %w", r.Pool, r.Device, claim.Namespace, claim.Name, ErrConflict)
 			}
+			all = append(all, deviceRef{r.Driver, r.Pool, r.Device})
+		}
+	}
+	if counters != nil {
+		if over := counters.overdrawn(all); over != "" {
+			return fmt.Errorf("the planned devices and those allocated meanwhile overdraw %s: %w", over, ErrConflict)
 		}
 	}
 	return nil

@@ -54,10 +54,20 @@ func TestCommit(t *testing.T) {
 				require.NoError(t, err)
 			}
 			cm := &committer{client: client}
-			err := cm.commit(ctx, planOf(newClaim(), tt.devices...), sets.New("ns/r-0"))
+			err := cm.commit(ctx, planOf(newClaim(), tt.devices...), sets.New("ns/r-0"), nil)
 			rules, lerr := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
 			require.NoError(t, lerr)
-			assert.Empty(t, rules.Items, "the fence is lifted either way")
+			if tt.conflict {
+				assert.Empty(t, rules.Items, "the fence is lifted at once when nothing was written")
+			} else {
+				assert.Len(t, rules.Items, len(tt.devices), "kept until the informer shows the writes")
+				cm.liftKept(ctx, func(string) bool { return false })
+				rules, _ = client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+				assert.Len(t, rules.Items, len(tt.devices), "the informer has not shown the claim yet")
+				cm.liftKept(ctx, func(key string) bool { return key == "ns/r-0" })
+				rules, _ = client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+				assert.Empty(t, rules.Items, "lifted once the informer shows the claim allocated")
+			}
 			got, gerr := client.ResourceV1().ResourceClaims("ns").Get(ctx, "r-0", metav1.GetOptions{})
 			if tt.conflict {
 				assert.ErrorIs(t, err, ErrConflict)
@@ -81,7 +91,7 @@ func TestCommitFenceCollision(t *testing.T) {
 	_, err := client.ResourceV1().DeviceTaintRules().Create(ctx, &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: fenceName(d)}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	cm := &committer{client: client}
-	err = cm.commit(ctx, planOf(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "r-0", Namespace: "ns"}}, "gpu-0"), sets.New("ns/r-0"))
+	err = cm.commit(ctx, planOf(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "r-0", Namespace: "ns"}}, "gpu-0"), sets.New("ns/r-0"), nil)
 	assert.ErrorIs(t, err, ErrConflict, "a device fenced by another round is not taken")
 	rules, _ := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
 	assert.Len(t, rules.Items, 1, "the other round's fence stays")

@@ -78,8 +78,10 @@ type Controller struct {
 	opts      Options
 	metrics   *metrics
 	committer *committer
-	cel       *cel.Cache
-	trigger   chan struct{}
+	// conditions writes the gang condition to pods off the round.
+	conditions *conditionWriter
+	cel        *cel.Cache
+	trigger    chan struct{}
 
 	pods         cache.Indexer
 	claims       cache.Indexer
@@ -141,13 +143,14 @@ func New(opts Options) (*Controller, error) {
 	}
 	return &Controller{
 		opts: opts, metrics: m,
-		committer: &committer{client: opts.Client, settle: opts.FenceSettle},
-		cel:       cel.NewCache(100, cel.Features{}),
-		trigger:   make(chan struct{}, 1),
-		reported:  map[string]string{},
-		recent:    map[string]time.Time{},
-		verdicts:  map[string]verdict{},
-		handed:    map[string]handed{},
+		committer:  &committer{client: opts.Client, settle: opts.FenceSettle},
+		conditions: newConditionWriter(opts.Client),
+		cel:        cel.NewCache(100, cel.Features{}),
+		trigger:    make(chan struct{}, 1),
+		reported:   map[string]string{},
+		recent:     map[string]time.Time{},
+		verdicts:   map[string]verdict{},
+		handed:     map[string]handed{},
 	}, nil
 }
 
@@ -163,6 +166,18 @@ func gangIndex(obj any) ([]string, error) {
 		return []string{p.Namespace + "/" + name}, nil
 	}
 	return nil, nil
+}
+
+// nominatedIndex indexes pods not bound yet by the node kube-scheduler
+// nominated for them.
+const nominatedIndex = "nominated"
+
+func nominatedNode(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.NodeName != "" || p.Status.NominatedNodeName == "" {
+		return nil, nil
+	}
+	return []string{p.Status.NominatedNodeName}, nil
 }
 
 // reservationIndex indexes claims by the reservation that holds them.
@@ -187,7 +202,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	dyn := dynamicinformer.NewDynamicSharedInformerFactory(c.opts.Dynamic, 0)
 	podInf := typed.Core().V1().Pods().Informer()
 	claimInf := typed.Resource().V1().ResourceClaims().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{gateIndex: gangIndex}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{gateIndex: gangIndex, nominatedIndex: nominatedNode}); err != nil {
 		return fmt.Errorf("gang controller: pod index: %w", err)
 	}
 	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation}); err != nil {
@@ -250,6 +265,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := sweepFences(ctx, c.opts.Client, c.opts.Now(), 0); err != nil {
 		logger.Error(err, "Sweep device fences left by an earlier leader")
 	}
+	c.committer.binding = c.binding
+	go c.conditions.run(ctx, conditionWorkers)
 	logger.Info("Planning gangs and reservations", "path", c.opts.Path, "strategy", c.opts.Strategy, "grove", c.opts.Grove)
 	ticker := time.NewTicker(c.opts.Period)
 	defer ticker.Stop()
@@ -265,6 +282,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// conditionWorkers write pod conditions in parallel, at the client's rate.
+const conditionWorkers = 4
 
 // kick asks for a round; kicks during a round coalesce into one more.
 func (c *Controller) kick() {
@@ -379,6 +399,33 @@ func (c *Controller) gangPods() []*corev1.Pod {
 		}
 	}
 	return out
+}
+
+// binding names a pod kube-scheduler is binding to one of the nodes (it
+// nominated the node, the pod is not bound yet) whose claims it has not all
+// written yet, or "" when there is none.
+func (c *Controller) binding(nodes []string) string {
+	var pods []any
+	for _, n := range nodes {
+		objs, _ := c.pods.ByIndex(nominatedIndex, n)
+		pods = append(pods, objs...)
+	}
+	for _, o := range pods {
+		p := o.(*corev1.Pod)
+		if !member(p) {
+			continue
+		}
+		cls, err := claimsOfPod(p, c.claim, nil)
+		if err != nil {
+			return p.Namespace + "/" + p.Name // a claim not even made yet
+		}
+		for _, cl := range cls {
+			if cl.Status.Allocation == nil {
+				return p.Namespace + "/" + p.Name
+			}
+		}
+	}
+	return ""
 }
 
 // released says whether this controller just lifted the pod's gate (the

@@ -23,6 +23,7 @@ type metrics struct {
 	expired       prometheus.Counter
 	admitted      *prometheus.CounterVec
 	conflicts     prometheus.Counter
+	doubles       *prometheus.CounterVec
 	planSeconds   prometheus.Histogram
 	devices       *prometheus.GaugeVec
 	waitingDemand *prometheus.GaugeVec
@@ -53,6 +54,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpudra_gang_allocations_total", Help: "Reservations and gangs whose devices were allocated, by kind.",
 		}, []string{"kind"}),
+		doubles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpudra_gang_double_allocations_total",
+			Help: "Devices found allocated twice (by this controller and the scheduler), by outcome: repaired (this controller's unused allocation taken back and planned again) or unrepaired.",
+		}, []string{"outcome"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpudra_gang_fence_conflicts_total", Help: "Plans dropped because a device was taken between planning and writing (planned again).",
 		}),
@@ -84,6 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.expired = register(reg, m.expired, &errs)
 	m.admitted = register(reg, m.admitted, &errs)
 	m.conflicts = register(reg, m.conflicts, &errs)
+	m.doubles = register(reg, m.doubles, &errs)
 	m.planSeconds = register(reg, m.planSeconds, &errs)
 	m.devices = register(reg, m.devices, &errs)
 	m.waitingDemand = register(reg, m.waitingDemand, &errs)

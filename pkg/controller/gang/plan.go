@@ -28,6 +28,16 @@ type snapshot struct {
 	domains map[string]string
 	// fp is the fingerprint of slices, classes and nodes (0: not yet).
 	fp uint64
+	// counterIdx reads the slices' shared counters, built on first use.
+	counterIdx *counterIndex
+}
+
+// counters is the snapshot's counter index.
+func (s *snapshot) counters() *counterIndex {
+	if s.counterIdx == nil {
+		s.counterIdx = newCounterIndex(s.slices)
+	}
+	return s.counterIdx
 }
 
 // fingerprint identifies the cluster's devices, classes and nodes as this

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -52,8 +52,22 @@ type outcome struct {
 func (c *Controller) round(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	now := c.opts.Now()
+	// Fences of written plans go once the informer shows the writes (the
+	// scheduler's informer lags the same way).
+	c.committer.liftKept(ctx, func(key string) bool {
+		ns, name, _ := strings.Cut(key, "/")
+		cl := c.claim(ns, name)
+		return cl == nil || cl.Status.Allocation != nil
+	})
 	snap := c.snapshot()
 	var errs []error
+	// A device both this controller and the scheduler allocated: take ours
+	// back and plan again, before planning anything else.
+	var informed []*resourceapi.ResourceClaim
+	for _, o := range c.claims.List() {
+		informed = append(informed, o.(*resourceapi.ResourceClaim))
+	}
+	errs = append(errs, c.repairDoubleAllocations(ctx, informed, snap.counters()))
 
 	// Reservations: held ones are kept up to date (in use, TTL); queued
 	// ones become items.
@@ -156,7 +170,7 @@ func (c *Controller) round(ctx context.Context) error {
 		if g.Admitted {
 			// Released before: its remaining waiting members go now (a
 			// gate lift that failed, a pod recreated by its owner).
-			errs = append(errs, c.admit(ctx, g))
+			errs = append(errs, c.admitGang(ctx, g))
 			continue
 		}
 		if g.Missing != "" {
@@ -171,7 +185,7 @@ func (c *Controller) round(ctx context.Context) error {
 		if len(groups) == 0 {
 			// Everything is allocated (a round stopped between writing and
 			// lifting the gates, or the pods use held claims only).
-			errs = append(errs, c.admit(ctx, g))
+			errs = append(errs, c.admitGang(ctx, g))
 			continue
 		}
 		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
@@ -212,6 +226,7 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 	c.metrics.unsatisfiable.Reset()
 	c.metrics.waitingDemand.Reset()
 	var errs []error
+	var batch []*admission
 	for _, name := range sortedKeys(byQueue) {
 		policy := queue.PolicyFor(c.queue(name))
 		keyed := map[string]*item{}
@@ -234,9 +249,13 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 				}
 			} else {
 				var err error
-				out, err = c.plan(ctx, it, snap, now)
+				var adm *admission
+				out, adm, err = c.plan(ctx, it, snap)
 				if err != nil {
 					errs = append(errs, err)
+				}
+				if adm != nil {
+					batch = append(batch, adm)
 				}
 				switch out.reason {
 				case gpudrav1.ReasonAllocated:
@@ -261,91 +280,8 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 		c.metrics.unsatisfiable.WithLabelValues(name).Set(float64(unsatisfiable))
 		errs = append(errs, c.setQueueStatus(ctx, name, waiting, waitingDevices, blocked))
 	}
+	errs = append(errs, c.admit(ctx, batch, snap, now))
 	return errors.Join(errs...)
-}
-
-// plan tries to allocate one item now.
-func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot, now time.Time) (outcome, error) {
-	logger := klog.FromContext(ctx).WithValues("item", it.Key)
-	start := time.Now()
-	result, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, false))
-	c.metrics.planSeconds.Observe(time.Since(start).Seconds())
-	if err == nil && it.sameDomain && len(result.NVLinkDomains) > 1 {
-		err = &allocator.NotFitError{Unit: it.Key, Devices: it.Devices}
-		err = fmt.Errorf("the free devices span %d NVLink domains (%v), one is required: %w", len(result.NVLinkDomains), result.NVLinkDomains, err)
-	}
-	var nf *allocator.NotFitError
-	switch {
-	case errors.As(err, &nf):
-		// Would it fit on an empty cluster? If not, waiting cannot help.
-		if msg := c.unsatisfiable(ctx, it, snap); msg != "" {
-			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}, nil
-		}
-		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err)}, nil
-	case err != nil:
-		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, fmt.Errorf("plan %s: %w", it.Key, err)
-	}
-	// On the Workload API path a gang's devices are the scheduler's to
-	// allocate: the plan only says that the gang fits now, in queue order.
-	handOff := it.kind == KindGang && c.opts.Path == PathWorkload
-	if handOff {
-		if err := c.handOff(ctx, it.gang, topologyKey(&result)); err != nil {
-			return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, err
-		}
-	} else if err := c.committer.commit(ctx, result, it.create); err != nil {
-		if errors.Is(err, ErrConflict) {
-			c.metrics.conflicts.Inc()
-			logger.V(2).Info("Planned devices were taken; planning again", "err", err)
-			c.kick()
-			return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, nil
-		}
-		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: err.Error()}, fmt.Errorf("allocate %s: %w", it.Key, err)
-	}
-	// The informers lag (and on the Workload API path the scheduler has not
-	// allocated yet): what was just planned counts as used for the rest of
-	// the round.
-	for _, a := range result.Allocations {
-		cl := a.Claim.DeepCopy()
-		cl.Status.Allocation = a.Result.DeepCopy()
-		snap.allocated = append(snap.allocated, cl)
-	}
-	c.remember(it.Key)
-	if handOff {
-		c.rememberHanded(it.Key, it.gang, result)
-	}
-	c.metrics.admitted.WithLabelValues(it.kind).Inc()
-	c.metrics.waitSeconds.WithLabelValues(it.queueName, it.kind).Observe(now.Sub(it.QueuedAt).Seconds())
-	logger.Info("Admitted", "path", c.opts.Path, "devices", it.Devices, "nodes", result.Nodes, "nvlinkDomains", result.NVLinkDomains)
-	switch it.kind {
-	case KindReservation:
-		return outcome{reason: gpudrav1.ReasonAllocated}, c.setReservationStatus(ctx, it.res, func(st *gpudrav1.GpuReservationStatus) {
-			st.Phase, st.Reason, st.QueuePosition = gpudrav1.ReservationHeld, gpudrav1.ReasonAllocated, 0
-			st.Message = fmt.Sprintf("%d devices held on %v", it.Devices, result.Nodes)
-			st.HeldAt = metaTime(now)
-			st.ExpiresAt = metaTime(now.Add(it.res.Spec.TTL.Duration))
-			st.Nodes, st.NVLinkDomains = result.Nodes, result.NVLinkDomains
-			st.Claims, st.Devices = nil, 0
-			for _, a := range result.Allocations {
-				h := gpudrav1.HeldClaim{Name: a.Claim.Name, Node: a.Node}
-				for _, d := range a.Result.Devices.Results {
-					h.Devices = append(h.Devices, d.Pool+"/"+d.Device)
-				}
-				st.Devices += int32(len(h.Devices))
-				st.Claims = append(st.Claims, h)
-			}
-		})
-	case KindGang:
-		if handOff {
-			c.recordGang(it.gang, corev1.EventTypeNormal, ReasonPodGroupCreated,
-				fmt.Sprintf("gang %s: %d devices fit (on %v now); handed to kube-scheduler as PodGroup %s, which places all of its pods or none",
-					it.gang.Name, it.Devices, result.Nodes, it.gang.Name))
-			return outcome{reason: gpudrav1.ReasonAllocated}, c.markHandedOff(ctx, it.gang)
-		}
-		c.recordGang(it.gang, corev1.EventTypeNormal, ReasonGangAllocated,
-			fmt.Sprintf("gang %s: %d devices allocated on %v (NVLink domains %v); scheduling gates lifted", it.gang.Name, it.Devices, result.Nodes, result.NVLinkDomains))
-		return outcome{reason: gpudrav1.ReasonAllocated}, c.release(ctx, it.gang)
-	}
-	return outcome{}, fmt.Errorf("unknown item kind %q", it.kind)
 }
 
 // unsatisfiable says why an item would not fit even on an empty cluster,

@@ -192,7 +192,7 @@ func (c *Controller) reportGang(ctx context.Context, g *Gang, reason, message st
 	c.recordGang(g, typ, reason, fmt.Sprintf("gang %s: %s", g.Name, message))
 	patch := gangConditionPatch(corev1.ConditionFalse, reason, message)
 	for _, p := range g.Waiting {
-		if err := setGangCondition(ctx, c.opts.Client, p, patch); err != nil {
+		if err := c.conditions.set(ctx, p, patch); err != nil {
 			klog.FromContext(ctx).Error(err, "Set gang condition", "pod", klog.KObj(p))
 		}
 	}
@@ -223,10 +223,10 @@ func (c *Controller) recordGang(g *Gang, typ, reason, note string) {
 	}
 }
 
-// admit hands over the waiting members of a gang that needs no planning
+// admitGang hands over the waiting members of a gang that needs no planning
 // (admitted before, or all its claims allocated): on the gate path their
 // gates are lifted; on the Workload API path its PodGroup is made.
-func (c *Controller) admit(ctx context.Context, g *Gang) error {
+func (c *Controller) admitGang(ctx context.Context, g *Gang) error {
 	if c.opts.Path == PathWorkload {
 		if err := c.handOff(ctx, g, ""); err != nil {
 			return err
@@ -245,7 +245,7 @@ func (c *Controller) release(ctx context.Context, g *Gang) error {
 	patch := gangConditionPatch(corev1.ConditionTrue, ReasonGangAllocated, "the gang's devices are allocated")
 	var errs []error
 	for _, p := range g.Waiting {
-		if err := setGangCondition(ctx, c.opts.Client, p, patch); err != nil {
+		if err := c.conditions.set(ctx, p, patch); err != nil {
 			errs = append(errs, err)
 		}
 		if err := ungate(ctx, c.opts.Client, p); err != nil {

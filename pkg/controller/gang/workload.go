@@ -205,7 +205,7 @@ func (c *Controller) markHandedOff(ctx context.Context, g *Gang) error {
 		fmt.Sprintf("handed to kube-scheduler as PodGroup %s (Workload API path): it places all of the gang's pods or none", g.Name))
 	var errs []error
 	for _, p := range g.Waiting {
-		errs = append(errs, setGangCondition(ctx, c.opts.Client, p, patch))
+		errs = append(errs, c.conditions.set(ctx, p, patch))
 	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package gang
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
@@ -197,4 +199,70 @@ func TestGangPriorityClass(t *testing.T) {
 	assert.Equal(t, "", gangPriorityClass(&Gang{Pods: []*corev1.Pod{plain("a", "g", "2"), plain("b", "g", "2")}}))
 	assert.Equal(t, "high", gangPriorityClass(&Gang{Pods: []*corev1.Pod{prio(plain("a", "g", "2"), "high", 1000), prio(plain("b", "g", "2"), "high", 1000)}}))
 	assert.Equal(t, "high", gangPriorityClass(&Gang{Pods: []*corev1.Pod{prio(plain("a", "g", "2"), "low", 1), prio(plain("b", "g", "2"), "high", 1000)}}))
+}
+
+// TestRoundAdmitsInOneBatch: on the gate path, two reservations that fit in
+// one round are written behind one fence and one settle: one check of the
+// claims against the API server for both, not one each (each admission
+// waited for the one before it: at most one per second cluster-wide).
+func TestRoundAdmitsInOneBatch(t *testing.T) {
+	h := newWorkloadHarness(t)
+	h.c.opts.Path = PathGates
+	for _, name := range []string{"a", "b"} {
+		r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(t0)},
+			Spec:       gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 1, Count: 1, TTL: metav1.Duration{Duration: time.Hour}}}
+		u, err := gpudrav1.ToUnstructured(r)
+		require.NoError(t, err)
+		require.NoError(t, h.c.reservations.Add(u))
+	}
+	lists := 0
+	h.client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return false, nil, nil
+	})
+	_ = h.round(t) // the fake dynamic client has no reservations to write statuses to
+	lists--        // the harness's own sync
+	assert.Equal(t, 1, lists, "one check for the round's batch")
+	for _, name := range []string{"a-0", "b-0"} {
+		cl, err := h.client.ResourceV1().ResourceClaims("ns").Get(context.Background(), name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.NotNil(t, cl.Status.Allocation, "claim %s written", name)
+	}
+}
+
+// TestCommitWaitsForAPodTheSchedulerIsBinding: kube-scheduler chose a
+// device for pod "single" at Reserve and nominated its node, but has not
+// written the claim yet (its PreBind waits on a slow volume). The gate
+// path's check against the API server cannot see that choice: the commit
+// waits (planned again) until the pod is bound and its claim written, and
+// then plans around it. Without the wait, the gang's claim would have been
+// written with the device the scheduler is about to write too.
+func TestCommitWaitsForAPodTheSchedulerIsBinding(t *testing.T) {
+	single := withUID(ungated(pod("single", nil, nil, "cs")))
+	single.Status.NominatedNodeName = "n0"
+	h := newWorkloadHarness(t, withUID(plain("a", "g", "1", "ca")), single, oneGPUClaim("ca"), oneGPUClaim("cs"))
+	h.c.opts.Path = PathGates
+	h.c.committer.settle = 0
+	h.c.committer.binding = h.c.binding
+	ctx := context.Background()
+	require.NoError(t, h.round(t))
+	cl, err := h.client.ResourceV1().ResourceClaims("ns").Get(ctx, "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Nil(t, cl.Status.Allocation, "not written while the scheduler binds a pod to the node")
+	assert.Contains(t, gangCond(t, h.pod(t, "a")).Message, "kube-scheduler is binding pod ns/single")
+
+	// The scheduler wrote gpu-0 into its claim and bound the pod.
+	cs := allocatedClaim("cs", "gpu-0")
+	_, err = h.client.ResourceV1().ResourceClaims("ns").UpdateStatus(ctx, cs, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	single.Spec.NodeName = "n0"
+	_, err = h.client.CoreV1().Pods("ns").Update(ctx, single, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	h.c.reported = map[string]string{}
+	require.NoError(t, h.round(t))
+	cl, err = h.client.ResourceV1().ResourceClaims("ns").Get(ctx, "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, cl.Status.Allocation, "planned around the scheduler's device")
+	assert.Equal(t, "gpu-1", cl.Status.Allocation.Devices.Results[0].Device)
 }

@@ -1,0 +1,102 @@
+package gang
+
+import (
+	"context"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+)
+
+// conditionWriter writes gpudra's gang condition to pods off the round
+// goroutine. The round says what each pod's condition should be; workers
+// write the latest one per pod at the client's rate, so a queue change
+// that touches every pod of 100 waiting gangs of 64 (6,400 patches) no
+// longer holds up the next admission. Pending writes are bounded by the
+// number of pods: a newer condition replaces an unwritten older one.
+type conditionWriter struct {
+	client kubernetes.Interface
+
+	mu      sync.Mutex
+	async   bool
+	pending map[types.NamespacedName][]byte
+	order   []types.NamespacedName
+	wake    chan struct{}
+}
+
+func newConditionWriter(client kubernetes.Interface) *conditionWriter {
+	return &conditionWriter{client: client, pending: map[types.NamespacedName][]byte{}, wake: make(chan struct{}, 1)}
+}
+
+// set writes patch (a gangConditionPatch) to the pod: queued once run has
+// started, at once before (as in unit tests that drive rounds by hand).
+func (w *conditionWriter) set(ctx context.Context, p *corev1.Pod, patch []byte) error {
+	w.mu.Lock()
+	if !w.async {
+		w.mu.Unlock()
+		return setGangCondition(ctx, w.client, p, patch)
+	}
+	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+	if _, queued := w.pending[key]; !queued {
+		w.order = append(w.order, key)
+	}
+	w.pending[key] = patch
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// run writes queued conditions with workers until ctx ends.
+func (w *conditionWriter) run(ctx context.Context, workers int) {
+	w.mu.Lock()
+	w.async = true
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				key, patch, ok := w.next()
+				if !ok {
+					select {
+					case <-ctx.Done():
+						return
+					case <-w.wake:
+						continue
+					}
+				}
+				pod := &corev1.Pod{}
+				pod.Namespace, pod.Name = key.Namespace, key.Name
+				if err := setGangCondition(ctx, w.client, pod, patch); err != nil && ctx.Err() == nil {
+					// The next round sets it again if it still matters.
+					klog.FromContext(ctx).V(2).Info("Set gang condition", "pod", key, "err", err)
+				}
+				// Others may be queued: let the next worker look too.
+				select {
+				case w.wake <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+}
+
+// next takes the oldest queued write.
+func (w *conditionWriter) next() (types.NamespacedName, []byte, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.order) == 0 {
+		return types.NamespacedName{}, nil, false
+	}
+	key := w.order[0]
+	w.order = w.order[1:]
+	patch := w.pending[key]
+	delete(w.pending, key)
+	return key, patch, true
+}

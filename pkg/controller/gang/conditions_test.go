@@ -1,0 +1,49 @@
+package gang
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// TestConditionWriterKeepsTheLatest: conditions queued for a pod before a
+// worker gets to it are written once, the latest; set never waits for the
+// API server once the writer runs.
+func TestConditionWriterKeepsTheLatest(t *testing.T) {
+	a, b := plain("a", "g", "2"), plain("b", "g", "2")
+	client := fake.NewClientset(a, b)
+	patches := 0
+	client.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		patches++
+		return false, nil, nil
+	})
+	w := newConditionWriter(client)
+	w.async = true // queued, as after run started
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, reason := range []string{"WaitingForPods", "BehindInQueue", "WaitingForDevices"} {
+		require.NoError(t, w.set(ctx, a, gangConditionPatch(corev1.ConditionFalse, reason, "m")))
+	}
+	require.NoError(t, w.set(ctx, b, gangConditionPatch(corev1.ConditionFalse, "WaitingForPods", "m")))
+	assert.Zero(t, patches, "nothing written in the caller's goroutine")
+	go w.run(ctx, 2)
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.order) == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		p, err := client.CoreV1().Pods("ns").Get(ctx, "a", metav1.GetOptions{})
+		return err == nil && len(p.Status.Conditions) == 1 && p.Status.Conditions[0].Reason == "WaitingForDevices"
+	}, 10*time.Second, 10*time.Millisecond, "the latest condition")
+	cancel()
+	assert.Equal(t, 2, patches, "one write per pod")
+}
