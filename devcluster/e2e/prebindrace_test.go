@@ -68,11 +68,33 @@ func watchDoubleAllocations(t *testing.T) func() []string {
 	return stop
 }
 
+// freeGPUs counts the node's whole GPUs (8 on the MIG-off DGX) that no
+// claim holds.
+func freeGPUs(ctx context.Context, node string) int {
+	claims, err := cluster.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0
+	}
+	used := map[string]bool{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Pool == node {
+				used[r.Device] = true
+			}
+		}
+	}
+	return 8 - len(used)
+}
+
 // TestPreBindWindowRaceOnTheGatePath forces the window the review found:
 // kube-scheduler chooses devices at Reserve and writes them at PreBind,
 // here 3 s later (a PreBind plugin that waits, as a slow volume would).
-// Four single-GPU pods are in that window on a node of 8 GPUs when a gang
-// of 2 pods x 2 GPUs pinned to the same node arrives: the controller's
+// Single-GPU pods (four on an empty node) are in that window on a node of
+// 8 GPUs when a gang of 2 pods x 2 GPUs pinned to the same node arrives,
+// filling it: the controller's
 // snapshot and its check against the API server both see 8 free GPUs, and
 // its planner picks the same first devices the scheduler picked. The
 // controller must wait for the pods the scheduler is binding to that node
@@ -88,12 +110,21 @@ func TestPreBindWindowRaceOnTheGatePath(t *testing.T) {
 	create(t, ns, gpus("one", 1))
 	create(t, ns, gpus("two", 2))
 	doubles := watchDoubleAllocations(t)
-
-	for i := range 4 {
+	// Earlier tests may still hold GPUs there for a moment: the singles fill
+	// what the gang (4 GPUs) leaves, so that the node ends full.
+	var free int
+	require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		free = freeGPUs(ctx, nomigNode)
+		return free >= 6, nil
+	}), "node %s: only %d GPUs free", nomigNode, free)
+	singles := free - 4
+	var names []string
+	for i := range singles {
 		p := gpuPod(fmt.Sprintf("single-%d", i), "one")
 		pinned(nomigNode)(p)
 		p.Annotations = map[string]string{devcluster.PreBindDelayAnnotation: "3s"}
 		create(t, ns, nil, p)
+		names = append(names, p.Name)
 	}
 	// All four chosen and nominated, none written yet.
 	require.NoError(t, wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -107,11 +138,11 @@ func TestPreBindWindowRaceOnTheGatePath(t *testing.T) {
 				n++
 			}
 		}
-		return n == 4, nil
-	}), "the scheduler did not nominate the four pods: %s", podStates(ns))
+		return n == singles, nil
+	}), "the scheduler did not nominate the %d pods: %s", singles, podStates(ns))
 	create(t, ns, nil, gangPod("gang-0", "gang", 2, "two", pinned(nomigNode)), gangPod("gang-1", "gang", 2, "two", pinned(nomigNode)))
 
-	for _, name := range []string{"single-0", "single-1", "single-2", "single-3", "gang-0", "gang-1"} {
+	for _, name := range append(names, "gang-0", "gang-1") {
 		waitRunning(t, ns, name)
 	}
 	assert.Empty(t, doubles(), "devices in two claims at once")

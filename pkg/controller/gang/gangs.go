@@ -14,10 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
-// LabelPodGang is the label Grove puts on the pods of a PodGang.
-const LabelPodGang = "grove.io/podgang"
+// LabelPodGang is the label Grove puts on the pods of a PodGang; the
+// webhook, which holds such pods at creation, owns the name.
+const LabelPodGang = webhook.LabelGrovePodGang
 
 // Gang is the pods of one gang, whether enough of them exist to plan, and
 // which still wait on gpudra to be handed to the scheduler.
