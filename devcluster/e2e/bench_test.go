@@ -14,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/gpudra/gpudra/devcluster"
 )
 
 const benchNodes, benchPods = 16, 100
@@ -41,15 +39,7 @@ const benchNodes, benchPods = 16, 100
 func BenchmarkScheduleAndPrepare100Pods(b *testing.B) {
 	ctx := context.Background()
 	b.Logf("control plane clients: %s", cluster.ControlPlaneClients)
-	for i := len(cluster.Nodes()); i < benchNodes; i++ {
-		n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: fmt.Sprintf("bench-%02d", i), Machine: "dgx-h100-nomig"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := n.WaitForSlices(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	addBenchNodes(b)
 	var total, clusterShare, driverShare []time.Duration
 	var elapsed, cpu time.Duration
 	boundUnseen := 0

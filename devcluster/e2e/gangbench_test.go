@@ -14,9 +14,9 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 )
 
-// benchGangNodes adds whole-GPU DGX nodes (MIG off, 8 H100s each) up to
-// benchNodes, as BenchmarkScheduleAndPrepare100Pods does.
-func benchGangNodes(b *testing.B) {
+// addBenchNodes adds whole-GPU DGX nodes (MIG off, 8 H100s each) up to
+// benchNodes.
+func addBenchNodes(b *testing.B) {
 	ctx := context.Background()
 	for i := len(cluster.Nodes()); i < benchNodes; i++ {
 		n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: fmt.Sprintf("bench-%02d", i), Machine: "dgx-h100-nomig"})
@@ -104,7 +104,7 @@ func warmGangPath(b *testing.B) {
 // handed over; the scheduler's one group cycle on the Workload API path,
 // fence, settle, writes and gate lifts on the gate path) plus binding.
 func BenchmarkGang8x8GPUs(b *testing.B) {
-	benchGangNodes(b)
+	addBenchNodes(b)
 	for _, mode := range gangPaths {
 		b.Run(mode, func(b *testing.B) {
 			onGangPath(b, mode)
@@ -130,7 +130,7 @@ func BenchmarkGang8x8GPUs(b *testing.B) {
 // all created at once, on each gang path; admissions per minute from the
 // first create to the last gang's pods all bound.
 func BenchmarkGangAdmissions20Small(b *testing.B) {
-	benchGangNodes(b)
+	addBenchNodes(b)
 	const gangs = 20
 	for _, mode := range gangPaths {
 		b.Run(mode, func(b *testing.B) {

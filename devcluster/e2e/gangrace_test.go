@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -29,46 +30,17 @@ func TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace(t *testing.T) {
 	create(t, ns, gpus("one", 1))
 
 	var mu sync.Mutex
-	var doubles []string
 	bySource := map[string]int{}
-	stop := make(chan struct{})
-	var watcher sync.WaitGroup
-	watcher.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			list, err := cluster.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				continue
-			}
-			owner := map[string]string{}
-			mu.Lock()
-			for _, c := range list.Items {
-				if c.Status.Allocation == nil {
-					continue
-				}
-				for _, r := range c.Status.Allocation.Devices.Results {
-					if r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess) {
-						continue
-					}
-					key := r.Pool + "/" + r.Device
-					if other, ok := owner[key]; ok && other != c.Namespace+"/"+c.Name {
-						doubles = append(doubles, fmt.Sprintf("%s in %s and %s/%s", key, other, c.Namespace, c.Name))
-					}
-					owner[key] = c.Namespace + "/" + c.Name
-				}
-				if c.Namespace == ns {
-					if c.Labels[gpudrav1.LabelReservation] != "" {
-						bySource["controller"]++
-					} else {
-						bySource["scheduler"]++
-					}
-				}
-			}
-			mu.Unlock()
+	doubles := watchDoubleAllocations(t, func(c *resourceapi.ResourceClaim) {
+		if c.Namespace != ns {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if c.Labels[gpudrav1.LabelReservation] != "" {
+			bySource["controller"]++
+		} else {
+			bySource["scheduler"]++
 		}
 	})
 
@@ -112,11 +84,9 @@ func TestNoDoubleAllocationWhileTheSchedulerAndTheControllerRace(t *testing.T) {
 			return err == nil && len(claims.Items) == 0, nil
 		}), "round %d: claims not released", round)
 	}
-	close(stop)
-	watcher.Wait()
+	assert.Empty(t, doubles(), "devices in two claims at once")
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Empty(t, doubles, "devices in two claims at once")
 	assert.Positive(t, bySource["scheduler"], "the scheduler allocated")
 	assert.Positive(t, bySource["controller"], "the controller allocated")
 }

@@ -122,21 +122,7 @@ func TestGangGrovePodGangLandsAllOrNothingOnOneNVLinkDomain(t *testing.T) {
 		_ = dyn(t).Resource(schema.GroupVersionResource{Group: "grove.io", Version: "v1alpha1", Resource: "podcliquesets"}).Namespace(ns).
 			Delete(ctx, "disagg", metav1.DeleteOptions{})
 	})
-	// Grove names pods <clique>-<random>: find them by their PodGang.
-	var pods []*v1.Pod
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "grove.io/podgang=disagg-0"})
-		if err != nil {
-			return false, nil
-		}
-		pods = nil
-		for i := range list.Items {
-			if list.Items[i].Status.Phase == v1.PodRunning {
-				pods = append(pods, &list.Items[i])
-			}
-		}
-		return len(pods) == 8, nil
-	}), "8 pods of PodGang disagg-0 running: %s", podStates(ns))
+	pods := runningPodGangPods(t, ns, "disagg-0", 8)
 	// Both cliques are in one PodGang, planned as one.
 	for _, p := range pods {
 		assert.Equal(t, "disagg-0", p.Labels["grove.io/podgang"])
@@ -147,6 +133,27 @@ func TestGangGrovePodGangLandsAllOrNothingOnOneNVLinkDomain(t *testing.T) {
 	assert.Equal(t, 8, devices)
 	assert.Len(t, domains, 1, "one NVLink domain: %v", domains)
 	assert.Len(t, nodes, 1, "one node: %v", nodes)
+}
+
+// runningPodGangPods waits for n running pods of a Grove PodGang (Grove
+// names pods <clique>-<random>: they are found by their PodGang label).
+func runningPodGangPods(t *testing.T, ns, podGang string, n int) []*v1.Pod {
+	t.Helper()
+	var pods []*v1.Pod
+	require.NoError(t, wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "grove.io/podgang=" + podGang})
+		if err != nil {
+			return false, nil
+		}
+		pods = nil
+		for i := range list.Items {
+			if list.Items[i].Status.Phase == v1.PodRunning {
+				pods = append(pods, &list.Items[i])
+			}
+		}
+		return len(pods) == n, nil
+	}), "%d pods of PodGang %s running: %s", n, podGang, podStates(ns))
+	return pods
 }
 
 // TestGangExamplePlainPods: the example on the gate path (the Workload API

@@ -150,20 +150,7 @@ func TestWorkloadPathGrovePodGang(t *testing.T) {
 		_ = dyn(t).Resource(schema.GroupVersionResource{Group: "grove.io", Version: "v1alpha1", Resource: "podcliquesets"}).Namespace(ns).
 			Delete(ctx, "disagg", metav1.DeleteOptions{})
 	})
-	var pods []*v1.Pod
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "grove.io/podgang=disagg-0"})
-		if err != nil {
-			return false, nil
-		}
-		pods = nil
-		for i := range list.Items {
-			if list.Items[i].Status.Phase == v1.PodRunning {
-				pods = append(pods, &list.Items[i])
-			}
-		}
-		return len(pods) == 8, nil
-	}), "8 pods of PodGang disagg-0 running: %s", podStates(ns))
+	pods := runningPodGangPods(t, ns, "disagg-0", 8)
 	for _, p := range pods {
 		assert.False(t, gatedByGpudra(p), "pod %s: no gpudra gate", p.Name)
 		require.NotNil(t, p.Spec.SchedulingGroup)

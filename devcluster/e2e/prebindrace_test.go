@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -19,8 +20,9 @@ import (
 
 // watchDoubleAllocations lists every allocated claim every 50 ms until the
 // returned function is called, which returns each exclusive device seen in
-// two claims at once.
-func watchDoubleAllocations(t *testing.T) func() []string {
+// two claims at once; each (nil: none) sees every allocated claim of every
+// pass.
+func watchDoubleAllocations(t *testing.T, each func(*resourceapi.ResourceClaim)) func() []string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
@@ -38,9 +40,13 @@ func watchDoubleAllocations(t *testing.T) func() []string {
 				continue
 			}
 			owner := map[string]string{}
-			for _, c := range list.Items {
+			for i := range list.Items {
+				c := &list.Items[i]
 				if c.Status.Allocation == nil {
 					continue
+				}
+				if each != nil {
+					each(c)
 				}
 				for _, r := range c.Status.Allocation.Devices.Results {
 					if r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess) {
@@ -109,7 +115,7 @@ func TestPreBindWindowRaceOnTheGatePath(t *testing.T) {
 	ctx := context.Background()
 	create(t, ns, gpus("one", 1))
 	create(t, ns, gpus("two", 2))
-	doubles := watchDoubleAllocations(t)
+	doubles := watchDoubleAllocations(t, nil)
 	// Earlier tests may still hold GPUs there for a moment: the singles fill
 	// what the gang (4 GPUs) leaves, so that the node ends full.
 	var free int

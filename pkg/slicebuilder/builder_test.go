@@ -209,9 +209,9 @@ func TestSliceLimits(t *testing.T) {
 		wantCounterSlices int
 	}{
 		{"dgx-h100", "dgx-h100", 1},
-		{"dgx-h100-nomig", "dgx-h100-nomig", 1},
+		{"dgx-h100-nomig", "dgx-h100-nomig", 0},
 		{"h100-pcie", "h100-pcie", 1},
-		{"h100-nvlink-fabric", "h100-nvlink-fabric", 1},
+		{"h100-nvlink-fabric", "h100-nvlink-fabric", 0},
 		{"20 GPUs", "name: big\ngpuCount: 20\nnvlink: nvswitch\nmigEnabled: all\n", 3},
 		{"foreign MIG device", "name: f\ngpuCount: 2\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n", 1},
 	}
@@ -258,7 +258,13 @@ func TestSliceLimits(t *testing.T) {
 				}
 			}
 			assert.Equal(t, tc.wantCounterSlices, counterSlices)
-			assert.Len(t, sets["node-a"], len(inv.GPUs), "one counter set per GPU")
+			partitioned := 0
+			for _, g := range inv.GPUs {
+				if g.MIG.Capable && g.MIG.Enabled {
+					partitioned++
+				}
+			}
+			assert.Len(t, sets["node-a"], partitioned, "one counter set per GPU in MIG mode, none for a GPU with MIG off")
 			for _, s := range slices {
 				assert.Equal(t, int64(poolSlices[s.Spec.Pool.Name]), s.Spec.Pool.ResourceSliceCount,
 					"slice %s: ResourceSliceCount of pool %s", s.Name, s.Spec.Pool.Name)
@@ -294,9 +300,14 @@ func TestSliceLimits(t *testing.T) {
 						assert.Empty(t, qualifiedNameErrors(name), "device %s: capacity name %q", d.Name, name)
 					}
 
-					if strAttr(d, "type") == TypeGPU || strAttr(d, "uuid") == "" {
+					migMode := d.Attributes["migEnabled"].BoolValue != nil && *d.Attributes["migEnabled"].BoolValue
+					switch {
+					case strAttr(d, "type") == TypeGPU && migMode, strAttr(d, "type") == TypeMIG && strAttr(d, "uuid") == "":
 						// Anything the scheduler's counters must account for.
 						assert.NotEmpty(t, d.ConsumesCounters, "device %s consumes no counters", d.Name)
+					case strAttr(d, "type") == TypeGPU:
+						// MIG off: nothing else draws on the GPU.
+						assert.Empty(t, d.ConsumesCounters, "device %s: MIG off, no counters", d.Name)
 					}
 					assert.LessOrEqual(t, len(d.ConsumesCounters), resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice, "device %s", d.Name)
 					for _, cc := range d.ConsumesCounters {
