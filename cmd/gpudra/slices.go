@@ -19,22 +19,28 @@ func newSlicesCommand() *cobra.Command {
 	var b backendFlags
 	var output string
 	var fractional bool
+	var migDevices string
 	cmd := &cobra.Command{
 		Use:   "slices",
 		Short: "Print the ResourceSlices the kubelet plugin would publish for this node",
-		Long: `Print the ResourceSlices the kubelet plugin would publish for this node: full GPUs and
-every MIG placement as partitionable devices consuming one shared counter set per GPU.
+		Long: `Print the ResourceSlices the kubelet plugin would publish for this node: full GPUs and,
+on GPUs in MIG mode, the MIG placements that --mig-devices publishes (as the plugin's flag)
+as partitionable devices consuming one shared counter set per GPU.
 The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -f -'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "yaml", "json", "table"); err != nil {
 				return err
 			}
+			policy, err := slicebuilder.ParseMigPolicy(migDevices)
+			if err != nil {
+				return fmt.Errorf("--mig-devices: %w", err)
+			}
 			inv, err := b.inventory(cmd.Context())
 			if err != nil {
 				return err
 			}
-			res, err := slicebuilder.Build(inv, b.nodeName, slicebuilder.Options{FractionalGPUs: fractional})
+			res, err := slicebuilder.Build(inv, b.nodeName, slicebuilder.Options{FractionalGPUs: fractional, Mig: policy})
 			if err != nil {
 				return err
 			}
@@ -47,6 +53,7 @@ The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -
 	}
 	b.register(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (one document per slice), json (a List) or table")
+	cmd.Flags().StringVar(&migDevices, "mig-devices", slicebuilder.MigPolicyAll, "as the plugin does with --mig-devices: all, existing, or profiles=<profile>,...")
 	cmd.Flags().BoolVar(&fractional, "fractional-gpus", false, "as the plugin does with --fractional-gpus: whole GPUs with MIG off shared through consumable capacity")
 	return cmd
 }

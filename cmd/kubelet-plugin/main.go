@@ -22,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 func main() {
@@ -124,7 +125,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	}
 	defer backend.Close()
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
-		FractionalGPUs: f.fractional, UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
+		FractionalGPUs: f.fractional, MigDevices: migPolicy(f.migDevices), UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
@@ -149,4 +150,10 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return cause
 	}
 	return nil
+}
+
+// migPolicy is the parsed --mig-devices (validated with the other flags).
+func migPolicy(s string) slicebuilder.MigPolicy {
+	p, _ := slicebuilder.ParseMigPolicy(s)
+	return p
 }

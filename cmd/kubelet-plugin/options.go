@@ -29,7 +29,7 @@ type options struct {
 	cdiHook                                                                                   string
 	mode, devicePluginConfig, gpuResourceName, devicePluginDir                                string
 	kubeletDeviceCheckpoint, podResourcesSocket                                               string
-	taintEffect                                                                               string
+	taintEffect, migDevices                                                                   string
 	fractional                                                                                bool
 	qps                                                                                       float64
 	burst                                                                                     int
@@ -66,6 +66,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 300, "API client burst: covers a whole node's pods (110, two requests each) starting at once")
 	env("kube-api-burst", "KUBE_API_BURST")
+	fs.StringVar(&o.migDevices, "mig-devices", slicebuilder.MigPolicyAll, "which MIG devices a GPU in MIG mode publishes: all (every placement of every profile, created at prepare), existing (only MIG devices that exist), or profiles=<profile>,... (only those profiles' placements, plus what exists); see docs/scale.md for what each costs kube-scheduler")
+	env("mig-devices", "MIG_DEVICES")
 	fs.BoolVar(&o.fractional, "fractional-gpus", false, "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS; needs the FractionalGPUs and MPSSharing feature gates")
 	env("fractional-gpus", "FRACTIONAL_GPUS")
 	fs.StringVar(&o.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists")
@@ -137,6 +139,9 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 	}
 	if o.mode == modeDevicePlugin && o.devicePluginDir == "" {
 		errs = append(errs, errors.New("--device-plugin-dir (env DEVICE_PLUGIN_DIR) is required in device plugin mode"))
+	}
+	if _, err := slicebuilder.ParseMigPolicy(o.migDevices); err != nil {
+		errs = append(errs, fmt.Errorf("--mig-devices (env MIG_DEVICES): %w", err))
 	}
 	if err := (plugin.Config{FractionalGPUs: o.fractional, FeatureGates: gates}).CheckFeatures(); err != nil {
 		errs = append(errs, err)

@@ -37,7 +37,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"node-name": "NODE_NAME", "kubeconfig": "KUBECONFIG", "driver-root": "DRIVER_ROOT", "cdi-dir": "CDI_DIR",
 		"plugin-data-dir": "PLUGIN_DATA_DIR", "registrar-dir": "REGISTRAR_DIR", "backend": "BACKEND", "sim-machine": "SIM_MACHINE",
 		"proc-root": "PROC_ROOT", "pod-uid": "POD_UID", "metrics-address": "METRICS_ADDRESS", "kube-api-qps": "KUBE_API_QPS",
-		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "mps-control-binary": "MPS_CONTROL_BINARY",
+		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "mig-devices": "MIG_DEVICES", "mps-control-binary": "MPS_CONTROL_BINARY",
 		"mps-server-image": "MPS_SERVER_IMAGE", "namespace": "POD_NAMESPACE", "host-driver-root": "HOST_DRIVER_ROOT",
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
@@ -50,7 +50,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 	assert.Equal(t, options{
 		driverRoot: "/", cdiDir: "/var/run/cdi", pluginDataDir: "/var/lib/kubelet/plugins/gpu.gpudra.dev",
 		registrarDir: "/var/lib/kubelet/plugins_registry", backend: "nvml", machine: "dgx-h100", procRoot: "/proc",
-		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", qps: 100, burst: 300,
+		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", migDevices: "all", qps: 100, burst: 300,
 		// nvdevice.ApplicationXIDs, sorted.
 		healthIgnoredXIDs: []uint64{13, 31, 43, 45, 68, 109},
 		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",
@@ -132,6 +132,8 @@ func TestValidate(t *testing.T) {
 		{[]string{"--node-name=a", "--fractional-gpus", "--feature-gates=MPSSharing=false"}, "feature gate MPSSharing is disabled"},
 		{[]string{"--node-name=a", "--feature-gates=FractionalGPUs=false"}, ""},
 		{[]string{"--node-name=a", "--unhealthy-taint-effect=Evict"}, `--unhealthy-taint-effect: "Evict" is not NoSchedule or NoExecute`},
+		{[]string{"--node-name=a", "--mig-devices=small"}, `--mig-devices (env MIG_DEVICES): MIG device policy "small": want all, existing or profiles=<profile>,<profile>...`},
+		{[]string{"--node-name=a", "--mig-devices=profiles=1g.10gb,,3g.40gb"}, `MIG device policy "profiles=1g.10gb,,3g.40gb": an empty profile name`},
 		{[]string{"--node-name=a", "--backend=cuda"}, `--backend: unknown backend "cuda", want nvml or sim`},
 		{[]string{"--node-name=a", "--mps-server-image=x"}, "--mps-server-image needs --namespace (env POD_NAMESPACE)"},
 		{[]string{"--node-name=a", "--mode=device-plugin"}, ""},

@@ -33,6 +33,8 @@ type Driver struct {
 	client kubernetes.Interface
 	// fractional publishes whole GPUs as shareable (consumable capacity).
 	fractional bool
+	// migPolicy says which MIG devices are published (--mig-devices).
+	migPolicy slicebuilder.MigPolicy
 	// existingMigOnly offers only MIG devices that exist (feature gate
 	// DynamicMIG off): a placement the plugin would have to create is not
 	// published, so no claim is scheduled only to be refused at prepare.
@@ -131,7 +133,7 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional, ExistingMigOnly: d.existingMigOnly})
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional, ExistingMigOnly: d.existingMigOnly, Mig: d.migPolicy})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}

@@ -51,6 +51,9 @@ type Config struct {
 	// FractionalGPUs publishes whole GPUs with MIG off as shareable
 	// (consumable capacity), each share capped with MPS.
 	FractionalGPUs bool
+	// MigDevices says which MIG devices a GPU in MIG mode publishes
+	// (--mig-devices; zero: all).
+	MigDevices slicebuilder.MigPolicy
 	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
 	// refused with a message saying so.
 	MPSControlBinary string
@@ -163,7 +166,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, err
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs, existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
+		client: cfg.Client, fractional: cfg.FractionalGPUs, migPolicy: cfg.MigDevices, existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
 		taintEffect: cfg.UnhealthyTaintEffect,
 		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs

@@ -194,13 +194,19 @@ func seq(parts ...[]step) []step {
 
 var allProfiles = []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
 
-func TestAllocatorOneGPU(t *testing.T) {
+// oneGPUSequence is a sequence of claims against one H100 in MIG mode.
+type oneGPUSequence struct {
+	name  string
+	steps []step
+}
+
+// oneGPUSequences are the MIG rules the scheduler must enforce through the
+// counters: overlapping placements, one OFA engine, a whole GPU excludes
+// every MIG device and the other way round.
+func oneGPUSequences() []oneGPUSequence {
 	fit := func(a ask) []step { return []step{{a, true}} }
 	nofit := func(a ask) []step { return []step{{a, false}} }
-	tests := []struct {
-		name  string
-		steps []step
-	}{
+	tests := []oneGPUSequence{
 		{"seven 1g.10gb fit, an eighth does not", seq(
 			repeat(7, step{migAsk("1g.10gb"), true}),
 			nofit(migAsk("1g.10gb")), nofit(migAsk("1g.10gb+me")), nofit(gpuAsk()))},
@@ -225,36 +231,41 @@ func TestAllocatorOneGPU(t *testing.T) {
 	}
 	// Any one MIG device keeps the full GPU from being allocated.
 	for _, p := range allProfiles {
-		tests = append(tests, struct {
-			name  string
-			steps []step
-		}{"a " + p + " excludes the full GPU", seq(fit(migAsk(p)), nofit(gpuAsk()))})
+		tests = append(tests, oneGPUSequence{"a " + p + " excludes the full GPU", seq(fit(migAsk(p)), nofit(gpuAsk()))})
 	}
+	return tests
+}
 
-	for _, tc := range tests {
+func TestAllocatorOneGPU(t *testing.T) {
+	for _, tc := range oneGPUSequences() {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, oneGPUMig, Options{})
-			for i, s := range tc.steps {
-				got := c.allocate(t, s.ask)
-				what := fmt.Sprintf("claim %d (%s %s x%d)", i+1, s.ask.class, s.ask.profile, max(s.ask.count, 1))
-				if !s.fits {
-					assert.Nil(t, got, "%s must not fit", what)
-					continue
-				}
-				if !assert.Len(t, got, int(max(s.ask.count, 1)), "%s must fit", what) {
-					continue
-				}
-				for _, name := range got {
-					d, ok := c.device(name)
-					require.True(t, ok, name)
-					if s.ask.profile != "" {
-						assert.Equal(t, s.ask.profile, strAttr(d, "migProfile"), "%s got %s", what, name)
-					} else {
-						assert.Equal(t, TypeGPU, strAttr(d, "type"), "%s got %s", what, name)
-					}
-				}
-			}
+			runSequence(t, newCluster(t, oneGPUMig, Options{}), tc.steps)
 		})
+	}
+}
+
+// runSequence allocates the steps in order and checks which fit.
+func runSequence(t *testing.T, c *cluster, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		got := c.allocate(t, s.ask)
+		what := fmt.Sprintf("claim %d (%s %s x%d)", i+1, s.ask.class, s.ask.profile, max(s.ask.count, 1))
+		if !s.fits {
+			assert.Nil(t, got, "%s must not fit", what)
+			continue
+		}
+		if !assert.Len(t, got, int(max(s.ask.count, 1)), "%s must fit", what) {
+			continue
+		}
+		for _, name := range got {
+			d, ok := c.device(name)
+			require.True(t, ok, name)
+			if s.ask.profile != "" {
+				assert.Equal(t, s.ask.profile, strAttr(d, "migProfile"), "%s got %s", what, name)
+			} else {
+				assert.Equal(t, TypeGPU, strAttr(d, "type"), "%s got %s", what, name)
+			}
+		}
 	}
 }
 

@@ -46,10 +46,11 @@ type Options struct {
 	// the sum within the GPU, and the plugin caps each share with MPS.
 	FractionalGPUs bool
 	// ExistingMigOnly offers only the MIG devices that exist, none the
-	// driver would create (feature gate DynamicMIG off). A GPU in MIG mode
-	// then offers no whole-GPU device either: it is served as an instance
-	// that spans the GPU, which would have to be created.
+	// driver would create (feature gate DynamicMIG off): Mig.Existing,
+	// whatever Mig says.
 	ExistingMigOnly bool
+	// Mig says which MIG placements are published (migpolicy.go).
+	Mig MigPolicy
 }
 
 // gpuDevices is what one physical GPU contributes: its devices, and the
@@ -109,6 +110,10 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 	if len(counters) > MaxCountersPerSet {
 		return gpuDevices{}, fmt.Errorf("GPU %d (%s): %d counters exceed the limit of %d", g.Index, g.UUID, len(counters), MaxCountersPerSet)
 	}
+	policy := opts.Mig
+	if opts.ExistingMigOnly {
+		policy = MigPolicy{Existing: true}
+	}
 	foreign := foreignMigDevices(g, opts.ManagedMigDevices)
 	// Someone else's MIG devices hold their memory slices and engines whether
 	// or not the scheduler hands them out: take them out of the counter set
@@ -123,15 +128,13 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 	}
 	gd := gpuDevices{}
 	// Counters only where partitions are published: a GPU with MIG off
-	// offers one device, which nothing else draws on, and a counter set of
-	// its own only made every allocation on every node check it (issue 26:
-	// MIG-off nodes cost kube-scheduler 3.4x a plain driver's).
-	partitioned := g.MIG.Capable && g.MIG.Enabled
-	if partitioned {
-		gd.counters = &resourceapi.CounterSet{Name: CounterSetName(g), Counters: counters}
-	}
+	// (or with only existing MIG devices) offers devices nothing else draws
+	// on, and a counter set of its own only made every allocation on every
+	// node check it (issue 26: MIG-off nodes cost kube-scheduler 3.4x a
+	// plain driver's).
+	partitioned := g.MIG.Capable && g.MIG.Enabled && !policy.Existing
 
-	if len(foreign) == 0 && !(opts.ExistingMigOnly && g.MIG.Enabled) {
+	if len(foreign) == 0 && !(policy.Existing && g.MIG.Enabled) {
 		gd.devices = append(gd.devices, fullGPUDevice(g, opts, partitioned))
 	}
 	if g.MIG.Capable && g.MIG.Enabled {
@@ -141,12 +144,15 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 			for i := len(prof.Placements) - 1; i >= 0; i-- {
 				pl := prof.Placements[i]
 				existing, blocked := placementState(foreign, prof.Name, pl)
-				if blocked || (opts.ExistingMigOnly && existing == nil) {
+				if blocked || (existing == nil && !policy.publishes(prof.Name)) {
 					continue
 				}
 				gd.devices = append(gd.devices, migDevice(g, &prof, pl, existing, opts))
 			}
 		}
+	}
+	if partitioned {
+		gd.counters = &resourceapi.CounterSet{Name: CounterSetName(g), Counters: counters}
 	}
 	for _, d := range gd.devices {
 		if n := len(d.Attributes) + len(d.Capacity); n > MaxAttributesAndCapacities {

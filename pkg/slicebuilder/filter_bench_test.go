@@ -125,10 +125,20 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		plain   bool
 		opts    Options
 	}
+	// A DGX H100 in MIG mode with seven 1g.10gb instances made on every
+	// GPU (nvidia-smi), for the existing policy.
+	sevenSmall := "name: dgx-small\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: all\nmigDevices:\n"
+	for g := range 8 {
+		for start := range 7 {
+			sevenSmall += fmt.Sprintf("- {gpu: %d, profile: 1g.10gb, start: %d}\n", g, start)
+		}
+	}
 	mixes := []mix{
 		{name: "plain", plain: true},
 		{name: "migoff", machine: "dgx-h100-nomig"},
 		{name: "migmode", machine: "dgx-h100"},
+		{name: "migmode-profiles", machine: "dgx-h100", opts: Options{Mig: MigPolicy{Profiles: []string{"1g.10gb", "3g.40gb"}}}},
+		{name: "migmode-existing", machine: sevenSmall, opts: Options{Mig: MigPolicy{Existing: true}}},
 	}
 	type kase struct {
 		name  string
@@ -149,7 +159,7 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		heaps[m.name] = f.heapBytes
 		times[m.name] = map[string]time.Duration{}
 		for _, c := range cases {
-			if c.mig && m.name != "migmode" {
+			if c.mig && !strings.HasPrefix(m.name, "migmode") {
 				continue
 			}
 			f.allocated = sets.New[structured.DeviceID]()
@@ -169,13 +179,22 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 	}
 	var ratios []string
 	for _, c := range []string{"1gpu-free", "1gpu-7held", "fits-nowhere"} {
-		if p, off, mig := times["plain"][c], times["migoff"][c], times["migmode"][c]; p > 0 && off > 0 && mig > 0 {
-			ratios = append(ratios, fmt.Sprintf("%s: migoff/plain %.1fx, migmode/migoff %.1fx", c, float64(off)/float64(p), float64(mig)/float64(off)))
+		if p, off := times["plain"][c], times["migoff"][c]; p > 0 && off > 0 {
+			r := fmt.Sprintf("%s: migoff/plain %.1fx", c, float64(off)/float64(p))
+			for _, m := range []string{"migmode", "migmode-profiles", "migmode-existing"} {
+				if mig := times[m][c]; mig > 0 {
+					r += fmt.Sprintf(", %s/migoff %.1fx", m, float64(mig)/float64(off))
+				}
+			}
+			ratios = append(ratios, r)
 		}
 	}
 	if heaps["plain"] > 0 && heaps["migoff"] > 0 {
-		ratios = append(ratios, fmt.Sprintf("slice heap: migoff/plain %.1fx, migmode/migoff %.1fx",
-			float64(heaps["migoff"])/float64(heaps["plain"]), float64(heaps["migmode"])/float64(heaps["migoff"])))
+		r := fmt.Sprintf("slice heap: migoff/plain %.1fx", float64(heaps["migoff"])/float64(heaps["plain"]))
+		for _, m := range []string{"migmode", "migmode-profiles", "migmode-existing"} {
+			r += fmt.Sprintf(", %s/migoff %.1fx", m, float64(heaps[m])/float64(heaps["migoff"]))
+		}
+		ratios = append(ratios, r)
 	}
 	// Printed, not logged: the ratios are the benchmark's result.
 	fmt.Printf("ratios at %d nodes: %s\n", filterNodes, strings.Join(ratios, "; "))
