@@ -109,8 +109,40 @@ func TestCountByClass(t *testing.T) {
 	held := allocatedClaim("held", "gpu-0")
 	used := allocatedClaim("used", "gpu-1")
 	got := countByClass(context.Background(), cel.NewCache(10, cel.Features{}), []*resourceapi.DeviceClass{class},
-		[]*resourceapi.ResourceSlice{slice}, []*resourceapi.ResourceClaim{held, used}, sets.New("ns/held"))
+		[]*resourceapi.ResourceSlice{slice}, []*resourceapi.ResourceClaim{held, used}, sets.New("ns/held"), nil)
 	assert.Equal(t, classCount{free: 1, held: 1, allocated: 1}, got["gpu.gpudra.dev"])
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestCountByClassRemembersMatches: a second count over unchanged slices
+// and classes evaluates no CEL and gives the same counts; a slice at a new
+// version is evaluated again, and its old entries are forgotten.
+func TestCountByClassRemembersMatches(t *testing.T) {
+	gpu := func(name string) resourceapi.Device {
+		return resourceapi.Device{Name: name, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": {StringValue: ptrTo("gpu")}}}
+	}
+	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{UID: "s", ResourceVersion: "1"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: allocator.DriverName, Pool: resourceapi.ResourcePool{Name: "n0"}, Devices: []resourceapi.Device{gpu("gpu-0"), gpu("gpu-1")}}}
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu.gpudra.dev", UID: "c", ResourceVersion: "1"}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.gpudra.dev"].type == "gpu"`}}}}}
+	known := newClassMatches()
+	evals := 0
+	known.eval = func(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceClass, driver string, d resourceapi.Device) bool {
+		evals++
+		return matches(ctx, cache, class, driver, d)
+	}
+	count := func() classCount {
+		return countByClass(context.Background(), cel.NewCache(10, cel.Features{}), []*resourceapi.DeviceClass{class},
+			[]*resourceapi.ResourceSlice{slice}, []*resourceapi.ResourceClaim{allocatedClaim("used", "gpu-1")}, sets.New[string](), known)["gpu.gpudra.dev"]
+	}
+	want := classCount{free: 1, allocated: 1}
+	assert.Equal(t, want, count())
+	assert.Equal(t, 2, evals)
+	assert.Equal(t, want, count())
+	assert.Equal(t, 2, evals, "nothing changed: no CEL evaluated")
+	slice.ResourceVersion = "2"
+	assert.Equal(t, want, count())
+	assert.Equal(t, 4, evals, "the slice changed: evaluated again")
+	assert.Len(t, known.m, 2, "the old version's entries are forgotten")
+}

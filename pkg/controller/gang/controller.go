@@ -109,8 +109,10 @@ type Controller struct {
 	// verdicts remembers, per item, whether it could ever fit.
 	verdicts map[string]verdict
 	// lastClassCount is when the per-class device metrics were last
-	// counted: counting evaluates every class on every device.
+	// counted; classMatches keeps what each class selects between counts.
 	lastClassCount time.Time
+	lastCountKey   uint64
+	classMatches   *classMatches
 }
 
 // New returns a controller; Run starts it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
@@ -201,15 +202,44 @@ func (c *Controller) round(ctx context.Context) error {
 
 	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
 	errs = append(errs, c.sweepWorkloads(ctx))
+	// Counted again at most every 15 s, and only when the devices, the
+	// classes or the allocations changed since the last count.
 	if now.Sub(c.lastClassCount) > 15*time.Second {
 		c.lastClassCount = now
-		for class, cnt := range countByClass(ctx, c.cel, snap.classes, snap.slices, snap.allocated, heldClaims) {
-			c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
-			c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
-			c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
-		}
+		c.countClasses(ctx, snap, heldClaims)
 	}
 	return errors.Join(errs...)
+}
+
+// countClasses sets the per-class device metrics, unless nothing they
+// depend on changed since the last count.
+func (c *Controller) countClasses(ctx context.Context, snap *snapshot, heldClaims sets.Set[string]) {
+	key := countKey(snap, heldClaims)
+	if key == c.lastCountKey {
+		return
+	}
+	c.lastCountKey = key
+	for class, cnt := range countByClass(ctx, c.cel, snap.classes, snap.slices, snap.allocated, heldClaims, c.classMatches) {
+		c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
+		c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
+		c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
+	}
+}
+
+// countKey identifies what the per-class counts depend on: the slices and
+// classes (the snapshot's fingerprint) and which claims hold what.
+func countKey(snap *snapshot, held sets.Set[string]) uint64 {
+	h := fnv.New64a()
+	var keys []string
+	for _, cl := range snap.allocated {
+		keys = append(keys, cl.Namespace+"/"+cl.Name+"/"+cl.ResourceVersion+"/"+fmt.Sprint(held.Has(cl.Namespace+"/"+cl.Name), len(cl.Status.ReservedFor) > 0))
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		_, _ = h.Write([]byte(k))
+		_, _ = h.Write([]byte{0})
+	}
+	return h.Sum64() ^ snap.fingerprint()
 }
 
 // planQueues orders each queue's items by its policy and plans them in
