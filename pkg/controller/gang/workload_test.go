@@ -208,6 +208,7 @@ func TestGangPriorityClass(t *testing.T) {
 func TestRoundAdmitsInOneBatch(t *testing.T) {
 	h := newWorkloadHarness(t)
 	h.c.opts.Path = PathGates
+	h.c.committer.settle = 10 * time.Millisecond
 	for _, name := range []string{"a", "b"} {
 		r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(t0)},
