@@ -34,8 +34,9 @@ type NodeOptions struct {
 	// Machine is a builtin simulated machine (dgx-h100, h100-pcie, ...) or
 	// the path of a machine spec YAML file. Default dgx-h100.
 	Machine string
-	// Labels are added to the Node.
-	Labels map[string]string
+	// Labels and Annotations are added to the Node.
+	Labels      map[string]string
+	Annotations map[string]string
 	// Taints are set on the Node.
 	Taints []v1.Taint
 	// UnhealthyTaintEffect is the plugin's --unhealthy-taint-effect
@@ -399,7 +400,7 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error 
 		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
 		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
 	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels}}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations}}
 	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", opts.Name, err)

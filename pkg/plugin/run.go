@@ -52,7 +52,8 @@ type Config struct {
 	// (consumable capacity), each share capped with MPS.
 	FractionalGPUs bool
 	// MigDevices says which MIG devices a GPU in MIG mode publishes
-	// (--mig-devices; zero: all).
+	// (--mig-devices; zero: all); the Node's annotation
+	// gpu.gpudra.dev/mig-devices overrides it (migpolicy.go).
 	MigDevices slicebuilder.MigPolicy
 	// MPSControlBinary is nvidia-cuda-mps-control; empty: MPS claims are
 	// refused with a message saying so.
@@ -166,7 +167,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, err
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs, migPolicy: cfg.MigDevices, existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
+		client: cfg.Client, fractional: cfg.FractionalGPUs, migPolicy: nodeMigPolicy(ctx, cfg.Client, cfg.NodeName, cfg.MigDevices, nodeEv), existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
 		taintEffect: cfg.UnhealthyTaintEffect,
 		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
