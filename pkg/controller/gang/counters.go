@@ -88,26 +88,38 @@ func (x *counterIndex) siblings(devices []deviceRef) []deviceRef {
 // overdrawn says which counter the devices, allocated together, consume
 // beyond its capacity ("" when none does).
 func (x *counterIndex) overdrawn(devices []deviceRef) string {
-	sum := map[counterSet]map[string]*resource.Quantity{}
+	bySet := map[counterSet][]deviceRef{}
 	for _, d := range devices {
-		for set, use := range x.consumes[d] {
-			if sum[set] == nil {
-				sum[set] = map[string]*resource.Quantity{}
-			}
-			for name, q := range use {
-				if sum[set][name] == nil {
-					sum[set][name] = ptr.To(resource.Quantity{})
-				}
-				sum[set][name].Add(q)
-			}
+		for set := range x.consumes[d] {
+			bySet[set] = append(bySet[set], d)
 		}
 	}
 	var over []string
-	for set, counters := range sum {
-		for name, used := range counters {
-			if capacity, ok := x.capacity[set][name]; ok && used.Cmp(capacity) > 0 {
-				over = append(over, fmt.Sprintf("counter %s of %s/%s (%s used of %s)", name, set.pool, set.set, used.String(), capacity.String()))
+	for set, ds := range bySet {
+		if o := x.overdrawnIn(set, ds); o != "" {
+			over = append(over, o)
+		}
+	}
+	slices.Sort(over)
+	return strings.Join(over, ", ")
+}
+
+// overdrawnIn is overdrawn for one counter set: the devices' consumption
+// of it against its capacity.
+func (x *counterIndex) overdrawnIn(set counterSet, devices []deviceRef) string {
+	sum := map[string]*resource.Quantity{}
+	for _, d := range devices {
+		for name, q := range x.consumes[d][set] {
+			if sum[name] == nil {
+				sum[name] = ptr.To(resource.Quantity{})
 			}
+			sum[name].Add(q)
+		}
+	}
+	var over []string
+	for name, used := range sum {
+		if capacity, ok := x.capacity[set][name]; ok && used.Cmp(capacity) > 0 {
+			over = append(over, fmt.Sprintf("counter %s of %s/%s (%s used of %s)", name, set.pool, set.set, used.String(), capacity.String()))
 		}
 	}
 	slices.Sort(over)

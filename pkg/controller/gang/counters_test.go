@@ -124,3 +124,20 @@ func TestRoundRepairsADoubleAllocation(t *testing.T) {
 	require.NoError(t, h.round(t))
 	assert.Equal(t, 1.0, testutil.ToFloat64(h.c.metrics.doubles.WithLabelValues("unrepaired")))
 }
+
+// TestFindDoubleAllocationsByCounters: a whole GPU and a MIG placement of
+// it in two claims share no device name; the counters say they collide.
+// Only collisions that involve a claim worth a look (this controller's) are
+// listed.
+func TestFindDoubleAllocationsByCounters(t *testing.T) {
+	counters := newCounterIndex(partitionedGPU())
+	theirs, ours := allocatedClaim("theirs", "mig-0"), allocatedClaim("ours", "gpu-0")
+	isOurs := func(cl *resourceapi.ResourceClaim) bool { return cl.Name == "ours" }
+	got := findDoubleAllocations([]*resourceapi.ResourceClaim{theirs, ours}, counters, isOurs)
+	require.Len(t, got, 1)
+	assert.Equal(t, "counter memorySlices of n0/gpu-0 (12 used of 8)", got[0].what)
+	assert.Len(t, got[0].claims, 2)
+	assert.Empty(t, findDoubleAllocations([]*resourceapi.ResourceClaim{theirs, ours}, counters, func(*resourceapi.ResourceClaim) bool { return false }),
+		"the scheduler's own allocations are the scheduler's")
+	assert.Empty(t, findDoubleAllocations([]*resourceapi.ResourceClaim{allocatedClaim("a", "mig-0"), allocatedClaim("b", "mig-1")}, counters, isOurs))
+}

@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
@@ -26,10 +25,12 @@ type doubleAllocation struct {
 }
 
 // findDoubleAllocations lists, among allocated claims, every exclusive
-// device in two of them, and every shared counter they overdraw.
-func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counterIndex) []doubleAllocation {
+// device in two of them and every shared counter they overdraw, where one
+// of the claims is one that involves says to look at. One pass over the
+// claims; counters are added up only for the sets worth a look.
+func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counterIndex, involves func(*resourceapi.ResourceClaim) bool) []doubleAllocation {
 	byDevice := map[deviceRef][]*resourceapi.ResourceClaim{}
-	var devices []deviceRef
+	bySet := map[counterSet][]deviceRef{}
 	holders := map[counterSet][]*resourceapi.ResourceClaim{}
 	for _, cl := range claims {
 		if cl.Status.Allocation == nil {
@@ -43,37 +44,32 @@ func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counte
 			if !slices.Contains(byDevice[d], cl) {
 				byDevice[d] = append(byDevice[d], cl)
 			}
-			devices = append(devices, d)
-			if counters != nil {
-				for set := range counters.consumes[d] {
-					if !slices.Contains(holders[set], cl) {
-						holders[set] = append(holders[set], cl)
-					}
+			if counters == nil {
+				continue
+			}
+			for set := range counters.consumes[d] {
+				bySet[set] = append(bySet[set], d)
+				if !slices.Contains(holders[set], cl) {
+					holders[set] = append(holders[set], cl)
 				}
 			}
 		}
+	}
+	worthALook := func(cls []*resourceapi.ResourceClaim) bool {
+		return len(cls) > 1 && slices.ContainsFunc(cls, involves)
 	}
 	var out []doubleAllocation
 	for d, cls := range byDevice {
-		if len(cls) > 1 {
+		if worthALook(cls) {
 			out = append(out, doubleAllocation{what: "device " + d.pool + "/" + d.device, claims: cls})
 		}
 	}
-	if counters != nil {
-		for set, cls := range holders {
-			var inSet []deviceRef
-			for _, d := range devices {
-				if _, ok := counters.consumes[d][set]; ok {
-					inSet = append(inSet, d)
-				}
-			}
-			only := &counterIndex{capacity: counters.capacity, consumes: map[deviceRef]map[counterSet]map[string]resource.Quantity{}}
-			for _, d := range inSet {
-				only.consumes[d] = map[counterSet]map[string]resource.Quantity{set: counters.consumes[d][set]}
-			}
-			if over := only.overdrawn(inSet); over != "" && len(cls) > 1 {
-				out = append(out, doubleAllocation{what: over, claims: cls})
-			}
+	for set, cls := range holders {
+		if !worthALook(cls) {
+			continue
+		}
+		if over := counters.overdrawnIn(set, bySet[set]); over != "" {
+			out = append(out, doubleAllocation{what: over, claims: cls})
 		}
 	}
 	slices.SortFunc(out, func(a, b doubleAllocation) int { return strings.Compare(a.what, b.what) })
@@ -86,9 +82,26 @@ func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counte
 // controller's own allocation when no pod uses it yet, so that the item is
 // planned again: a bounded, visible event (a metric, a Warning Event, a log
 // line) instead of a pod stuck in ContainerCreating on the plugin's refusal.
-func (c *Controller) repairDoubleAllocations(ctx context.Context, claims []*resourceapi.ResourceClaim, counters *counterIndex) error {
+//
+// Only devices that one of its own recent writes holds are looked at: the
+// scheduler alone keeps its own allocations apart, and a round with no
+// recent write of this controller does no work that grows with the
+// cluster here.
+func (c *Controller) repairDoubleAllocations(ctx context.Context, snap *snapshot) error {
+	if len(c.committer.written) == 0 {
+		return nil
+	}
+	counters := snap.counters()
+	var claims []*resourceapi.ResourceClaim
+	for _, o := range c.claims.List() {
+		claims = append(claims, o.(*resourceapi.ResourceClaim))
+	}
+	mine := func(cl *resourceapi.ResourceClaim) bool {
+		_, ok := c.committer.written[cl.UID]
+		return ok
+	}
 	var errs []error
-	for _, d := range findDoubleAllocations(claims, counters) {
+	for _, d := range findDoubleAllocations(claims, counters, mine) {
 		var ours *resourceapi.ResourceClaim
 		for _, cl := range d.claims {
 			if _, mine := c.committer.written[cl.UID]; mine && len(cl.Status.ReservedFor) == 0 {
@@ -102,7 +115,7 @@ func (c *Controller) repairDoubleAllocations(ctx context.Context, claims []*reso
 		}
 		if ours == nil {
 			c.metrics.doubles.WithLabelValues("unrepaired").Inc()
-			klog.FromContext(ctx).Error(nil, "Device allocated twice, none of the claims is this controller's unused own", "what", d.what, "claims", names)
+			klog.FromContext(ctx).Error(nil, "Device allocated twice; this controller's claim is in use already", "what", d.what, "claims", names)
 			continue
 		}
 		if err := c.committer.unwrite(ctx, ours, false); err != nil {

@@ -64,11 +64,7 @@ func (c *Controller) round(ctx context.Context) error {
 	var errs []error
 	// A device both this controller and the scheduler allocated: take ours
 	// back and plan again, before planning anything else.
-	var informed []*resourceapi.ResourceClaim
-	for _, o := range c.claims.List() {
-		informed = append(informed, o.(*resourceapi.ResourceClaim))
-	}
-	errs = append(errs, c.repairDoubleAllocations(ctx, informed, snap.counters()))
+	errs = append(errs, c.repairDoubleAllocations(ctx, snap))
 
 	// Reservations: held ones are kept up to date (in use, TTL); queued
 	// ones become items.
