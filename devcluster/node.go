@@ -243,6 +243,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		// (processpods.go), so that they outlive the plugin's container.
 		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, MPSServerServiceAccount: MPSServerServiceAccount,
 		HostDriverRoot: n.DriverRoot(),
+		// Every MIG placement, created at prepare (the demo and the MIG
+		// examples create instances on demand), where the chart's default
+		// is existing (docs/scale.md); a Node annotation still overrides it.
+		MigDevices: slicebuilder.MigPolicy{},
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err

@@ -53,7 +53,7 @@ func TestInventoryTable(t *testing.T) {
 }
 
 func TestSlicesYAMLDecodesStrictly(t *testing.T) {
-	out, err := run(t, "slices", "--backend", "sim", "--machine", "dgx-h100", "--node-name", "node-a")
+	out, err := run(t, "slices", "--backend", "sim", "--machine", "dgx-h100", "--node-name", "node-a", "--mig-devices", "all")
 	require.NoError(t, err)
 	docs := strings.Split(out, "\n---\n")
 	require.Len(t, docs, 5)
@@ -67,6 +67,15 @@ func TestSlicesYAMLDecodesStrictly(t *testing.T) {
 		devices += len(s.Spec.Devices)
 	}
 	assert.Equal(t, 208, devices)
+
+	// The default, as the plugin's: a DGX H100 in MIG mode with no MIG
+	// device made publishes one empty slice.
+	out, err = run(t, "slices", "--backend", "sim", "--machine", "dgx-h100", "--node-name", "node-a")
+	require.NoError(t, err)
+	var s resourceapi.ResourceSlice
+	require.NoError(t, yaml.UnmarshalStrict([]byte(out), &s))
+	assert.Empty(t, s.Spec.Devices)
+	assert.Empty(t, s.Spec.SharedCounters)
 }
 
 func TestErrors(t *testing.T) {

@@ -53,7 +53,7 @@ The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -
 	}
 	b.register(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (one document per slice), json (a List) or table")
-	cmd.Flags().StringVar(&migDevices, "mig-devices", slicebuilder.MigPolicyAll, "as the plugin does with --mig-devices: all, existing, or profiles=<profile>,...")
+	cmd.Flags().StringVar(&migDevices, "mig-devices", slicebuilder.MigPolicyExisting, "as the plugin does with --mig-devices (and its default): existing, profiles=<profile>,..., or all")
 	cmd.Flags().BoolVar(&fractional, "fractional-gpus", false, "as the plugin does with --fractional-gpus: whole GPUs with MIG off shared through consumable capacity")
 	return cmd
 }

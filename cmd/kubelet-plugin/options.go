@@ -66,7 +66,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 300, "API client burst: covers a whole node's pods (110, two requests each) starting at once")
 	env("kube-api-burst", "KUBE_API_BURST")
-	fs.StringVar(&o.migDevices, "mig-devices", slicebuilder.MigPolicyAll, "which MIG devices a GPU in MIG mode publishes: all (every placement of every profile, created at prepare), existing (only MIG devices that exist), or profiles=<profile>,... (only those profiles' placements, plus what exists); see docs/scale.md for what each costs kube-scheduler")
+	fs.StringVar(&o.migDevices, "mig-devices", slicebuilder.MigPolicyExisting, "which MIG devices a GPU in MIG mode publishes: existing (only MIG devices that exist, made with nvidia-smi or a MIG manager), profiles=<profile>,... (those profiles' placements, created at prepare, plus what exists), or all (every placement of every profile, created at prepare); see docs/scale.md for what each costs kube-scheduler")
 	env("mig-devices", "MIG_DEVICES")
 	fs.BoolVar(&o.fractional, "fractional-gpus", false, "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS; needs the FractionalGPUs and MPSSharing feature gates")
 	env("fractional-gpus", "FRACTIONAL_GPUS")

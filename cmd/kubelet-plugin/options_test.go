@@ -50,7 +50,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 	assert.Equal(t, options{
 		driverRoot: "/", cdiDir: "/var/run/cdi", pluginDataDir: "/var/lib/kubelet/plugins/gpu.gpudra.dev",
 		registrarDir: "/var/lib/kubelet/plugins_registry", backend: "nvml", machine: "dgx-h100", procRoot: "/proc",
-		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", migDevices: "all", qps: 100, burst: 300,
+		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", migDevices: "existing", qps: 100, burst: 300,
 		// nvdevice.ApplicationXIDs, sorted.
 		healthIgnoredXIDs: []uint64{13, 31, 43, 45, 68, 109},
 		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",

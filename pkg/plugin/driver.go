@@ -39,6 +39,9 @@ type Driver struct {
 	// DynamicMIG off): a placement the plugin would have to create is not
 	// published, so no claim is scheduled only to be refused at prepare.
 	existingMigOnly bool
+	// unpublished are the GPUs in MIG mode that published nothing at the
+	// last build (reportUnpublished; guarded by mu).
+	unpublished []int
 
 	// taintEffect is the effect of the taint on an unhealthy GPU's devices:
 	// NoSchedule (default) keeps new claims off; NoExecute also evicts the
@@ -137,6 +140,7 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}
+	d.reportUnpublished(ctx, unpublishedMigGPUs(inv, res))
 	if d.metrics != nil {
 		n := 0
 		for _, p := range res.Pools {

@@ -1,14 +1,17 @@
 package plugin
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -38,6 +41,32 @@ func TestNodeMigPolicy(t *testing.T) {
 				client = fake.NewClientset(tt.node)
 			}
 			assert.Equal(t, tt.want, nodeMigPolicy(ctx, client, "n", flag, nil))
+		})
+	}
+}
+
+// A GPU in MIG mode with no MIG device made publishes nothing under the
+// existing policy (the default since issue 26); the plugin names it.
+func TestUnpublishedMigGPUs(t *testing.T) {
+	const spec = "name: partly\ngpuCount: 3\nmigEnabled: [1, 2]\nmigDevices:\n- {gpu: 2, profile: 3g.40gb, start: 4}\n"
+	s, err := sim.ParseSpec([]byte(spec))
+	require.NoError(t, err)
+	m, err := sim.New(s, "n")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		policy slicebuilder.MigPolicy
+		want   []int
+	}{
+		{slicebuilder.MigPolicy{Existing: true}, []int{1}}, // GPU 0: MIG off, whole; GPU 2: its instance
+		{slicebuilder.MigPolicy{Profiles: []string{"1g.10gb"}}, nil},
+		{slicebuilder.MigPolicy{}, nil},
+	} {
+		t.Run(tt.policy.String(), func(t *testing.T) {
+			res, err := slicebuilder.Build(inv, "n", slicebuilder.Options{Mig: tt.policy})
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, unpublishedMigGPUs(inv, res))
 		})
 	}
 }

@@ -61,8 +61,8 @@ type gpuDevices struct {
 }
 
 // Build returns the node's one pool: counter slices first, then device
-// slices holding whole GPUs in index order, so that first-fit allocation
-// packs MIG devices onto the lowest GPUs and leaves the others whole.
+// slices in the order kube-scheduler's allocator does best with
+// (allocatorOrder), at most MaxDevicesWithCounters per slice.
 func Build(inv *nvdevice.Inventory, nodeName string, opts Options) (resourceslice.DriverResources, error) {
 	gpus := append([]nvdevice.GPU(nil), inv.GPUs...)
 	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
@@ -86,23 +86,53 @@ func Build(inv *nvdevice.Inventory, nodeName string, opts Options) (resourceslic
 	for start := 0; start < len(sets); start += MaxCounterSetsPerSlice {
 		slices = append(slices, resourceslice.Slice{SharedCounters: sets[start:min(start+MaxCounterSetsPerSlice, len(sets))]})
 	}
-	var current []resourceapi.Device
-	for _, gd := range perGPU {
-		if len(current)+len(gd.devices) > MaxDevicesWithCounters {
-			slices = append(slices, resourceslice.Slice{Devices: current})
-			current = nil
-		}
-		for len(gd.devices) > MaxDevicesWithCounters { // never for an H100, kept for larger parts
-			slices = append(slices, resourceslice.Slice{Devices: gd.devices[:MaxDevicesWithCounters]})
-			gd.devices = gd.devices[MaxDevicesWithCounters:]
-		}
-		current = append(current, gd.devices...)
+	devices := allocatorOrder(perGPU)
+	for start := 0; start < len(devices); start += MaxDevicesWithCounters {
+		slices = append(slices, resourceslice.Slice{Devices: devices[start:min(start+MaxDevicesWithCounters, len(devices))]})
 	}
-	if len(current) > 0 || len(slices) == 0 {
+	if len(devices) == 0 {
 		// An empty pool still gets one slice: "no devices" differs from "no driver".
-		slices = append(slices, resourceslice.Slice{Devices: current})
+		slices = append(slices, resourceslice.Slice{})
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}}}, nil
+}
+
+// allocatorOrder lists the node's devices in the order kube-scheduler's
+// allocator should meet them. It walks a pool's devices in slice order,
+// skips allocated ones cheaply, evaluates the class and request selectors
+// (CEL) on the others, and stops at the first that fits. So:
+//   - whole GPUs first, in index order: a GPU claim meets the 8 GPUs, not
+//     the 200 MIG placements listed between them (issue 26: 3.6 s -> ms
+//     per pod at 1,000 nodes with 7 of 8 GPUs held);
+//   - then MIG placements grouped by profile across GPUs (in the GPUs'
+//     profile order), each profile's GPUs in index order, each GPU's
+//     placements highest start first (as buildGPU lists them): a
+//     1g.10gb claim meets the 1g.10gb placements, not 24 others per GPU.
+//
+// First fit still packs MIG devices onto the lowest GPUs, the top of each
+// GPU first, and keeps the others whole.
+func allocatorOrder(perGPU []gpuDevices) []resourceapi.Device {
+	var whole []resourceapi.Device
+	var profiles []string
+	byProfile := map[string][]resourceapi.Device{}
+	for _, gd := range perGPU {
+		for _, d := range gd.devices {
+			if a := d.Attributes["migProfile"]; a.StringValue != nil {
+				p := *a.StringValue
+				if _, seen := byProfile[p]; !seen {
+					profiles = append(profiles, p)
+				}
+				byProfile[p] = append(byProfile[p], d)
+				continue
+			}
+			whole = append(whole, d)
+		}
+	}
+	out := whole
+	for _, p := range profiles {
+		out = append(out, byProfile[p]...)
+	}
+	return out
 }
 
 func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
@@ -222,7 +252,7 @@ func mebibytes(mib uint64) resource.Quantity {
 
 func fullGPUDevice(g *nvdevice.GPU, opts Options, partitioned bool) resourceapi.Device {
 	name := GPUDeviceName(g)
-	attrs := commonAttributes(g)
+	attrs := gpuAttributes(g)
 	attrs["type"] = str(TypeGPU)
 	attrs["uuid"] = str(g.UUID)
 	// In MIG mode the whole GPU is served as its largest MIG instance:
@@ -287,7 +317,7 @@ func fractionalGPUDevice(name string, attrs map[resourceapi.QualifiedName]resour
 
 func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement, existing *nvdevice.MigDevice, opts Options) resourceapi.Device {
 	name := MigDeviceName(g, prof.Name, pl.Start)
-	attrs := commonAttributes(g)
+	attrs := placeAttributes(g)
 	attrs["type"] = str(TypeMIG)
 	attrs["migProfile"] = str(prof.Name)
 	attrs["parentUUID"] = str(g.UUID)

@@ -388,8 +388,17 @@ func TestMigAttributes(t *testing.T) {
 					assert.Equal(t, TypeMIG, strAttr(d, "type"), name)
 					assert.Equal(t, p.profile, strAttr(d, "migProfile"), name)
 					assert.Equal(t, inv.GPUs[gpu].UUID, strAttr(d, "parentUUID"), name)
-					assert.Equal(t, inv.GPUs[gpu].PCI.BusID, strAttr(d, "resource.kubernetes.io/pciBusID"), name)
+					assert.Equal(t, inv.GPUs[gpu].PCI.PCIeRoot, strAttr(d, "resource.kubernetes.io/pcieRoot"), name)
 					assert.Equal(t, "NVIDIA H100 80GB HBM3", strAttr(d, "productName"), name)
+					// Slim (issue 26): what a claim selects or aligns on, nothing
+					// that only repeats the GPU's device.
+					var keys []string
+					for k := range d.Attributes {
+						keys = append(keys, string(k))
+					}
+					assert.ElementsMatch(t, []string{"type", "migProfile", "parentUUID", "productName", "index",
+						"resource.kubernetes.io/pcieRoot", "resource.kubernetes.io/numaNode"}, keys, name)
+					assert.Len(t, d.Capacity, 2, "%s: memory and multiprocessors", name)
 					assert.NotContains(t, d.Attributes, resourceapi.QualifiedName("nvlinkDomain"), "%s: MIG devices have no NVLink peer-to-peer", name)
 					assert.NotContains(t, d.Attributes, resourceapi.QualifiedName("fabricClique"), name)
 					assert.NotContains(t, d.Attributes, resourceapi.QualifiedName("uuid"), "%s: a placement that does not exist yet has no UUID", name)
@@ -656,7 +665,7 @@ func TestStandardAttributesLeftOutWhenTheStandardForbidsThem(t *testing.T) {
 			_, inv := machine(t, "dgx-h100-nomig", "node-a")
 			g := inv.GPUs[0]
 			g.PCI.BusID, g.NUMANode = tc.busID, tc.numa
-			attrs := commonAttributes(&g)
+			attrs := gpuAttributes(&g)
 			_, hasBus := attrs["resource.kubernetes.io/pciBusID"]
 			numa, hasNUMA := attrs["resource.kubernetes.io/numaNode"]
 			assert.Equal(t, tc.wantBus, hasBus, "pciBusID published")

@@ -30,8 +30,8 @@ type fleet struct {
 }
 
 // newFleet publishes the machine's slices for every node. plain is the
-// baseline a driver without partitions publishes: 8 GPUs with a type
-// attribute, no counters.
+// baseline a driver without partitions publishes: 8 GPUs with a type and
+// a product attribute, no capacities, no counters.
 func newFleet(b *testing.B, machineName string, plain bool, opts Options) *fleet {
 	b.Helper()
 	var before runtime.MemStats
@@ -42,7 +42,8 @@ func newFleet(b *testing.B, machineName string, plain bool, opts Options) *fleet
 		var devs []resourceapi.Device
 		for i := range 8 {
 			devs = append(devs, resourceapi.Device{Name: fmt.Sprintf("gpu-%d", i),
-				Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": {StringValue: ptr.To(TypeGPU)}}})
+				Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": {StringValue: ptr.To(TypeGPU)},
+					"productName": {StringValue: ptr.To("NVIDIA H100 80GB HBM3")}}})
 		}
 		template = []resourceapi.ResourceSlice{{Spec: resourceapi.ResourceSliceSpec{Driver: DriverName,
 			Pool: resourceapi.ResourcePool{ResourceSliceCount: 1}, Devices: devs}}}
@@ -69,11 +70,28 @@ func newFleet(b *testing.B, machineName string, plain bool, opts Options) *fleet
 	return f
 }
 
-// hold marks the whole GPUs with the given indexes allocated on every node.
+// hold marks the given GPUs of every node held: the whole GPU where it is
+// published (in MIG mode its counters then block every placement), and
+// every MIG device that exists on it.
 func (f *fleet) hold(indexes ...int) {
+	held := sets.New[string]()
+	for _, s := range f.slices {
+		if *s.Spec.NodeName != f.nodes[0].Name {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			for _, i := range indexes {
+				// Names carry the GPU's minor, its index on these machines.
+				_, exists := d.Attributes["uuid"]
+				if d.Name == fmt.Sprintf("gpu-%d", i) || (exists && strings.HasPrefix(d.Name, fmt.Sprintf("gpu-%d-mig-", i))) {
+					held.Insert(d.Name)
+				}
+			}
+		}
+	}
 	for _, n := range f.nodes {
-		for _, i := range indexes {
-			f.allocated.Insert(structured.MakeDeviceID(DriverName, n.Name, fmt.Sprintf("gpu-%d", i)))
+		for name := range held {
+			f.allocated.Insert(structured.MakeDeviceID(DriverName, n.Name, name))
 		}
 	}
 }
@@ -124,33 +142,52 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		machine string
 		plain   bool
 		opts    Options
+		// unit is the one device a pod asks for: a whole GPU, or where the
+		// mix publishes none, a 1g.10gb instance.
+		unit *resourceapi.ResourceClaim
 	}
-	// A DGX H100 in MIG mode with seven 1g.10gb instances made on every
-	// GPU (nvidia-smi), for the existing policy.
-	sevenSmall := "name: dgx-small\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: all\nmigDevices:\n"
-	for g := range 8 {
-		for start := range 7 {
-			sevenSmall += fmt.Sprintf("- {gpu: %d, profile: 1g.10gb, start: %d}\n", g, start)
+	gpu := filterClaim("gpu.gpudra.dev", "", 1)
+	small := filterClaim("mig.gpudra.dev", "1g.10gb", 1)
+	// DGX H100s in MIG mode with instances made by the admin (nvidia-smi,
+	// a MIG manager), for the existing policy: seven 1g.10gb per GPU (the
+	// most a GPU holds), and a mixed layout of four per GPU.
+	layout := func(name string, perGPU ...string) string {
+		m := "name: " + name + "\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: all\nmigDevices:\n"
+		for g := range 8 {
+			for _, d := range perGPU {
+				m += fmt.Sprintf("- {gpu: %d, %s}\n", g, d)
+			}
 		}
+		return m
 	}
+	var seven []string
+	for start := range 7 {
+		seven = append(seven, fmt.Sprintf("profile: 1g.10gb, start: %d", start))
+	}
+	sevenSmall := layout("dgx-seven-small", seven...)
+	mixed := layout("dgx-mixed", "profile: 1g.10gb, start: 0", "profile: 1g.10gb, start: 1", "profile: 2g.20gb, start: 2", "profile: 3g.40gb, start: 4")
 	mixes := []mix{
-		{name: "plain", plain: true},
-		{name: "migoff", machine: "dgx-h100-nomig"},
-		{name: "migmode", machine: "dgx-h100"},
-		{name: "migmode-profiles", machine: "dgx-h100", opts: Options{Mig: MigPolicy{Profiles: []string{"1g.10gb", "3g.40gb"}}}},
-		{name: "migmode-existing", machine: sevenSmall, opts: Options{Mig: MigPolicy{Existing: true}}},
+		{name: "plain", plain: true, unit: gpu},
+		{name: "migoff", machine: "dgx-h100-nomig", unit: gpu},
+		{name: "migmode-all", machine: "dgx-h100", unit: gpu},
+		{name: "migmode-profiles", machine: "dgx-h100", opts: Options{Mig: MigPolicy{Profiles: []string{"1g.10gb", "3g.40gb"}}}, unit: gpu},
+		{name: "migmode-existing-7x1g", machine: sevenSmall, opts: Options{Mig: MigPolicy{Existing: true}}, unit: small},
+		{name: "migmode-existing-mixed", machine: mixed, opts: Options{Mig: MigPolicy{Existing: true}}, unit: small},
 	}
+	migMixes := []string{"migmode-all", "migmode-profiles", "migmode-existing-7x1g", "migmode-existing-mixed"}
 	type kase struct {
 		name  string
 		hold  []int
-		claim *resourceapi.ResourceClaim
-		mig   bool // only where MIG devices are published
+		claim *resourceapi.ResourceClaim // nil: the mix's unit
+		mig   bool                       // only where MIG devices are published
 	}
+	sevenHeld := []int{0, 1, 2, 3, 4, 5, 6}
 	cases := []kase{
-		{name: "1gpu-free", claim: filterClaim("gpu.gpudra.dev", "", 1)},
-		{name: "1gpu-7held", hold: []int{0, 1, 2, 3, 4, 5, 6}, claim: filterClaim("gpu.gpudra.dev", "", 1)},
-		{name: "1g.10gb-7held", hold: []int{0, 1, 2, 3, 4, 5, 6}, claim: filterClaim("mig.gpudra.dev", "1g.10gb", 1), mig: true},
+		{name: "1dev-free"},
+		{name: "1dev-7held", hold: sevenHeld},
+		{name: "1g.10gb-7held", hold: sevenHeld, claim: small, mig: true},
 		{name: "fits-nowhere", claim: filterClaim("gpu.gpudra.dev", "", 9)},
+		{name: "1dev-nomatch"},
 	}
 	times := map[string]map[string]time.Duration{}
 	heaps := map[string]uint64{}
@@ -164,11 +201,22 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 			}
 			f.allocated = sets.New[structured.DeviceID]()
 			f.hold(c.hold...)
+			claim := c.claim
+			if claim == nil {
+				claim = m.unit
+			}
+			if c.name == "1dev-nomatch" {
+				// The mix's unit on a product no node has: every device
+				// evaluated, no backtracking (an unschedulable pod's retry).
+				claim = claim.DeepCopy()
+				claim.Spec.Devices.Requests[0].Exactly.Selectors = append(claim.Spec.Devices.Requests[0].Exactly.Selectors,
+					resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.gpudra.dev"].productName == "NVIDIA H200"`}})
+			}
 			b.Run(m.name+"/"+c.name, func(b *testing.B) {
 				var total time.Duration
 				for b.Loop() {
 					start := time.Now()
-					f.filter(b, c.claim)
+					f.filter(b, claim)
 					total += time.Since(start)
 				}
 				times[m.name][c.name] = total / time.Duration(b.N)
@@ -178,10 +226,10 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		}
 	}
 	var ratios []string
-	for _, c := range []string{"1gpu-free", "1gpu-7held", "fits-nowhere"} {
+	for _, c := range []string{"1dev-free", "1dev-7held", "1dev-nomatch", "fits-nowhere"} {
 		if p, off := times["plain"][c], times["migoff"][c]; p > 0 && off > 0 {
 			r := fmt.Sprintf("%s: migoff/plain %.1fx", c, float64(off)/float64(p))
-			for _, m := range []string{"migmode", "migmode-profiles", "migmode-existing"} {
+			for _, m := range migMixes {
 				if mig := times[m][c]; mig > 0 {
 					r += fmt.Sprintf(", %s/migoff %.1fx", m, float64(mig)/float64(off))
 				}
@@ -191,7 +239,7 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 	}
 	if heaps["plain"] > 0 && heaps["migoff"] > 0 {
 		r := fmt.Sprintf("slice heap: migoff/plain %.1fx", float64(heaps["migoff"])/float64(heaps["plain"]))
-		for _, m := range []string{"migmode", "migmode-profiles", "migmode-existing"} {
+		for _, m := range migMixes {
 			r += fmt.Sprintf(", %s/migoff %.1fx", m, float64(heaps[m])/float64(heaps["migoff"]))
 		}
 		ratios = append(ratios, r)

@@ -61,6 +61,10 @@ type committer struct {
 	binding func(nodes []string) string
 }
 
+// repairWindow is how long after writing a claim the controller looks for
+// a device allocated twice through it (repair.go).
+const repairWindow = 10 * time.Minute
+
 // keptFence is a fence kept after its plan was written.
 type keptFence struct {
 	// claims are the written claims (namespace/name) whose allocation the
@@ -290,7 +294,7 @@ func (c *committer) keep(fences []string, plan allocator.Result) {
 		k.claims = append(k.claims, claims...)
 	}
 	for uid, at := range c.written {
-		if now.Sub(at) > 10*time.Minute {
+		if now.Sub(at) > repairWindow {
 			delete(c.written, uid)
 		}
 	}

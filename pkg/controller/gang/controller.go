@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,11 +109,17 @@ type Controller struct {
 	handed map[string]handed
 	// verdicts remembers, per item, whether it could ever fit.
 	verdicts map[string]verdict
-	// lastClassCount is when the per-class device metrics were last
-	// counted; classMatches keeps what each class selects between counts.
-	lastClassCount time.Time
-	lastCountKey   uint64
-	classMatches   *classMatches
+	// counter keeps the per-class device counts from the informers' events.
+	counter *classCounter
+	// idle says that the last round found nothing waiting and nothing in
+	// flight (settled): ticks then skip rounds, and claim, slice and pod
+	// events only mark the counts stale, so that an idle controller's cost
+	// does not follow the cluster's size or churn (issue 26). Any event
+	// about a gang, a reservation, a queue or a class runs a round.
+	idle        atomic.Bool
+	countsStale atomic.Bool
+	// lastRound is when the last round ran (round goroutine only).
+	lastRound time.Time
 }
 
 // New returns a controller; Run starts it.
@@ -143,11 +150,13 @@ func New(opts Options) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
+	celCache := cel.NewCache(100, cel.Features{})
 	return &Controller{
 		opts: opts, metrics: m,
 		committer:  &committer{client: opts.Client, settle: opts.FenceSettle},
 		conditions: newConditionWriter(opts.Client),
-		cel:        cel.NewCache(100, cel.Features{}),
+		cel:        celCache,
+		counter:    newClassCounter(celCache),
 		trigger:    make(chan struct{}, 1),
 		reported:   map[string]string{},
 		recent:     map[string]time.Time{},
@@ -200,7 +209,7 @@ func claimReservation(obj any) ([]string, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("gang")
 	ctx = klog.NewContext(ctx, logger)
-	typed := informers.NewSharedInformerFactory(c.opts.Client, 0)
+	typed := informers.NewSharedInformerFactoryWithOptions(c.opts.Client, 0, informers.WithTransform(dropUnread))
 	dyn := dynamicinformer.NewDynamicSharedInformerFactory(c.opts.Dynamic, 0)
 	podInf := typed.Core().V1().Pods().Informer()
 	claimInf := typed.Resource().V1().ResourceClaims().Informer()
@@ -229,20 +238,46 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.podGroups, c.templates = groupInf.GetStore(), templateInf.GetStore()
 		watched = append(watched, groupInf, templateInf)
 	}
+	for _, inf := range []cache.SharedIndexInformer{resInf, queueInf} {
+		if err := inf.SetTransform(dropUnread); err != nil {
+			return fmt.Errorf("gang controller: transform: %w", err)
+		}
+	}
 	kick := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.kick() },
 		UpdateFunc: func(any, any) { c.kick() },
 		DeleteFunc: func(any) { c.kick() },
 	}
-	for _, inf := range watched {
-		if _, err := inf.AddEventHandler(kick); err != nil {
+	sliceCount, classCount, claimCount := c.counter.handlers(ctx)
+	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{sliceInf: sliceCount, classInf: classCount, claimInf: claimCount} {
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return fmt.Errorf("gang controller: event handler: %w", err)
 		}
 	}
-	// Pods: only waiting ones, and pods that stop using claims, matter.
+	// Claims and slices change with every pod of the cluster: while idle
+	// they only make the counts stale.
+	soft := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.softKick() },
+		UpdateFunc: func(any, any) { c.softKick() },
+		DeleteFunc: func(any) { c.softKick() },
+	}
+	for _, inf := range watched {
+		h := kick
+		if inf == claimInf || inf == sliceInf {
+			h = soft
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("gang controller: event handler: %w", err)
+		}
+	}
+	// Pods: only waiting ones, and pods that stop using claims (softly), matter.
 	podKick := func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok && (c.waits(p) || len(p.Spec.ResourceClaims) > 0) {
+		p, ok := obj.(*corev1.Pod)
+		switch {
+		case ok && c.waits(p):
 			c.kick()
+		case ok && len(p.Spec.ResourceClaims) > 0:
+			c.softKick()
 		}
 	}
 	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -278,6 +313,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		case <-c.trigger:
 		case <-ticker.C:
+			if c.idleTick() {
+				continue
+			}
 		}
 		if err := c.round(ctx); err != nil && ctx.Err() == nil {
 			logger.Error(err, "Round failed; trying again")
@@ -287,6 +325,15 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // conditionWorkers write pod conditions in parallel, at the client's rate.
 const conditionWorkers = 4
+
+// softKick is a change that needs a round only while the controller is not
+// idle; it always makes the per-class counts stale.
+func (c *Controller) softKick() {
+	c.countsStale.Store(true)
+	if !c.idle.Load() {
+		c.kick()
+	}
+}
 
 // kick asks for a round; kicks during a round coalesce into one more.
 func (c *Controller) kick() {

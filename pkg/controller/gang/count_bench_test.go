@@ -6,12 +6,10 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 
-	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -22,34 +20,7 @@ import (
 // between counts (nothing changed since the last one).
 func BenchmarkCountByClass1000MigNodes(b *testing.B) {
 	ctx := context.Background()
-	m, err := sim.NewBuiltin("dgx-h100", "node-a")
-	if err != nil {
-		b.Fatal(err)
-	}
-	inv, err := m.Inventory(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	res, err := slicebuilder.Build(inv, "node-a", slicebuilder.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	template := slicebuilder.ResourceSlices(res, "node-a")
-	var slices []*resourceapi.ResourceSlice
-	for n := range 1000 {
-		for i := range template {
-			s := template[i].DeepCopy()
-			s.UID, s.ResourceVersion = types.UID(fmt.Sprintf("n%d-%d", n, i)), "1"
-			s.Spec.Pool.Name = fmt.Sprintf("node-%04d", n)
-			slices = append(slices, s)
-		}
-	}
-	class := func(name, typ string) *resourceapi.DeviceClass {
-		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), ResourceVersion: "1"}, Spec: resourceapi.DeviceClassSpec{
-			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: fmt.Sprintf(`device.driver == "gpu.gpudra.dev" && device.attributes["gpu.gpudra.dev"].type == %q`, typ)}}}}}
-	}
-	classes := []*resourceapi.DeviceClass{class("gpu.gpudra.dev", "gpu"), class("mig.gpudra.dev", "mig")}
+	slices, classes := migFleet(b)
 	for _, remembered := range []bool{false, true} {
 		b.Run(fmt.Sprintf("remembered=%t", remembered), func(b *testing.B) {
 			cache := cel.NewCache(10, cel.Features{})
@@ -66,5 +37,70 @@ func BenchmarkCountByClass1000MigNodes(b *testing.B) {
 				countByClass(ctx, cache, classes, slices, nil, sets.New[string](), k)
 			}
 		})
+	}
+}
+
+// BenchmarkClassCounter1000MigNodes is what the counts kept from events
+// cost over the same 1,000 MIG-mode nodes: the informers' first sync (every
+// slice evaluated once per class), then one claim allocating a 1g.10gb and
+// released again (two events: the MIG device and its GPU's 25 others change
+// state), and the gauges' read.
+func BenchmarkClassCounter1000MigNodes(b *testing.B) {
+	ctx := context.Background()
+	slices, classes := migFleet(b)
+	sync := func() *classCounter {
+		c := newClassCounter(cel.NewCache(10, cel.Features{}))
+		for _, cl := range classes {
+			c.upsertClass(ctx, cl)
+		}
+		for _, s := range slices {
+			c.upsertSlice(ctx, s)
+		}
+		return c
+	}
+	b.Run("first-sync", func(b *testing.B) {
+		for b.Loop() {
+			sync()
+		}
+	})
+	c := sync()
+	claim := allocatedClaim("c", "gpu-3-mig-1g-10gb-6")
+	claim.Status.Allocation.Devices.Results[0].Pool = "node-0500"
+	released := claim.DeepCopy()
+	released.Status.Allocation = nil
+	b.Run("claim-allocated-and-released", func(b *testing.B) {
+		for b.Loop() {
+			c.upsertClaim(claim)
+			c.upsertClaim(released)
+		}
+	})
+	c.upsertClaim(claim)
+	if got := c.snapshot()["gpu.gpudra.dev"]; got.allocated != 1 {
+		b.Fatalf("the GPU of the allocated MIG device counts as allocated: %+v", got)
+	}
+	b.Run("read", func(b *testing.B) {
+		for b.Loop() {
+			c.snapshot()
+		}
+	})
+}
+
+// migFleet is 1,000 DGX H100 nodes in MIG mode with every placement
+// published (208 devices each, as pkg/slicebuilder builds them), and the
+// chart's two CEL classes.
+func migFleet(b *testing.B) ([]*resourceapi.ResourceSlice, []*resourceapi.DeviceClass) {
+	template := nodeSlices(b, "dgx-h100", "node-a", slicebuilder.Options{})
+	var slices []*resourceapi.ResourceSlice
+	for n := range 1000 {
+		for i := range template {
+			s := template[i].DeepCopy()
+			s.UID, s.ResourceVersion = types.UID(fmt.Sprintf("n%d-%d", n, i)), "1"
+			s.Spec.Pool.Name = fmt.Sprintf("node-%04d", n)
+			slices = append(slices, s)
+		}
+	}
+	return slices, []*resourceapi.DeviceClass{
+		celClass("gpu.gpudra.dev", `device.driver == "gpu.gpudra.dev" && device.attributes["gpu.gpudra.dev"].type == "gpu"`),
+		celClass("mig.gpudra.dev", `device.driver == "gpu.gpudra.dev" && device.attributes["gpu.gpudra.dev"].type == "mig"`),
 	}
 }

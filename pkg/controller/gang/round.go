@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
@@ -77,6 +77,9 @@ func (c *Controller) round(ctx context.Context) error {
 	}
 	heldClaims := sets.New[string]()
 	var heldDevices, consumedDevices int
+	// busy: something in this round needs later rounds even if no event
+	// comes (a reservation's TTL, a gang waiting for its pods).
+	busy := false
 	for _, obj := range c.reservations.List() {
 		r, err := gpudrav1.FromUnstructured[gpudrav1.GpuReservation](obj.(*unstructured.Unstructured))
 		if err != nil {
@@ -84,6 +87,9 @@ func (c *Controller) round(ctx context.Context) error {
 			continue
 		}
 		r.Default()
+		if r.Status.Phase != gpudrav1.ReservationFailed {
+			busy = true
+		}
 		switch r.Status.Phase {
 		case gpudrav1.ReservationFailed:
 			continue
@@ -164,6 +170,7 @@ func (c *Controller) round(ctx context.Context) error {
 
 	// Gangs: complete ones become items; the others wait for their pods.
 	for _, g := range collectGangs(c.gangPods(), c.waits, c.podGang, c.podClaims) {
+		busy = true
 		if g.Admitted {
 			// Released before: its remaining waiting members go now (a
 			// gate lift that failed, a pod recreated by its owner).
@@ -198,44 +205,70 @@ func (c *Controller) round(ctx context.Context) error {
 
 	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
 	errs = append(errs, c.sweepWorkloads(ctx))
-	// Counted again at most every 15 s, and only when the devices, the
-	// classes or the allocations changed since the last count.
-	if now.Sub(c.lastClassCount) > 15*time.Second {
-		c.lastClassCount = now
-		c.countClasses(ctx, snap, heldClaims)
-	}
+	// Kept from events: setting the gauges costs the classes, not the devices.
+	c.countsStale.Store(false)
+	c.countClasses(heldClaims)
+	c.lastRound = now
+	c.idle.Store(!busy && len(items) == 0 && c.settled(now))
 	return errors.Join(errs...)
 }
 
-// countClasses sets the per-class device metrics, unless nothing they
-// depend on changed since the last count.
-func (c *Controller) countClasses(ctx context.Context, snap *snapshot, heldClaims sets.Set[string]) {
-	key := countKey(snap, heldClaims)
-	if key == c.lastCountKey {
-		return
+// idleResync is how often an idle controller runs a round anyway.
+const idleResync = 5 * time.Minute
+
+// settled says that nothing this controller did lately needs a later round:
+// no write the informers may not show yet, no gang handed to kube-scheduler
+// and not bound, no fence kept, no claim written in the repair's window, no
+// Workload left to sweep.
+func (c *Controller) settled(now time.Time) bool {
+	c.mu.Lock()
+	for k, t := range c.recent {
+		if now.Sub(t) > recentTTL {
+			delete(c.recent, k)
+		}
 	}
-	c.lastCountKey = key
-	for class, cnt := range countByClass(ctx, c.cel, snap.classes, snap.slices, snap.allocated, heldClaims, c.classMatches) {
+	quiet := len(c.recent) == 0 && len(c.handed) == 0
+	c.mu.Unlock()
+	if !quiet || len(c.committer.kept) > 0 {
+		return false
+	}
+	for _, at := range c.committer.written {
+		if now.Sub(at) <= repairWindow {
+			return false
+		}
+	}
+	if c.podGroups != nil {
+		for _, obj := range c.podGroups.List() {
+			if obj.(metav1.Object).GetLabels()[gpudrav1.LabelGang] != "" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// idleTick is what a tick does while the controller is idle: at most the
+// per-class gauges, when a claim or slice changed. It reports false when a
+// round is due instead.
+func (c *Controller) idleTick() bool {
+	if !c.idle.Load() || c.opts.Now().Sub(c.lastRound) >= idleResync {
+		return false
+	}
+	if c.countsStale.Swap(false) {
+		// Idle means no reservation: no claim is held.
+		c.countClasses(sets.New[string]())
+	}
+	return true
+}
+
+// countClasses sets the per-class device gauges from the counter.
+func (c *Controller) countClasses(heldClaims sets.Set[string]) {
+	c.counter.setHeld(heldClaims)
+	for class, cnt := range c.counter.snapshot() {
 		c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
 		c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
 		c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
 	}
-}
-
-// countKey identifies what the per-class counts depend on: the slices and
-// classes (the snapshot's fingerprint) and which claims hold what.
-func countKey(snap *snapshot, held sets.Set[string]) uint64 {
-	h := fnv.New64a()
-	var keys []string
-	for _, cl := range snap.allocated {
-		keys = append(keys, cl.Namespace+"/"+cl.Name+"/"+cl.ResourceVersion+"/"+fmt.Sprint(held.Has(cl.Namespace+"/"+cl.Name), len(cl.Status.ReservedFor) > 0))
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		_, _ = h.Write([]byte(k))
-		_, _ = h.Write([]byte{0})
-	}
-	return h.Sum64() ^ snap.fingerprint()
 }
 
 // planQueues orders each queue's items by its policy and plans them in

@@ -231,3 +231,51 @@ func TestRoundKeepsAReservationClaimWhosePodEnded(t *testing.T) {
 	_, err = h.client.ResourceV1().ResourceClaims("ns").Get(ctx, "r-0", metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "released at the TTL: %v", err)
 }
+
+// TestIdleRounds: with nothing waiting and nothing in flight the controller
+// is idle: ticks skip rounds and claim or slice events do not run one, so
+// that its cost does not follow the cluster (issue 26). A waiting gang, or
+// a write of its own, makes it busy again, and a resync still comes.
+func TestIdleRounds(t *testing.T) {
+	h := newRoundHarness(t)
+	now := t0
+	h.c.opts.Now = func() time.Time { return now }
+	_, ctx := ktesting.NewTestContext(t)
+	triggered := func() bool {
+		select {
+		case <-h.c.trigger:
+			return true
+		default:
+			return false
+		}
+	}
+
+	require.NoError(t, h.round(t))
+	assert.True(t, h.c.idle.Load(), "nothing waits")
+	h.c.softKick()
+	assert.False(t, triggered(), "a claim or slice event runs no round while idle")
+	assert.True(t, h.c.countsStale.Load(), "but makes the counts stale")
+	now = now.Add(time.Second)
+	assert.True(t, h.c.idleTick(), "a tick is skipped; the stale gauges are set from the counter, without a round")
+	assert.False(t, h.c.countsStale.Load())
+	now = now.Add(idleResync)
+	assert.False(t, h.c.idleTick(), "a round is due at the resync")
+
+	// A gang waiting for its second pod keeps the controller busy.
+	_, err := h.client.CoreV1().Pods("ns").Create(ctx, plain("a", "g", "2"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.NoError(t, h.round(t))
+	assert.False(t, h.c.idle.Load(), "a gang waits")
+	h.c.softKick()
+	assert.True(t, triggered(), "events run rounds while busy")
+	assert.False(t, h.c.idleTick())
+
+	// Its own recent write keeps it busy until the informers caught up.
+	require.NoError(t, h.client.CoreV1().Pods("ns").Delete(ctx, "a", metav1.DeleteOptions{}))
+	h.c.remember("Gang/ns/g")
+	require.NoError(t, h.round(t))
+	assert.False(t, h.c.idle.Load(), "a recent write")
+	now = now.Add(recentTTL + time.Second)
+	require.NoError(t, h.round(t))
+	assert.True(t, h.c.idle.Load(), "settled")
+}
