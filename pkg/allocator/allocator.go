@@ -182,8 +182,9 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 	}
 	nodes, shared := groupSlices(in)
 	deviceDomain := map[structured.DeviceID]string{}
+	byPool := allocatedByPool(state)
 	for _, n := range nodes {
-		n.count(state, deviceDomain)
+		n.count(byPool, deviceDomain)
 	}
 	classes := classLister(in.Classes)
 

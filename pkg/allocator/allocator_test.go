@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -421,6 +422,68 @@ func BenchmarkPlanGang64GPUs1000Nodes(b *testing.B) {
 				b.Fatalf("64 GPUs on %d domains, %d nodes; want 8", len(r.NVLinkDomains), len(r.Nodes))
 			}
 			b.ReportMetric(float64(len(r.NVLinkDomains)), "domains")
+		})
+	}
+}
+
+// BenchmarkPlanGang64GPUs1000MigNodes10kClaims is the gang controller's
+// planning at the issue 26 target: 1,000 DGX H100 nodes in MIG mode with
+// every placement published (208 devices each), 10,000 claims allocated
+// (ten 1g.10gb per node: seven on GPU 0, three on GPU 1), and a 64-GPU
+// gang planned onto the remaining six whole GPUs of each node (GPUs in MIG
+// mode have no NVLink domain, so no NVLink constraint). It reports the p99
+// of the runs.
+func BenchmarkPlanGang64GPUs1000MigNodes10kClaims(b *testing.B) {
+	const nodes = 1000
+	names := make([]string, nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%04d", i)
+	}
+	c := newCluster(b, "dgx-h100", names...)
+	for _, node := range names {
+		for start := range 7 {
+			c.allocateDevices(node, []string{fmt.Sprintf("gpu-0-mig-1g-10gb-%d", start)})
+		}
+		for start := range 3 {
+			c.allocateDevices(node, []string{fmt.Sprintf("gpu-1-mig-1g-10gb-%d", start)})
+		}
+	}
+	if len(c.allocated) != 10000 {
+		b.Fatalf("%d claims allocated, want 10,000", len(c.allocated))
+	}
+	cache := cel.NewCache(100, cel.Features{})
+	for _, shape := range []struct {
+		name   string
+		claims int
+		count  int64
+	}{{"16x4GPUs", 16, 4}, {"64x1GPU", 64, 1}} {
+		b.Run(shape.name, func(b *testing.B) {
+			var claims []*resourceapi.ResourceClaim
+			for i := range shape.claims {
+				claims = append(claims, gpuClaim(fmt.Sprintf("w%02d", i), shape.count, false))
+			}
+			in := c.input(FewestNVLinkDomains, claims...)
+			in.CELCache = cache
+			var times []time.Duration
+			var r Result
+			for b.Loop() {
+				start := time.Now()
+				var err error
+				r, err = Plan(context.Background(), in)
+				if err != nil {
+					b.Fatal(err)
+				}
+				times = append(times, time.Since(start))
+			}
+			for _, a := range r.Allocations {
+				for _, d := range a.Result.Devices.Results {
+					if d.Device == "gpu-0" || d.Device == "gpu-1" {
+						b.Fatalf("%s planned on %s/%s, whose MIG devices are allocated", a.Claim.Name, d.Pool, d.Device)
+					}
+				}
+			}
+			slices.Sort(times)
+			b.ReportMetric(float64(times[len(times)*99/100].Microseconds())/1000, "p99-ms")
 		})
 	}
 }

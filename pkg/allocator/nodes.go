@@ -5,20 +5,44 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 )
+
+// poolKey names a driver's pool.
+type poolKey struct{ driver, pool string }
+
+// allocatedByPool groups the allocated devices' names by pool, once per
+// plan: count then compares names within a node's pool instead of making a
+// device ID for every published device (issue 26: at 1,000 MIG-mode nodes
+// that was a third of a 64-GPU plan).
+func allocatedByPool(st *state) map[poolKey]sets.Set[string] {
+	out := map[poolKey]sets.Set[string]{}
+	for id := range st.allocated {
+		k := poolKey{id.Driver.String(), id.Pool.String()}
+		if out[k] == nil {
+			out[k] = sets.New[string]()
+		}
+		out[k].Insert(id.Device.String())
+	}
+	return out
+}
 
 // count fills total, free and the free GPUs per NVLink domain. A GPU is
 // free when neither it nor any device sharing one of its counter sets (a
 // MIG device on it) is allocated. It is an estimate for ordering only: the
 // structured allocator decides.
-func (n *nodeInfo) count(st *state, deviceDomain map[structured.DeviceID]string) {
+func (n *nodeInfo) count(allocated map[poolKey]sets.Set[string], deviceDomain map[structured.DeviceID]string) {
 	n.domains = map[string]int{}
 	type setKey struct{ pool, set string }
 	used := map[setKey]bool{}
 	for _, s := range n.slices {
+		inPool := allocated[poolKey{s.Spec.Driver, s.Spec.Pool.Name}]
+		if inPool.Len() == 0 {
+			continue
+		}
 		for _, d := range s.Spec.Devices {
-			if !st.allocated.Has(structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)) {
+			if !inPool.Has(d.Name) {
 				continue
 			}
 			for _, c := range d.ConsumesCounters {
@@ -30,6 +54,7 @@ func (n *nodeInfo) count(st *state, deviceDomain map[structured.DeviceID]string)
 		if s.Spec.Driver != DriverName {
 			continue
 		}
+		inPool := allocated[poolKey{s.Spec.Driver, s.Spec.Pool.Name}]
 		for _, d := range s.Spec.Devices {
 			if attrString(d, "type") != "gpu" {
 				continue
@@ -41,7 +66,7 @@ func (n *nodeInfo) count(st *state, deviceDomain map[structured.DeviceID]string)
 			}
 			deviceDomain[id] = domain
 			n.total++
-			free := !st.allocated.Has(id)
+			free := !inPool.Has(d.Name)
 			for _, c := range d.ConsumesCounters {
 				if used[setKey{s.Spec.Pool.Name, c.CounterSet}] {
 					free = false
