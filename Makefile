@@ -18,7 +18,7 @@ CHART := deployments/helm/gpudra
 HELM_VERSION := v3.22.0
 HELM := $(abspath $(BIN))/helm
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare demo devcluster helm clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm clean
 all: build
 
 build:
@@ -102,6 +102,17 @@ bench-e2e: devcluster helm
 bench-prepare: build helm
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-prepare ./cmd/bench-prepare
 	$(BIN)/bench-prepare --plugin-binary $(BIN)/gpudra-kubelet-plugin $(BENCH_PREPARE_ARGS) 2> $(BIN)/bench-prepare.log || { tail -20 $(BIN)/bench-prepare.log; exit 1; }
+
+# The cluster as it grows (issue 26): devcluster's control plane with 100,
+# 300 and 1,000 simulated DGX H100 nodes (Node objects and the slices the
+# plugin would publish, no kubelets) per node mix, gpudra-controller as its
+# own process. Tables to stdout, bench-scale-results.md and .csv, the plot
+# to docs/bench-scale.png; the last line is the largest point's summary; the
+# log goes to bin/bench-scale.log. BENCH_SCALE=quick: 50 nodes, two mixes.
+bench-scale: build helm
+	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
+	HELM=$(HELM) $(BIN)/bench-scale --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
+		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
 
 clean:
 	rm -rf $(BIN)

@@ -206,7 +206,7 @@ func Plan(ctx context.Context, in Input) (Result, error) {
 		if u.nodes != nil {
 			eligible = slices.DeleteFunc(slices.Clone(nodes), func(n *nodeInfo) bool { return !u.nodes.Has(n.name()) })
 		}
-		candidates := rank(eligible, strategy, preferred, maxTried)
+		candidates := rank(eligible, strategy, preferred, maxTried, u.demand)
 		var placed bool
 		for _, n := range candidates {
 			if err := ctx.Err(); err != nil {

@@ -487,3 +487,29 @@ func BenchmarkPlanGang64GPUs1000MigNodes10kClaims(b *testing.B) {
 		})
 	}
 }
+
+// TestPlanTriesNodesThatCanHoldTheClaim: nodes that cannot hold a unit by
+// the free-GPU estimate are tried last. Found by make bench-scale: a 64-GPU
+// gang (8 x 8) did not fit 1,000 MIG-mode nodes with 10,000 claims
+// allocated although 90 nodes were whole, because the nodes tried (at most
+// MaxNodesTried) were the busy ones. Here 10 of 12 nodes have a MIG device in
+// use and only 4 nodes are tried.
+func TestPlanTriesNodesThatCanHoldTheClaim(t *testing.T) {
+	names := make([]string, 12)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%02d", i)
+	}
+	for _, strategy := range []Strategy{FewestNVLinkDomains, Binpack, Spread} {
+		t.Run(string(strategy), func(t *testing.T) {
+			c := newCluster(t, "dgx-h100", names...)
+			for _, n := range names[:10] {
+				c.allocateDevices(n, []string{"gpu-0-mig-1g-10gb-6"})
+			}
+			in := c.input(strategy, gpuClaim("a", 8, false), gpuClaim("b", 8, false))
+			in.MaxNodesTried = 4
+			r, err := Plan(context.Background(), in)
+			require.NoError(t, err)
+			require.Equal(t, []string{"node-10", "node-11"}, r.Nodes)
+		})
+	}
+}

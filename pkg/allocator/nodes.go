@@ -148,9 +148,10 @@ func chooseDomains(nodes []*nodeInfo, total int64) map[string]int {
 }
 
 // rank returns up to limit candidate nodes in the strategy's order. Nodes
-// without a free GPU (by the estimate) come last, since the claim may ask
-// for other devices the estimate does not see.
-func rank(nodes []*nodeInfo, strategy Strategy, preferred map[string]int, limit int) []*nodeInfo {
+// with fewer free GPUs than the unit needs (by the estimate), and then
+// nodes without any, come last rather than not at all, since the unit may
+// ask for devices the estimate does not see (MIG devices).
+func rank(nodes []*nodeInfo, strategy Strategy, preferred map[string]int, limit int, need int64) []*nodeInfo {
 	used := func(n *nodeInfo) float64 {
 		if n.total == 0 {
 			return 0
@@ -158,6 +159,12 @@ func rank(nodes []*nodeInfo, strategy Strategy, preferred map[string]int, limit 
 		return float64(n.total-n.free) / float64(n.total)
 	}
 	compare := func(a, b *nodeInfo) int {
+		// Nodes that can hold the unit by the estimate first: only limit
+		// nodes are tried, and a strategy's favourites (Binpack's busy
+		// nodes, FewestNVLinkDomains' chosen domains) may all be too full.
+		if c := cmp.Compare(boolInt(int64(a.free) < need), boolInt(int64(b.free) < need)); c != 0 {
+			return c
+		}
 		if c := cmp.Compare(boolInt(a.free == 0), boolInt(b.free == 0)); c != 0 {
 			return c
 		}

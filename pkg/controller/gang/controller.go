@@ -317,7 +317,10 @@ func (c *Controller) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		if err := c.round(ctx); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		err := c.round(ctx)
+		c.metrics.roundSeconds.Observe(time.Since(start).Seconds())
+		if err != nil && ctx.Err() == nil {
 			logger.Error(err, "Round failed; trying again")
 		}
 	}

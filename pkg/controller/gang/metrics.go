@@ -23,6 +23,7 @@ type metrics struct {
 	conflicts     prometheus.Counter
 	doubles       *prometheus.CounterVec
 	planSeconds   prometheus.Histogram
+	roundSeconds  prometheus.Histogram
 	devices       *prometheus.GaugeVec
 	waitingDemand *prometheus.GaugeVec
 	unsatisfiable *prometheus.GaugeVec
@@ -59,6 +60,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpudra_gang_fence_conflicts_total", Help: "Plans dropped because a device was taken between planning and writing (planned again).",
 		}),
+		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpudra_gang_round_duration_seconds", Help: "Time of one round over every waiting reservation and gang (an idle controller runs none).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
 		planSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "gpudra_gang_plan_duration_seconds", Help: "Time to plan one reservation or gang with pkg/allocator.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
@@ -89,6 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.conflicts = register(reg, m.conflicts, &errs)
 	m.doubles = register(reg, m.doubles, &errs)
 	m.planSeconds = register(reg, m.planSeconds, &errs)
+	m.roundSeconds = register(reg, m.roundSeconds, &errs)
 	m.devices = register(reg, m.devices, &errs)
 	m.waitingDemand = register(reg, m.waitingDemand, &errs)
 	m.unsatisfiable = register(reg, m.unsatisfiable, &errs)
