@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/prepbench"
 	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -195,7 +196,7 @@ func printGangPlan(w interface{ Write([]byte) (int, error) }, g *GangPlanResult)
 		for _, t := range sp.Times {
 			times = append(times, ms(t))
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", sp.Strategy, strings.Join(times, ", "), ms(Percentile(sp.Times, 0.5)), sp.Outcome)
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", sp.Strategy, strings.Join(times, ", "), ms(prepbench.Percentile(sp.Times, 0.5)), sp.Outcome)
 	}
 	fmt.Fprintln(w)
 }

@@ -3,7 +3,6 @@ package scalebench
 import (
 	"context"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/devcluster/prepbench"
 )
 
 // namespace holds every pod and template of the benchmark.
@@ -202,7 +202,7 @@ type Workload struct {
 }
 
 // P is the p-th percentile (0..1) of the latencies.
-func (w Workload) P(p float64) time.Duration { return Percentile(w.Latencies, p) }
+func (w Workload) P(p float64) time.Duration { return prepbench.Percentile(w.Latencies, p) }
 
 // measure creates the pods and waits for them to be bound.
 func measure(ctx context.Context, client kubernetes.Interface, watch *podWatch, name string, pods []*v1.Pod, timeout time.Duration) (Workload, error) {
@@ -267,14 +267,4 @@ func measure(ctx context.Context, client kubernetes.Interface, watch *podWatch, 
 		}
 	}
 	return w, nil
-}
-
-// Percentile is the p-th percentile (0..1) of the latencies, nearest rank.
-func Percentile(lat []time.Duration, p float64) time.Duration {
-	if len(lat) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), lat...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[int(p*float64(len(s)-1)+0.5)]
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,11 +58,11 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 	setClass(celClass("gpu.gpudra.dev", `device.attributes["gpu.gpudra.dev"].type == "gpu"`))
 	setClass(celClass("mig.gpudra.dev", `device.attributes["gpu.gpudra.dev"].type == "mig"`))
 
-	slices := map[types.UID]*resourceapi.ResourceSlice{}
+	published := map[types.UID]*resourceapi.ResourceSlice{}
 	claims := map[string]*resourceapi.ResourceClaim{}
 	held := sets.New[string]()
 	publish := func(s *resourceapi.ResourceSlice) {
-		slices[s.UID] = s
+		published[s.UID] = s
 		counter.upsertSlice(ctx, s)
 	}
 	machines := []string{"h100-pcie", "dgx-h100-nomig"}
@@ -78,7 +80,7 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 26))
 	pick := func() (*resourceapi.ResourceSlice, bool) {
 		var withDevices []*resourceapi.ResourceSlice
-		for _, s := range slices {
+		for _, s := range published {
 			if len(s.Spec.Devices) > 0 {
 				withDevices = append(withDevices, s)
 			}
@@ -87,7 +89,7 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 			return nil, false
 		}
 		// Map order is random: sort for a reproducible sequence.
-		sortSlices(withDevices)
+		slices.SortFunc(withDevices, func(a, b *resourceapi.ResourceSlice) int { return strings.Compare(a.Name, b.Name) })
 		return withDevices[rng.IntN(len(withDevices))], true
 	}
 	claimKeys := func() []string {
@@ -144,23 +146,7 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 				}
 			}
 			counter.setHeld(held)
-		case r < 72:
-			op = "update slice: a device changes"
-			s, ok := pick()
-			if !ok {
-				continue
-			}
-			s = s.DeepCopy()
-			s.ResourceVersion = fmt.Sprint(step)
-			i := rng.IntN(len(s.Spec.Devices))
-			typ := "gpu"
-			if *s.Spec.Devices[i].Attributes["type"].StringValue == "gpu" {
-				typ = "mig"
-			}
-			s.Spec.Devices[i].Attributes["type"] = resourceapi.DeviceAttribute{StringValue: &typ}
-			publish(s)
 		case r < 80:
-			op = "update slice: a device goes"
 			s, ok := pick()
 			if !ok {
 				continue
@@ -168,7 +154,17 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 			s = s.DeepCopy()
 			s.ResourceVersion = fmt.Sprint(step)
 			i := rng.IntN(len(s.Spec.Devices))
-			s.Spec.Devices = append(s.Spec.Devices[:i], s.Spec.Devices[i+1:]...)
+			if r < 72 {
+				op = "update slice: a device changes"
+				typ := "gpu"
+				if *s.Spec.Devices[i].Attributes["type"].StringValue == "gpu" {
+					typ = "mig"
+				}
+				s.Spec.Devices[i].Attributes["type"] = resourceapi.DeviceAttribute{StringValue: &typ}
+			} else {
+				op = "update slice: a device goes"
+				s.Spec.Devices = append(s.Spec.Devices[:i], s.Spec.Devices[i+1:]...)
+			}
 			publish(s)
 		case r < 88:
 			op = "delete slice"
@@ -176,7 +172,7 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 			if !ok {
 				continue
 			}
-			delete(slices, s.UID)
+			delete(published, s.UID)
 			counter.deleteSlice(s)
 		case r < 95:
 			op = "add node"
@@ -191,7 +187,7 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 		steps[op]++
 
 		var sl []*resourceapi.ResourceSlice
-		for _, s := range slices {
+		for _, s := range published {
 			sl = append(sl, s)
 		}
 		var cls []*resourceapi.DeviceClass
@@ -207,13 +203,5 @@ func TestClassCounterEqualsFromScratch(t *testing.T) {
 	}
 	for _, op := range []string{"allocate", "deallocate", "delete claim", "hold", "update slice: a device changes", "update slice: a device goes", "delete slice", "add node", "update class"} {
 		require.Positive(t, steps[op], "the sequence exercised %q", op)
-	}
-}
-
-func sortSlices(s []*resourceapi.ResourceSlice) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j].Name < s[j-1].Name; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
 	}
 }
