@@ -17,8 +17,13 @@ FUZZTIME ?= 100000x
 CHART := deployments/helm/gpudra
 HELM_VERSION := v3.22.0
 HELM := $(abspath $(BIN))/helm
+# runc runs devcluster's real containers (issue 27), built from the module
+# proxy at a pinned version (cgo: its nsenter is C), beside the probe they run.
+RUNC_VERSION := v1.5.2
+RUNC := $(abspath $(BIN))/runc
+PROBE := $(abspath $(BIN))/gpudra-probe
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe clean
 all: build
 
 build:
@@ -45,9 +50,9 @@ test-fuzz:
 
 # The end-to-end suite: the examples on a real control plane (devcluster).
 # It builds the control plane first, with progress: the first build is long.
-test-e2e: devcluster helm
+test-e2e: devcluster helm probe $(RUNC)
 	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
-	cd devcluster && HELM=$(HELM) CGO_ENABLED=0 $(GO) test -count=1 ./...
+	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) CGO_ENABLED=0 $(GO) test -count=1 ./...
 
 # The Helm chart: lint and render with default and non-default values. The
 # e2e suite installs it into devcluster and checks that wrong values fail.
@@ -60,6 +65,17 @@ test-chart: helm
 	@out=$$($(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 --set controller.enabled=false) && \
 	  if grep -q -e 'kind: ValidatingWebhookConfiguration' -e 'gpudra-controller' <<<"$$out"; then \
 	    echo "controller.enabled=false still renders the controller or its webhook"; exit 1; fi
+
+# runc, built from the module proxy (no other download is reachable here).
+$(RUNC):
+	@mkdir -p $(BIN)
+	@echo "Building runc $(RUNC_VERSION) from the Go module proxy (about a minute, once)."
+	GOBIN=$(abspath $(BIN)) CGO_ENABLED=1 $(GO) install github.com/opencontainers/runc@$(RUNC_VERSION)
+
+# The process of devcluster's real containers: static, it needs no image.
+probe:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(PROBE) ./cmd/gpudra-probe
 
 # helm, built from the module proxy (no other download is reachable here).
 helm: $(HELM)

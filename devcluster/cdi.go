@@ -16,6 +16,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/probe"
 )
 
 // ContainerView is what a container would get from its CDI devices: the
@@ -38,6 +39,10 @@ type ContainerView struct {
 	// the kubelet's order and the last one wins, so what the container
 	// gets would depend on that order.
 	Conflicts []string `json:"conflicts,omitempty"`
+	// Report is what the container's probe saw from inside, where the
+	// node runs real containers (OCIRuntime); nil where the spec was only
+	// resolved.
+	Report *probe.Report `json:"report,omitempty"`
 }
 
 // VisibleGPUs are the GPU and MIG UUIDs the container sees: computed from
@@ -166,20 +171,27 @@ type HostDevice func(path string) (oci.LinuxDevice, error)
 // a device cgroup rule with the given permissions), bind mounts and
 // variables first, then the CDI devices injected by the CDI library.
 func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifier, dev HostDevice) (ContainerView, error) {
+	view, _, err := resolveContainer(cdiDir, edits, identify, dev)
+	return view, err
+}
+
+// resolveContainer is ResolveContainer that also returns the OCI spec,
+// for a runtime to run.
+func resolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifier, dev HostDevice) (ContainerView, *oci.Spec, error) {
 	ids := edits.CDIDevices
 	view := ContainerView{CDIDevices: ids}
-	if len(ids) == 0 && len(edits.Devices) == 0 && len(edits.Mounts) == 0 && len(edits.Envs) == 0 {
-		return view, nil
-	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{Resources: &oci.LinuxResources{}}}
+	if len(ids) == 0 && len(edits.Devices) == 0 && len(edits.Mounts) == 0 && len(edits.Envs) == 0 {
+		return view, spec, nil
+	}
 	for _, d := range edits.Devices {
 		if dev == nil {
-			return view, fmt.Errorf("device %s: this node's runtime cannot stat host devices", d.PathOnHost)
+			return view, nil, fmt.Errorf("device %s: this node's runtime cannot stat host devices", d.PathOnHost)
 		}
 		n, err := dev(d.PathOnHost)
 		if err != nil {
 			// containerd fails the container.
-			return view, fmt.Errorf("device %s: %w", d.PathOnHost, err)
+			return view, nil, fmt.Errorf("device %s: %w", d.PathOnHost, err)
 		}
 		n.Path = d.PathInContainer
 		spec.Linux.Devices = append(spec.Linux.Devices, n)
@@ -198,11 +210,11 @@ func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifi
 	}
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiDir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
-		return view, fmt.Errorf("CDI cache: %w", err)
+		return view, nil, fmt.Errorf("CDI cache: %w", err)
 	}
 	if len(ids) > 0 {
 		if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
-			return view, fmt.Errorf("CDI injection (unresolved %v): %w", unresolved, err)
+			return view, nil, fmt.Errorf("CDI injection (unresolved %v): %w", unresolved, err)
 		}
 	}
 	view.Env = map[string]string{}
@@ -215,7 +227,7 @@ func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifi
 	}
 	driver, err := driverMounts(cache, ids)
 	if err != nil {
-		return view, err
+		return view, nil, err
 	}
 	for _, m := range spec.Mounts {
 		if driver[m.Source+":"+m.Destination] {
@@ -228,14 +240,14 @@ func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifi
 	sort.Strings(view.Mounts)
 	sort.Strings(view.DriverMounts)
 	if view.Conflicts, err = conflicts(cache, ids); err != nil {
-		return view, err
+		return view, nil, err
 	}
 	if identify != nil {
 		if view.GPUs, err = identify(spec.Linux.Devices); err != nil {
-			return view, fmt.Errorf("name the container's GPUs: %w", err)
+			return view, nil, fmt.Errorf("name the container's GPUs: %w", err)
 		}
 	}
-	return view, nil
+	return view, spec, nil
 }
 
 // conflicts injects each CDI device alone and lists the variables and

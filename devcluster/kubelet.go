@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,6 +41,7 @@ const (
 	reasonFailedPrepare   = "FailedPrepareDynamicResources"
 	reasonFailedUnprepare = "FailedUnprepareDynamicResources"
 	reasonStarted         = "Started"
+	reasonFailedStart     = "Failed"
 )
 
 // kubelet plays the kubelet's part for one simulated node with the
@@ -75,6 +77,10 @@ type kubelet struct {
 	gone map[string]*v1.Pod
 	// procs are the running containers of process pods, by pod UID.
 	procs map[types.UID]*processPod
+	// runtime runs the other pods' containers for real (nil: their specs
+	// are only resolved); containers are their runc ids, by pod UID.
+	runtime    *OCIRuntime
+	containers map[types.UID][]string
 }
 
 // kubeletWorkers is how many pods the kubelet syncs at once. More than one:
@@ -98,6 +104,8 @@ type kubeletDirs struct {
 	// PodResources, when set, is the socket of the kubelet's pod-resources
 	// API (podresources.go).
 	PodResources string
+	// Runtime, when set, runs pods' containers as real containers.
+	Runtime *OCIRuntime
 }
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
@@ -127,6 +135,7 @@ func startKubelet(ctx context.Context, node string, client, reporter kubernetes.
 		recorder: recorder,
 		gone:     map[string]*v1.Pod{},
 		procs:    map[types.UID]*processPod{},
+		runtime:  dirs.Runtime, containers: map[types.UID][]string{},
 	}
 	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.enqueue(obj) },
@@ -212,6 +221,8 @@ func startKubelet(ctx context.Context, node string, client, reporter kubernetes.
 		wg.Wait()
 		// Their contexts ended with ctx; wait for them to quit.
 		k.stopAllProcesses(ctx)
+		// ctx has ended: runc still has to run to stop the containers.
+		k.stopAllContainers(context.WithoutCancel(ctx))
 		if podResourcesStopped != nil {
 			podResourcesStopped()
 		}
@@ -274,6 +285,7 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		// then confirm the deletion as the kubelet does once the
 		// containers are gone.
 		k.stopProcess(ctx, pod.UID)
+		k.stopContainers(ctx, pod.UID)
 		if err := k.dra.UnprepareResources(ctx, pod); err != nil {
 			k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedUnprepare, err.Error())
 			return err
@@ -304,10 +316,16 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if run != nil {
 		k.startProcess(ctx, pod, run)
 	}
-	views, err := k.containerViews(ctx, pod)
+	views, specs, err := k.containerViews(ctx, pod)
 	if err != nil {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
 		return err
+	}
+	if k.runtime != nil && run == nil {
+		if err := k.startContainers(ctx, pod, views, specs); err != nil {
+			k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedStart, err.Error())
+			return err
+		}
 	}
 	if err := k.markRunning(ctx, pod, views); err != nil {
 		return err
@@ -331,6 +349,7 @@ func (k *kubelet) syncGone(ctx context.Context, key string, current types.UID) e
 		return nil
 	}
 	k.stopProcess(ctx, gonePod.UID)
+	k.stopContainers(ctx, gonePod.UID)
 	// Force-deleted: the DRA manager knows which claims it prepared.
 	if err := k.dra.UnprepareResources(ctx, gonePod); err != nil {
 		k.mu.Lock()
@@ -346,33 +365,33 @@ func (k *kubelet) syncGone(ctx context.Context, key string, current types.UID) e
 // containerViews resolves each container's CDI devices as a container
 // runtime would: DRA's, and the device manager's on a node in
 // device-plugin mode.
-func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]ContainerView, error) {
-	views := map[string]ContainerView{}
+func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]ContainerView, map[string]*oci.Spec, error) {
+	views, specs := map[string]ContainerView{}, map[string]*oci.Spec{}
 	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range containers {
 		c := &containers[i]
 		info, err := k.dra.GetResources(pod, c)
 		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", c.Name, err)
+			return nil, nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
 		var edits RuntimeEdits
 		if k.dm != nil {
 			// Device plugin resources: allocated by the device manager;
 			// the plugin's Allocate answer as the kubelet hands it over.
 			if edits, err = k.dm.runtimeEdits(ctx, pod, c); err != nil {
-				return nil, fmt.Errorf("container %s: %w", c.Name, err)
+				return nil, nil, fmt.Errorf("container %s: %w", c.Name, err)
 			}
 		}
 		for _, d := range info.CDIDevices {
 			edits.CDIDevices = append(edits.CDIDevices, d.Name)
 		}
-		view, err := ResolveContainer(k.cdiDir, edits, k.devices, k.hostDevices)
+		view, spec, err := resolveContainer(k.cdiDir, edits, k.devices, k.hostDevices)
 		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", c.Name, err)
+			return nil, nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
-		views[c.Name] = view
+		views[c.Name], specs[c.Name] = view, spec
 	}
-	return views, nil
+	return views, specs, nil
 }
 
 // markRunning records what the containers would see and sets the pod
@@ -405,7 +424,7 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptrTo(true),
 			RestartCount: k.restartCount(pod.UID),
-			ContainerID:  "devcluster://" + string(pod.UID) + "/" + c.Name,
+			ContainerID:  k.containerID(pod, c.Name),
 			State:        v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
@@ -413,7 +432,11 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("set pod running: %w", err)
 	}
-	k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")
+	if k.runtime != nil && processCommand(pod) == nil {
+		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (runc)")
+	} else {
+		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")
+	}
 	return nil
 }
 

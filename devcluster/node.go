@@ -56,6 +56,11 @@ type NodeOptions struct {
 	// MaxPods is the Node's pod capacity, as the kubelet's --max-pods
 	// sets it; 0: 110, the kubelet's default.
 	MaxPods int
+	// Runtime runs the node's pods' containers as real containers (runc,
+	// with the probe as their process; process pods excepted). nil: their
+	// OCI specs are only resolved. Where it cannot run here (not root),
+	// the node says so in one line and only resolves.
+	Runtime *OCIRuntime
 }
 
 // Node is a simulated GPU node: a Node object, the simulated machine, the
@@ -211,6 +216,17 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
 	dirs.DevicePlugins, dirs.PodResources = n.DevicePluginDir(), n.PodResourcesSocket()
+	if opts.Runtime != nil {
+		if err := opts.Runtime.Usable(); err != nil {
+			klog.FromContext(ctx).Info("Containers are not run, their OCI specs only resolved", "node", opts.Name, "reason", err.Error())
+		} else {
+			rt := *opts.Runtime
+			if rt.Root == "" {
+				rt.Root = filepath.Join(n.Dir, "runc")
+			}
+			dirs.Runtime = &rt
+		}
+	}
 	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, c.Client, dirs)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,167 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/probe"
+)
+
+// OCIRuntime runs a pod's containers as real Linux containers (issue 27):
+// runc executes the OCI spec that the CDI library made from the kubelet's
+// CDI ids, the way containerd hands its spec to runc, with the project's
+// static probe (cmd/gpudra-probe) as the container's only file. runc, not
+// libcontainer in this process: libcontainer's init needs cgo and a
+// re-exec of the caller, and runc is what containerd and CRI-O run; it is
+// built from the Go module proxy at a pinned version (make runc).
+type OCIRuntime struct {
+	// Runc and Probe are the binaries.
+	Runc, Probe string
+	// Root holds runc's state and the containers' bundles.
+	Root string
+}
+
+// reportDir is where the probe writes its report inside the container.
+const reportDir = "/gpudra-report"
+
+// Usable says why this runtime cannot run here (not root, a binary
+// missing), or nil.
+func (r *OCIRuntime) Usable() error {
+	if os.Geteuid() != 0 {
+		return errors.New("real containers need root (runc creates namespaces, device nodes and cgroups)")
+	}
+	for _, b := range []string{r.Runc, r.Probe} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("real containers: %w", err)
+		}
+	}
+	return nil
+}
+
+// Start runs one container from the CDI-edited spec and returns what the
+// probe reported from inside; the container keeps running until Stop.
+func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*probe.Report, error) {
+	bundle := filepath.Join(r.Root, "bundles", id)
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(bundle, "report"), 0o755); err != nil {
+		return nil, err
+	}
+	spec := r.spec(id, bundle, edited)
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
+		return nil, err
+	}
+	log, err := os.Create(filepath.Join(bundle, "output"))
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	cmd := exec.CommandContext(ctx, r.Runc, "--root", filepath.Join(r.Root, "state"), "run", "--detach", "--bundle", bundle, id)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(log.Name())
+		return nil, fmt.Errorf("runc run %s: %w: %s", id, err, strings.TrimSpace(string(out)))
+	}
+	report := filepath.Join(bundle, "report", "report.json")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		data, err := os.ReadFile(report)
+		if err == nil {
+			var rep probe.Report
+			if err := json.Unmarshal(data, &rep); err != nil {
+				return nil, fmt.Errorf("container %s: probe report: %w", id, err)
+			}
+			return &rep, nil
+		}
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(log.Name())
+			return nil, fmt.Errorf("container %s: no probe report after 10 s: %s", id, strings.TrimSpace(string(out)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop kills and deletes a container and its bundle; one already gone is
+// no error.
+func (r *OCIRuntime) Stop(ctx context.Context, id string) error {
+	state := filepath.Join(r.Root, "state")
+	out, err := exec.CommandContext(ctx, r.Runc, "--root", state, "delete", "--force", id).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "does not exist") {
+		return fmt.Errorf("runc delete %s: %w: %s", id, err, strings.TrimSpace(string(out)))
+	}
+	return os.RemoveAll(filepath.Join(r.Root, "bundles", id))
+}
+
+// spec completes the CDI-edited spec the way containerd's CRI plugin does
+// for a container: its own PID, mount, IPC, UTS and network namespaces,
+// the usual /proc, /dev, /sys mounts, a device cgroup that denies every
+// device but the ones the spec allows (runc adds the standard null, zero,
+// random, tty ones), a read-only root holding only the probe.
+func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) *oci.Spec {
+	s := &oci.Spec{
+		Version:  oci.Version,
+		Hostname: id,
+		Root:     &oci.Root{Path: filepath.Join(bundle, "rootfs"), Readonly: true},
+		Process: &oci.Process{
+			Args: []string{"/gpudra-probe", "--report", reportDir + "/report.json"},
+			Env:  append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, edited.Process.Env...),
+			Cwd:  "/",
+			Capabilities: &oci.LinuxCapabilities{
+				Bounding:  defaultCapabilities,
+				Effective: defaultCapabilities,
+				Permitted: defaultCapabilities,
+			},
+			NoNewPrivileges: true,
+		},
+		Mounts: []oci.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/gpudra-probe", Type: "bind", Source: r.Probe, Options: []string{"rbind", "ro"}},
+			{Destination: reportDir, Type: "bind", Source: filepath.Join(bundle, "report"), Options: []string{"rbind", "rw"}},
+		},
+		Linux: &oci.Linux{
+			Namespaces: []oci.LinuxNamespace{{Type: oci.PIDNamespace}, {Type: oci.MountNamespace}, {Type: oci.IPCNamespace},
+				{Type: oci.UTSNamespace}, {Type: oci.NetworkNamespace}},
+			CgroupsPath: "/devcluster/" + id,
+			Devices:     edited.Linux.Devices,
+			Resources: &oci.LinuxResources{Devices: append([]oci.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				edited.Linux.Resources.Devices...)},
+			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"},
+			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		},
+	}
+	// The CDI edits' mounts (driver files, sharing directories) come last,
+	// over the defaults, as containerd applies them; a /dev/shm from an
+	// MPS claim replaces the default one.
+	for _, m := range edited.Mounts {
+		s.Mounts = slices.DeleteFunc(s.Mounts, func(d oci.Mount) bool { return d.Destination == m.Destination })
+		s.Mounts = append(s.Mounts, m)
+	}
+	return s
+}
+
+// defaultCapabilities are containerd's default set for a container.
+var defaultCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
