@@ -100,8 +100,8 @@ bench:
 # nodes running the gpudra kubelet plugin; applies examples/ and prints where
 # every pod landed and which GPUs it would see. DEMO_FLAGS=--keep leaves it
 # running for kubectl.
-demo: devcluster helm
-	$(BIN)/devcluster --examples examples $(DEMO_FLAGS)
+demo: devcluster helm probe $(RUNC)
+	$(BIN)/devcluster --examples examples --runc $(RUNC) --probe $(PROBE) $(DEMO_FLAGS)
 
 devcluster:
 	@mkdir -p $(BIN)

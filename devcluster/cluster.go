@@ -74,6 +74,9 @@ type Options struct {
 	// (grove*.go): PodCliqueSets get their PodCliques, scaling groups,
 	// ResourceClaims, gated pods and PodGangs as Grove makes them.
 	Grove bool
+	// Runtime runs every node's pods' containers for real (NodeOptions
+	// Runtime overrides it per node); nil: their specs are only resolved.
+	Runtime *OCIRuntime
 }
 
 // Cluster is a running devcluster.
@@ -100,6 +103,7 @@ type Cluster struct {
 	removeDir   bool
 	bootID      string
 	mpsControl  string
+	runtime     *OCIRuntime
 	forbidden   forbiddenLog
 
 	mu    sync.Mutex
@@ -110,7 +114,7 @@ type Cluster struct {
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	c = &Cluster{Dir: opts.Dir, tb: &processTB{name: "devcluster"}, nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
-		mpsControl: opts.MPSControlBinary}
+		mpsControl: opts.MPSControlBinary, runtime: opts.Runtime}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
 			return nil, err

@@ -216,6 +216,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
 	dirs.DevicePlugins, dirs.PodResources = n.DevicePluginDir(), n.PodResourcesSocket()
+	if opts.Runtime == nil {
+		opts.Runtime = c.runtime
+	}
 	if opts.Runtime != nil {
 		if err := opts.Runtime.Usable(); err != nil {
 			klog.FromContext(ctx).Info("Containers are not run, their OCI specs only resolved", "node", opts.Name, "reason", err.Error())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"sort"
 	"strings"
@@ -139,6 +140,15 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 	pctx, cancel := context.WithCancel(klog.NewContext(ctx, logger))
 	p := &processPod{cancel: cancel, done: make(chan struct{})}
 	k.procs[pod.UID] = p
+	// The kubelet makes a DirectoryOrCreate hostPath before the container
+	// starts (the MPS server's /dev/shm, which its clients mount too).
+	for _, vol := range pod.Spec.Volumes {
+		if h := vol.HostPath; h != nil && h.Type != nil && *h.Type == v1.HostPathDirectoryOrCreate {
+			if err := os.MkdirAll(h.Path, 0o755); err != nil {
+				logger.Error(err, "Create hostPath volume", "volume", vol.Name)
+			}
+		}
+	}
 	args, env := containerArgv(pod)
 	go func() {
 		defer close(p.done)

@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpudra/gpudra/pkg/probe"
 )
 
 // PodReport is what the demo prints for a pod.
@@ -125,7 +127,7 @@ func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
 // their device nodes give them (not an environment variable).
 func PrintReport(w io.Writer, reports []PodReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees")
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees\tFROM INSIDE: GPU device nodes")
 	for _, r := range reports {
 		claims, devices, sharing := []string{}, []string{}, []string{}
 		for _, c := range r.Claims {
@@ -135,7 +137,7 @@ func PrintReport(w io.Writer, reports []PodReport) error {
 				sharing = append(sharing, c.Sharing)
 			}
 		}
-		var seen []string
+		var seen, inside []string
 		names := make([]string, 0, len(r.Containers))
 		for n := range r.Containers {
 			names = append(names, n)
@@ -143,13 +145,17 @@ func PrintReport(w io.Writer, reports []PodReport) error {
 		sort.Strings(names)
 		for _, n := range names {
 			seen = append(seen, n+": "+orNone(strings.Join(r.Containers[n].VisibleGPUs(), ",")))
+			if rep := r.Containers[n].Report; rep != nil {
+				inside = append(inside, n+": "+insideGPUNodes(rep))
+			}
 		}
 		node := r.Node
 		if node == "" {
 			node = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
-			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(sharing, " ")), orNone(strings.Join(seen, "; ")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
+			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(sharing, " ")), orNone(strings.Join(seen, "; ")),
+			orNone(strings.Join(inside, "; ")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -167,4 +173,26 @@ func orNone(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// insideGPUNodes is what a container's probe found of GPUs from inside: the
+// GPU and MIG capability nodes (the control nodes are left out), each with
+// its major:minor, and whether the device cgroup let it open them.
+func insideGPUNodes(r *probe.Report) string {
+	var nodes []string
+	denied := 0
+	for _, d := range r.Devices {
+		name := strings.TrimPrefix(d.Path, "/dev/")
+		if d.OpenError == "EPERM" {
+			denied++
+		}
+		if strings.HasPrefix(name, "nvidia-caps/") || strings.TrimLeft(strings.TrimPrefix(name, "nvidia"), "0123456789") == "" {
+			nodes = append(nodes, fmt.Sprintf("%s(%d:%d)", name, d.Major, d.Minor))
+		}
+	}
+	out := orNone(strings.Join(nodes, ","))
+	if denied > 0 {
+		out += fmt.Sprintf(" [%d denied]", denied)
+	}
+	return fmt.Sprintf("%s pid=%d", out, r.PID)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -29,6 +30,37 @@ type OCIRuntime struct {
 	Runc, Probe string
 	// Root holds runc's state and the containers' bundles.
 	Root string
+	// Timings, when set, records how long each Start took (runc run to the
+	// probe's report): the start-up the runtime adds to a pod.
+	Timings *Timings
+}
+
+// Timings are durations recorded from several goroutines.
+type Timings struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (t *Timings) add(d time.Duration) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.d = append(t.d, d)
+}
+
+// Percentile is the p-th percentile (0..1) of the recorded durations,
+// nearest rank, and how many there are.
+func (t *Timings) Percentile(p float64) (time.Duration, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.d) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(t.d)
+	slices.Sort(s)
+	return s[int(p*float64(len(s)-1)+0.5)], len(s)
 }
 
 // reportDir is where the probe writes its report inside the container.
@@ -52,6 +84,13 @@ func (r *OCIRuntime) Usable() error {
 // probe reported from inside; the container keeps running until Stop.
 func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*probe.Report, error) {
 	bundle := filepath.Join(r.Root, "bundles", id)
+	// A sync retried after a start (the pod's status write failed) finds
+	// the container of the earlier try: it goes, as a new attempt's would.
+	if err := r.Stop(ctx, id); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	defer func() { r.Timings.add(time.Since(started)) }()
 	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,6 +42,45 @@ func assertSeesExactly(t *testing.T, pod *v1.Pod, container string, uuids []stri
 	}
 	assert.ElementsMatch(t, want, gpuNodes, "GPU device nodes of %s", container)
 	assertDriverMounted(t, pod.Spec.NodeName, container, view)
+	assertSeesFromInside(t, container, view, want)
+}
+
+// realContainers says whether the suite's nodes run containers for real
+// (make test-e2e as root: runc and the probe); then the checks above are
+// made again from inside, on what the container's probe reported.
+func realContainers() bool {
+	return os.Getenv("RUNC") != "" && os.Getenv("PROBE") != "" && os.Geteuid() == 0
+}
+
+// assertSeesFromInside: the container's probe saw exactly these GPU device
+// nodes, as character devices the device cgroup lets it open, the same
+// NVIDIA_VISIBLE_DEVICES, and the driver's files mounted read-only.
+func assertSeesFromInside(t *testing.T, container string, view devcluster.ContainerView, gpuNodes []string) {
+	t.Helper()
+	if !realContainers() {
+		return
+	}
+	r := view.Report
+	require.NotNil(t, r, "container %s ran and reported from inside", container)
+	assert.Equal(t, 1, r.PID, "%s: its own PID namespace", container)
+	var seen []string
+	for _, d := range r.Devices {
+		assert.Equal(t, "c", d.Type, "%s: %s", container, d.Path)
+		assert.NotEqual(t, "EPERM", d.OpenError, "%s: the device cgroup allows %s", container, d.Path)
+		if strings.TrimLeft(strings.TrimPrefix(d.Path, "/dev/nvidia"), "0123456789") == "" && d.Path != "/dev/nvidia" {
+			seen = append(seen, d.Path)
+		}
+	}
+	assert.ElementsMatch(t, gpuNodes, seen, "%s: GPU device nodes seen from inside", container)
+	assert.Equal(t, "void", r.Env["NVIDIA_VISIBLE_DEVICES"], "%s, from inside", container)
+	driver := 0
+	for _, m := range r.Mounts {
+		if m.Driver {
+			driver++
+			assert.True(t, m.ReadOnly, "%s: driver file %s is read-only from inside", container, m.MountPoint)
+		}
+	}
+	assert.Positive(t, driver, "%s: the driver's files are mounted", container)
 }
 
 // assertDriverMounted checks that the container gets the driver's

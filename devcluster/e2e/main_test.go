@@ -72,6 +72,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// Real containers (runc and the probe) on every node, where make
+	// test-e2e provides them (issue 27).
+	if runc, probe := os.Getenv("RUNC"), os.Getenv("PROBE"); runc != "" && probe != "" {
+		timings := &devcluster.Timings{}
+		opts.Runtime = &devcluster.OCIRuntime{Runc: runc, Probe: probe, Timings: timings}
+		// The start-up real containers add (docs/benchmarks.md).
+		defer func() {
+			p50, n := timings.Percentile(0.5)
+			p99, _ := timings.Percentile(0.99)
+			fmt.Printf("real containers: %d started, start-up p50 %v p99 %v\n", n, p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+		}()
+	}
 	cluster, err = devcluster.Start(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start devcluster:", err, "(log:", logFile+")")

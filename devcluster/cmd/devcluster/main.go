@@ -34,6 +34,7 @@ type options struct {
 	cpBurst    int
 	grove      bool
 	chart      devcluster.ChartOptions
+	runtime    devcluster.OCIRuntime
 }
 
 type stringList []string
@@ -59,6 +60,8 @@ func main() {
 	fs.StringVar(&o.logFile, "log-file", "devcluster.log", "the control plane's and the plugins' logs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the cluster running until interrupted")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
+	fs.StringVar(&o.runtime.Runc, "runc", "bin/runc", "runc, to run the pods' containers for real (make builds it); missing, or not root: the containers' specs are only resolved")
+	fs.StringVar(&o.runtime.Probe, "probe", "bin/gpudra-probe", "the process of the real containers (make probe)")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
 	o.chart = devcluster.DefaultChart(".")
@@ -105,8 +108,21 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	var runtime *devcluster.OCIRuntime
+	if err := o.runtime.Usable(); err != nil {
+		fmt.Fprintf(os.Stderr, "containers are not run, their OCI specs only resolved: %v\n", err)
+	} else {
+		rt := o.runtime
+		if rt.Runc, err = filepath.Abs(rt.Runc); err != nil {
+			return err
+		}
+		if rt.Probe, err = filepath.Abs(rt.Probe); err != nil {
+			return err
+		}
+		runtime = &rt
+	}
 	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl, Chart: o.chart,
-		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove})
+		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove, Runtime: runtime})
 	if err != nil {
 		return err
 	}
