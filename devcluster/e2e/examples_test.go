@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/probe"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -238,6 +241,17 @@ func TestSharedClaimPrimaryAndShadow(t *testing.T) {
 	assert.Equal(t, "/var/run/gpudra/ipc", sv.Env["GPUDRA_IPC_DIR"])
 	ipcDir := strings.TrimSuffix(pv.Mounts[0], ":/var/run/gpudra/ipc")
 	assert.DirExists(t, ipcDir)
+	if realContainers() {
+		// From inside: each probe wrote a file into the IPC directory
+		// before looking; the one that started second read both.
+		pr, sr := pv.Report, sv.Report
+		require.NotNil(t, pr)
+		require.NotNil(t, sr)
+		both := []string{pr.Hostname, sr.Hostname}
+		pd, sd := pr.Dirs["/var/run/gpudra/ipc"], sr.Dirs["/var/run/gpudra/ipc"]
+		assert.True(t, subset(both, pd) || subset(both, sd), "one container reads what the other wrote: primary saw %v, shadow saw %v", pd, sd)
+		assert.Equal(t, insideGPUs(pr), insideGPUs(sr), "the same device nodes from inside")
+	}
 
 	// The claim stays prepared while one consumer is left, IPC directory
 	// included.
@@ -260,4 +274,22 @@ func TestCELSelector(t *testing.T) {
 	mem := dev.Capacity[resourceapi.QualifiedName("memory")].Value
 	assert.GreaterOrEqual(t, mem.Cmp(resource.MustParse("79Gi")), 0, "memory %s", mem.String())
 	assert.Equal(t, "9.0.0", attr(dev, "cudaComputeCapability"))
+}
+
+func subset(want, in []string) bool {
+	for _, w := range want {
+		if !slices.Contains(in, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// insideGPUs are the device nodes a probe saw, as major:minor.
+func insideGPUs(r *probe.Report) []string {
+	var out []string
+	for _, d := range r.Devices {
+		out = append(out, fmt.Sprintf("%s=%d:%d", d.Path, d.Major, d.Minor))
+	}
+	return out
 }

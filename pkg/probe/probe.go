@@ -32,8 +32,10 @@ type Report struct {
 	// Dirs lists, per sharing directory that exists (the IPC directory
 	// named by GPUDRA_IPC_DIR, the MPS pipe directory, /dev/shm), the
 	// names in it.
-	Dirs    map[string][]string `json:"dirs"`
-	Command *Command            `json:"command,omitempty"`
+	Dirs map[string][]string `json:"dirs"`
+	// Wrote is the file the probe wrote into the IPC directory.
+	Wrote   string   `json:"wrote,omitempty"`
+	Command *Command `json:"command,omitempty"`
 }
 
 // Device is one /dev/nvidia* node.
@@ -82,11 +84,23 @@ type Config struct {
 }
 
 // Run looks, reports and then waits for ctx (the container's stop signal).
+// Where the container has an IPC directory (GPUDRA_IPC_DIR), it first
+// writes a file named after its hostname there, so that the containers
+// sharing a claim show each other what they wrote (Report.Dirs).
 func Run(ctx context.Context, cfg Config) error {
+	var wrote string
+	if dir := os.Getenv("GPUDRA_IPC_DIR"); dir != "" {
+		host, _ := os.Hostname()
+		wrote = filepath.Join(dir, host)
+		if err := os.WriteFile(wrote, []byte(host), 0o644); err != nil {
+			return fmt.Errorf("write into the IPC directory: %w", err)
+		}
+	}
 	r, err := Look()
 	if err != nil {
 		return err
 	}
+	r.Wrote = wrote
 	if len(cfg.Exec) > 0 {
 		out, err := exec.CommandContext(ctx, cfg.Exec[0], cfg.Exec[1:]...).CombinedOutput()
 		r.Command = &Command{Args: cfg.Exec, Output: string(out)}
