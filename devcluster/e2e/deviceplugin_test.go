@@ -169,6 +169,12 @@ func TestDevicePluginTwoGPUs(t *testing.T) {
 			assert.Contains(t, view.CDIDevices, deviceplugin.CDIDeviceName(slicebuilder.GPUDeviceName(&g)), name)
 		}
 		assert.NotEmpty(t, view.DriverMounts, "%s: driver files", name)
+		// From inside: exactly these two GPUs' nodes.
+		var want []string
+		for _, uuid := range view.VisibleGPUs() {
+			want = append(want, fmt.Sprintf("/dev/nvidia%d", gpus[uuid].Minor))
+		}
+		assertSeesFromInside(t, name, view, want)
 	}
 	// 6 whole GPUs, 4 taken: a pod asking for 3 does not fit.
 	create(t, ns, nil, dpPod("three", dpNode, map[string]int64{"nvidia.com/gpu": 3}))
