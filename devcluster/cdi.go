@@ -175,8 +175,12 @@ func ResolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifi
 	return view, err
 }
 
-// resolveContainer is ResolveContainer that also returns the OCI spec,
+// ResolveContainerSpec is ResolveContainer that also returns the OCI spec,
 // for a runtime to run.
+func ResolveContainerSpec(cdiDir string, edits RuntimeEdits, identify DeviceIdentifier, dev HostDevice) (ContainerView, *oci.Spec, error) {
+	return resolveContainer(cdiDir, edits, identify, dev)
+}
+
 func resolveContainer(cdiDir string, edits RuntimeEdits, identify DeviceIdentifier, dev HostDevice) (ContainerView, *oci.Spec, error) {
 	ids := edits.CDIDevices
 	view := ContainerView{CDIDevices: ids}

@@ -166,7 +166,7 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
+	tags.cncf.io/container-device-interface/specs-go v1.1.1
 )
 
 replace github.com/gpudra/gpudra => ../

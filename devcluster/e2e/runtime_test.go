@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/pkg/probe"
@@ -95,4 +98,85 @@ func TestRealContainers(t *testing.T) {
 	r := views(t, pod)["cuda"].Report
 	require.NotNil(t, r, "the container without a claim ran too")
 	assert.Empty(t, r.Devices, "no claim: no /dev/nvidia*, whatever the image's NVIDIA_VISIBLE_DEVICES says")
+}
+
+// TestInsideCheckCatchesAnotherGPUsNode: the from-inside check is not
+// satisfied by construction. The CDI spec the plugin wrote for a running
+// one-GPU pod is copied and mutated to hand its container another GPU's
+// node as well; a container run from it by the same runtime shows that
+// node from inside, so the check (exactly the claimed GPUs' nodes) fails.
+func TestInsideCheckCatchesAnotherGPUsNode(t *testing.T) {
+	if !realContainers() {
+		t.Skip("needs real containers (RUNC, PROBE, root)")
+	}
+	ns := namespace(t)
+	create(t, ns, gpus("one", 1), gpuPod("one-gpu", "one"))
+	pod := waitRunning(t, ns, "one-gpu")
+	view := views(t, pod)["cuda"]
+	claimed := "/dev/nvidia" + strings.TrimPrefix(podClaim(t, pod, "gpu").Status.Allocation.Devices.Results[0].Device, "gpu-")
+	require.Equal(t, []string{claimed}, gpuNodesInside(view.Report), "the real container sees its GPU")
+
+	// A copy of the node's CDI specs, the claim's spec handing a second
+	// GPU's node too.
+	node := cluster.Node(pod.Spec.NodeName)
+	dir := t.TempDir()
+	other := "/dev/nvidia7"
+	if claimed == other {
+		other = "/dev/nvidia6"
+	}
+	entries, err := os.ReadDir(node.CDIDir())
+	require.NoError(t, err)
+	mutated := false
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(node.CDIDir(), e.Name()))
+		require.NoError(t, err)
+		var spec cdispecs.Spec
+		require.NoError(t, yaml.Unmarshal(data, &spec))
+		for i := range spec.Devices {
+			for _, n := range spec.Devices[i].ContainerEdits.DeviceNodes {
+				if n.Path == claimed && !mutated {
+					extra := *n
+					extra.Path = other
+					if extra.HostPath != "" {
+						extra.HostPath = filepath.Join(filepath.Dir(extra.HostPath), filepath.Base(other))
+					}
+					var minor int64
+					_, err := fmt.Sscanf(other, "/dev/nvidia%d", &minor)
+					require.NoError(t, err)
+					extra.Minor = minor
+					spec.Devices[i].ContainerEdits.DeviceNodes = append(spec.Devices[i].ContainerEdits.DeviceNodes, &extra)
+					mutated = true
+					break
+				}
+			}
+		}
+		out, err := yaml.Marshal(&spec)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, strings.TrimSuffix(e.Name(), filepath.Ext(e.Name()))+".yaml"), out, 0o644))
+	}
+	require.True(t, mutated, "the claim's spec hands %s", claimed)
+	_, spec, err := devcluster.ResolveContainerSpec(dir, devcluster.RuntimeEdits{CDIDevices: view.CDIDevices}, nil, nil)
+	require.NoError(t, err)
+	rt := &devcluster.OCIRuntime{Runc: os.Getenv("RUNC"), Probe: os.Getenv("PROBE"), Root: t.TempDir()}
+	report, err := rt.Start(context.Background(), "mutated-"+string(pod.UID), spec)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rt.Stop(context.Background(), "mutated-"+string(pod.UID)) })
+	seen := gpuNodesInside(report)
+	assert.ElementsMatch(t, []string{claimed, other}, seen, "the mutated spec's second GPU is visible from inside")
+	assert.NotEqual(t, []string{claimed}, seen, "so the from-inside check (exactly the claimed GPUs' nodes) fails on it")
+}
+
+// gpuNodesInside are the /dev/nvidia<N> nodes a probe saw.
+func gpuNodesInside(r *probe.Report) []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, d := range r.Devices {
+		if strings.TrimLeft(strings.TrimPrefix(d.Path, "/dev/nvidia"), "0123456789") == "" && d.Path != "/dev/nvidia" {
+			out = append(out, d.Path)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
