@@ -86,8 +86,11 @@ func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*p
 	bundle := filepath.Join(r.Root, "bundles", id)
 	// A sync retried after a start (the pod's status write failed) finds
 	// the container of the earlier try: it goes, as a new attempt's would.
-	if err := r.Stop(ctx, id); err != nil {
-		return nil, err
+	// Only then: runc is not run once more for every new container.
+	if _, err := os.Stat(bundle); err == nil {
+		if err := r.Stop(ctx, id); err != nil {
+			return nil, err
+		}
 	}
 	started := time.Now()
 	defer func() { r.Timings.add(time.Since(started)) }()

@@ -20,6 +20,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Report is what the probe saw from inside its container.
@@ -180,46 +182,30 @@ func Look() (*Report, error) {
 
 func device(path string) Device {
 	d := Device{Path: path, Type: "-"}
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
 		d.OpenError = err.Error()
 		return d
 	}
-	switch st.Mode & syscall.S_IFMT {
-	case syscall.S_IFCHR:
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
 		d.Type = "c"
-	case syscall.S_IFBLK:
+	case unix.S_IFBLK:
 		d.Type = "b"
 	}
-	d.Major, d.Minor = uint32((st.Rdev>>8)&0xfff)|uint32((st.Rdev>>32)&^0xfff), uint32(st.Rdev&0xff)|uint32((st.Rdev>>12)&^0xff)
+	d.Major, d.Minor = unix.Major(st.Rdev), unix.Minor(st.Rdev)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		d.OpenError = err.Error()
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
-			d.OpenError = errnoName(errno)
+			d.OpenError = unix.ErrnoName(errno) // EPERM, ENXIO, ...
 		}
 		return d
 	}
 	d.Opens = true
 	_ = f.Close()
 	return d
-}
-
-func errnoName(e syscall.Errno) string {
-	switch e {
-	case syscall.EPERM:
-		return "EPERM"
-	case syscall.ENXIO:
-		return "ENXIO"
-	case syscall.ENODEV:
-		return "ENODEV"
-	case syscall.EACCES:
-		return "EACCES"
-	case syscall.ENOENT:
-		return "ENOENT"
-	}
-	return e.Error()
 }
 
 // mounts parses mountinfo: "id parent major:minor root mountpoint options
