@@ -22,8 +22,9 @@ HELM := $(abspath $(BIN))/helm
 RUNC_VERSION := v1.5.2
 RUNC := $(abspath $(BIN))/runc
 PROBE := $(abspath $(BIN))/gpudra-probe
+MPS_SERVER := $(abspath $(BIN))/gpudra-mps-server
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke clean
 all: build
 
 build:
@@ -52,7 +53,7 @@ test-fuzz:
 # It builds the control plane first, with progress: the first build is long.
 test-e2e: devcluster helm probe $(RUNC)
 	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
-	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) CGO_ENABLED=0 $(GO) test -count=1 ./...
+	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CGO_ENABLED=0 $(GO) test -count=1 ./...
 
 # The Helm chart: lint and render with default and non-default values. The
 # e2e suite installs it into devcluster and checks that wrong values fail.
@@ -72,10 +73,12 @@ $(RUNC):
 	@echo "Building runc $(RUNC_VERSION) from the Go module proxy (about a minute, once)."
 	GOBIN=$(abspath $(BIN)) CGO_ENABLED=1 $(GO) install github.com/opencontainers/runc@$(RUNC_VERSION)
 
-# The process of devcluster's real containers: static, it needs no image.
+# The processes of devcluster's real containers, static: the probe (every
+# workload container; it needs no image) and the MPS server pods' server.
 probe:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -o $(PROBE) ./cmd/gpudra-probe
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(MPS_SERVER) ./cmd/mps-server
 
 # helm, built from the module proxy (no other download is reachable here).
 helm: $(HELM)
@@ -101,7 +104,7 @@ bench:
 # every pod landed and which GPUs it would see. DEMO_FLAGS=--keep leaves it
 # running for kubectl.
 demo: devcluster helm probe $(RUNC)
-	$(BIN)/devcluster --examples examples --runc $(RUNC) --probe $(PROBE) $(DEMO_FLAGS)
+	$(BIN)/devcluster --examples examples --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
 
 devcluster:
 	@mkdir -p $(BIN)
@@ -129,6 +132,18 @@ bench-scale: build helm
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
 	HELM=$(HELM) $(BIN)/bench-scale --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
 		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
+
+# The same path on a real GPU (docs/gpu-smoke.md): devcluster with one node
+# backed by NVML beside a simulated one, a full-GPU claim, nvidia-smi -L from
+# inside a container with the claim and one without, and the NVML inventory
+# beside the simulator's model. Never changes MIG mode, creates MIG devices
+# or resets a GPU; refuses GPUs in use. Without a GPU it stops at once.
+gpu-smoke:
+	@test -e /dev/nvidiactl || { echo "gpu-smoke: no NVIDIA GPU here (/dev/nvidiactl does not exist): run it on a machine with an NVIDIA GPU and driver"; exit 1; }
+	@$(MAKE) --no-print-directory build helm probe $(RUNC)
+	$(BIN)/gpudra inventory --backend nvml
+	cd devcluster && CGO_ENABLED=1 $(GO) build -o $(abspath $(BIN))/gpu-smoke ./cmd/gpu-smoke
+	HELM=$(HELM) $(BIN)/gpu-smoke --runc $(RUNC) --probe $(PROBE) $(GPU_SMOKE_ARGS)
 
 clean:
 	rm -rf $(BIN)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -66,7 +68,48 @@ func MachineDevices(m *sim.Machine) DeviceIdentifier {
 		if err != nil {
 			return nil, err
 		}
+		// Not the inventory: read faults injected into the machine's
+		// NVML must not fail the kubelet's view.
 		return identify(m.Devices(), host, nodes), nil
+	}
+}
+
+// BackendDevices is MachineDevices through any backend's inventory and
+// host facts (NVML on a real GPU).
+func BackendDevices(b nvdevice.Interface) DeviceIdentifier {
+	return func(nodes []oci.LinuxDevice) ([]string, error) {
+		ctx := context.Background()
+		host, err := b.Host(ctx)
+		if err != nil {
+			return nil, err
+		}
+		inv, err := b.Inventory(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return identify(inv.GPUs, host, nodes), nil
+	}
+}
+
+// HostDevicesUnder stats device nodes for real under root (a host's /, or
+// a simulated machine's directory holding its dev/): what a runtime reads
+// of a DeviceSpec's host path.
+func HostDevicesUnder(root string) HostDevice {
+	return func(path string) (oci.LinuxDevice, error) {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(root, path), &st); err != nil {
+			return oci.LinuxDevice{}, fmt.Errorf("stat %s: %w", path, err)
+		}
+		typ := ""
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
+			typ = "c"
+		case unix.S_IFBLK:
+			typ = "b"
+		default:
+			return oci.LinuxDevice{}, fmt.Errorf("%s is not a device node", path)
+		}
+		return oci.LinuxDevice{Path: path, Type: typ, Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev))}, nil
 	}
 }
 

@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -30,7 +31,7 @@ func (k *kubelet) containerID(pod *v1.Pod, container string) string {
 // records what each probe reported in its view. A container that does not
 // start fails the sync (retried); those already started are stopped, so a
 // pod is never reported Running without its containers.
-func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[string]ContainerView, specs map[string]*oci.Spec) error {
+func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[string]ContainerView, specs map[string]*oci.Spec) (err error) {
 	var started []string
 	for _, c := range pod.Spec.Containers {
 		id := runcID(pod.UID, c.Name)
@@ -45,6 +46,9 @@ func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[st
 			}
 		}
 		process.Env = append(env, process.Env...)
+		if process.Args, err = probeCommand(pod); err != nil {
+			return err
+		}
 		spec.Process = &process
 		start := time.Now()
 		report, err := k.runtime.Start(ctx, id, &spec)
@@ -94,4 +98,21 @@ func (k *kubelet) stopAllContainers(ctx context.Context) {
 	for _, uid := range uids {
 		k.stopContainers(ctx, uid)
 	}
+}
+
+// ProbeCommandAnnotation on a pod holds a command (a JSON array) that the
+// probe of each of its real containers runs before its report, the output
+// in the report (make gpu-smoke runs nvidia-smi -L).
+const ProbeCommandAnnotation = "devcluster.gpudra.dev/probe-command"
+
+func probeCommand(pod *v1.Pod) ([]string, error) {
+	data, ok := pod.Annotations[ProbeCommandAnnotation]
+	if !ok {
+		return nil, nil
+	}
+	var cmd []string
+	if err := json.Unmarshal([]byte(data), &cmd); err != nil {
+		return nil, fmt.Errorf("annotation %s: want a JSON array of strings: %w", ProbeCommandAnnotation, err)
+	}
+	return cmd, nil
 }

@@ -236,7 +236,7 @@ func (n *Node) startDevicePluginLocked() error {
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
-	files, err := n.Machine.DriverFiles(n.ctx)
+	files, err := n.backend.DriverFiles(n.ctx)
 	if err != nil {
 		return fmt.Errorf("node %s: driver files: %w", n.Name, err)
 	}
@@ -257,7 +257,7 @@ func (n *Node) startDevicePluginLocked() error {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	opts := deviceplugin.ServeOptions{
-		Backend:         n.Machine,
+		Backend:         n.backend,
 		Resources:       deviceplugin.ResourceOptions{GPUResourceName: n.dpOpts.GPUResourceName, Config: n.dpOpts.Config},
 		CDI:             writer,
 		PluginDir:       n.DevicePluginDir(),
@@ -312,7 +312,7 @@ func (n *Node) DevicePluginResources(ctx context.Context) (map[string]int, error
 	if n.Mode() != ModeDevicePlugin {
 		return nil, fmt.Errorf("node %s: not in device-plugin mode", n.Name)
 	}
-	inv, err := n.Machine.Inventory(ctx)
+	inv, err := n.backend.Inventory(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -432,7 +432,7 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("set pod running: %w", err)
 	}
-	if k.runtime != nil && processCommand(pod) == nil {
+	if k.runtime != nil && (processCommand(pod) == nil || k.runtime.MPSServer != "") {
 		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (runc)")
 	} else {
 		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -61,13 +62,28 @@ type NodeOptions struct {
 	// OCI specs are only resolved. Where it cannot run here (not root),
 	// the node says so in one line and only resolves.
 	Runtime *OCIRuntime
+	// Backend, when set, is the node's GPUs instead of a simulated machine
+	// (Machine is then unused and Node.Machine nil): NVML on a real GPU,
+	// for make gpu-smoke. DriverRoot is then where its driver is installed
+	// ("/" when empty), and the node's device nodes are the host's /dev.
+	Backend    nvdevice.Interface
+	DriverRoot string
+	// MigDevices is the plugin's MIG policy; nil: every placement
+	// (devcluster creates MIG instances on demand), as the demo needs.
+	MigDevices *slicebuilder.MigPolicy
 }
 
 // Node is a simulated GPU node: a Node object, the simulated machine, the
 // real gpudra kubelet plugin over it, and the devcluster kubelet.
 type Node struct {
-	Name    string
+	Name string
+	// Machine is the simulated machine; nil on a node with a real
+	// Backend (NodeOptions.Backend).
 	Machine *sim.Machine
+	// backend is the node's GPUs: Machine, or NodeOptions.Backend.
+	backend nvdevice.Interface
+	// driverRoot is the host directory the plugin's driver root is.
+	driverRoot string
 	// Dir holds the node's registry, plugin, CDI and kubelet directories.
 	Dir string
 
@@ -177,26 +193,40 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, fmt.Errorf("node %q exists already", opts.Name)
 	}
 	c.mu.Unlock()
-	machine, err := sim.NewBuiltin(opts.Machine, opts.Name)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
-	}
-	n := &Node{Name: opts.Name, Machine: machine, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID,
+	n := &Node{Name: opts.Name, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID,
 		mode: opts.Mode, dpOpts: deviceplugin.ResourceOptions{GPUResourceName: opts.GPUResourceName, Config: opts.DevicePluginConfig}}
+	var machine *sim.Machine
+	if opts.Backend != nil {
+		n.backend, n.driverRoot = opts.Backend, opts.DriverRoot
+		if n.driverRoot == "" {
+			n.driverRoot = "/"
+		}
+	} else {
+		m, err := sim.NewBuiltin(opts.Machine, opts.Name)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+		}
+		machine, n.Machine, n.backend, n.driverRoot = m, m, m, n.DriverRoot()
+	}
 	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet"), n.DevicePluginDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}
 	}
 	// The node's driver: a fake driver root with the real layout, so the
-	// plugin's common CDI spec mounts real paths.
-	if err := sim.WriteDriverRoot(n.DriverRoot(), machine.DriverVersion()); err != nil {
-		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
-	}
-	machine.SetDriverRoot(n.DriverRoot())
-	mpsControl, err := c.installMPSControl(n.DriverRoot())
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+	// plugin's common CDI spec mounts real paths; a real backend's own.
+	var mpsControl string
+	devices, hostDevices := BackendDevices(n.backend), HostDevicesUnder("/")
+	if machine != nil {
+		if err := sim.WriteDriverRoot(n.DriverRoot(), machine.DriverVersion()); err != nil {
+			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+		}
+		machine.SetDriverRoot(n.DriverRoot())
+		var err error
+		if mpsControl, err = c.installMPSControl(n.DriverRoot()); err != nil {
+			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+		}
+		devices, hostDevices = MachineDevices(machine), MachineHostDevices(machine)
 	}
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err
@@ -211,7 +241,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	}
 	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
-		Devices: MachineDevices(machine), HostDevices: MachineHostDevices(machine)}
+		Devices: devices, HostDevices: hostDevices}
 	// A kubelet has a device manager and serves its pod-resources API
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
@@ -252,7 +282,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	n.client = pluginClient
 	n.ctx = nodeCtx
 	n.pluginCfg = plugin.Config{
-		NodeName: opts.Name, Backend: machine, Client: pluginClient,
+		NodeName: opts.Name, Backend: n.backend, Client: pluginClient,
 		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		// The machine is also the node's host: device majors, capability
 		// minors and the time slicer come from its Host.
@@ -261,11 +291,14 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.
 		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, MPSServerServiceAccount: MPSServerServiceAccount,
-		HostDriverRoot: n.DriverRoot(),
+		HostDriverRoot: n.driverRoot,
 		// Every MIG placement, created at prepare (the demo and the MIG
 		// examples create instances on demand), where the chart's default
 		// is existing (docs/scale.md); a Node annotation still overrides it.
 		MigDevices: slicebuilder.MigPolicy{},
+	}
+	if opts.MigDevices != nil {
+		n.pluginCfg.MigDevices = *opts.MigDevices
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err

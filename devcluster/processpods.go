@@ -21,9 +21,12 @@ import (
 	"github.com/gpudra/gpudra/pkg/mpsserver"
 )
 
-// A process pod is a pod whose container the devcluster kubelet really
-// runs, in-process, because what it does matters to the node: the MPS
-// server pods the plugin creates. Every other pod stays simulated.
+// A process pod is a pod whose own command the devcluster kubelet runs,
+// because what it does matters to the node: the MPS server pods the plugin
+// creates. With a real runtime (OCIRuntime.MPSServer set) it runs
+// gpudra-mps-server in a container of its own; without, the server's code
+// runs in this process, its paths translated to the host's. Every other
+// pod's containers run the probe (OCIRuntime) or are only resolved.
 
 // MPSServerCommand is the command of the gpudra image's MPS server.
 const MPSServerCommand = "gpudra-mps-server"
@@ -150,13 +153,22 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 		}
 	}
 	args, env := containerArgv(pod)
+	runOnce := func(ctx context.Context) error { return run(ctx, args, env) }
+	if k.runtime != nil && k.runtime.MPSServer != "" {
+		// A real container in its own namespaces, with the pod's own
+		// paths: nothing translated.
+		c := processContainer(pod)
+		id := runcID(pod.UID, c.Name)
+		k.containers[pod.UID] = []string{id}
+		runOnce = func(ctx context.Context) error { return k.runtime.Run(ctx, id, c, processStopTimeout-5*time.Second) }
+	}
 	go func() {
 		defer close(p.done)
 		backoff := processBackoffMin
 		for {
 			started := time.Now()
 			logger.V(2).Info("Starting process pod's container", "args", args)
-			err := run(pctx, args, env)
+			err := runOnce(pctx)
 			if pctx.Err() != nil {
 				logger.V(2).Info("Process pod's container stopped", "err", err)
 				return

@@ -28,6 +28,13 @@ import (
 type OCIRuntime struct {
 	// Runc and Probe are the binaries.
 	Runc, Probe string
+	// HostImage gives every container the host's /usr, read-only, as its
+	// image (and /tmp): for a command that needs a libc, as make
+	// gpu-smoke's nvidia-smi. Default: a root holding only the probe.
+	HostImage bool
+	// MPSServer is a static gpudra-mps-server: with it, process pods (MPS
+	// servers) run as real containers too; without, in this process.
+	MPSServer string
 	// Root holds runc's state and the containers' bundles.
 	Root string
 	// Timings, when set, records how long each Start took (runc run to the
@@ -100,12 +107,11 @@ func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*p
 	if err := os.MkdirAll(filepath.Join(bundle, "report"), 0o755); err != nil {
 		return nil, err
 	}
-	spec := r.spec(id, bundle, edited)
-	data, err := json.Marshal(spec)
+	spec, err := r.spec(id, bundle, edited)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
+	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return nil, err
 	}
 	log, err := os.Create(filepath.Join(bundle, "output"))
@@ -158,13 +164,13 @@ func (r *OCIRuntime) Stop(ctx context.Context, id string) error {
 // the usual /proc, /dev, /sys mounts, a device cgroup that denies every
 // device but the ones the spec allows (runc adds the standard null, zero,
 // random, tty ones), a read-only root holding only the probe.
-func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) *oci.Spec {
+func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error) {
 	s := &oci.Spec{
 		Version:  oci.Version,
 		Hostname: id,
 		Root:     &oci.Root{Path: filepath.Join(bundle, "rootfs"), Readonly: true},
 		Process: &oci.Process{
-			Args: []string{"/gpudra-probe", "--report", reportDir + "/report.json"},
+			Args: probeArgs(edited.Process.Args),
 			Env:  append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, edited.Process.Env...),
 			Cwd:  "/",
 			Capabilities: &oci.LinuxCapabilities{
@@ -194,14 +200,66 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) *oci.Spec {
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
 	}
+	if r.HostImage {
+		image, err := hostImageMounts(bundle)
+		if err != nil {
+			return nil, err
+		}
+		s.Mounts = append(s.Mounts, image...)
+	}
 	// The CDI edits' mounts (driver files, sharing directories) come last,
 	// over the defaults, as containerd applies them; a /dev/shm from an
 	// MPS claim replaces the default one.
 	for _, m := range edited.Mounts {
-		s.Mounts = slices.DeleteFunc(s.Mounts, func(d oci.Mount) bool { return d.Destination == m.Destination })
+		s.Mounts = deleteMount(s.Mounts, m.Destination)
 		s.Mounts = append(s.Mounts, m)
 	}
-	return s
+	return s, nil
+}
+
+// probeArgs runs the probe, and command first where the pod asks for one
+// (ProbeCommandAnnotation).
+func probeArgs(command []string) []string {
+	args := []string{"/gpudra-probe", "--report", reportDir + "/report.json"}
+	if len(command) > 0 {
+		args = append(append(args, "--"), command...)
+	}
+	return args
+}
+
+// hostImageMounts make the host's /usr the container's image, with the
+// merged-/usr links and a /tmp. As containerd's snapshotter does with an
+// image's layers, the image is an overlay: the host's /usr is its
+// read-only lower layer, and a writable upper layer in the bundle takes
+// what runc creates there (the mount points of the driver's files that a
+// CDI spec mounts under /usr), so the host's /usr is never written.
+func hostImageMounts(bundle string) ([]oci.Mount, error) {
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		_ = os.Symlink("usr/"+l, filepath.Join(bundle, "rootfs", l))
+	}
+	upper, work := filepath.Join(bundle, "image", "upper"), filepath.Join(bundle, "image", "work")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	return []oci.Mount{
+		{Destination: "/usr", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/usr", "upperdir=" + upper, "workdir=" + work}},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+	}, nil
+}
+
+// deleteMount removes the mounts at destination.
+func deleteMount(mounts []oci.Mount, destination string) []oci.Mount {
+	return slices.DeleteFunc(mounts, func(d oci.Mount) bool { return d.Destination == destination })
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }
 
 // defaultCapabilities are containerd's default set for a container.

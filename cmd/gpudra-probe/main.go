@@ -8,6 +8,9 @@ package main
 import (
 	"context"
 	"os"
+	"os/signal"
+	"slices"
+	"syscall"
 
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/probe"
@@ -18,8 +21,15 @@ func main() {
 	cfg := probe.Config{Out: os.Stdout}
 	c.Flags.StringVar(&cfg.ReportFile, "report", "", "also write the report to this file")
 	c.Flags.BoolVar(&cfg.Exit, "exit", false, "exit after the report instead of running until stopped")
-	c.Main(func(ctx context.Context) error {
-		cfg.Exec = c.Flags.Args()
-		return probe.Run(ctx, cfg)
-	})
+	// The command after -- is the probe's to run, not arguments of its
+	// own (which component refuses: every option of a daemon is a flag).
+	args := os.Args[1:]
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, cfg.Exec = args[:i], args[i+1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := c.Execute(ctx, args, component.IO{Stdout: os.Stdout, Stderr: os.Stderr, LookupEnv: os.LookupEnv},
+		func(ctx context.Context) error { return probe.Run(ctx, cfg) })
+	stop()
+	os.Exit(code)
 }

@@ -39,6 +39,9 @@ func mpsServerPod(t *testing.T, ns, name, hostDir, serverDir string) *v1.Pod {
 	t.Helper()
 	control, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
 	require.NoError(t, err)
+	// Under the driver root (the host's /): the server may run in a
+	// container of its own, which sees the host's files only there.
+	control = strings.TrimPrefix(control, "/")
 	dirOrCreate := v1.HostPathDirectoryOrCreate
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
@@ -77,18 +80,55 @@ func hasMarker(pid int, id string) bool {
 	return false
 }
 
+// nsPID is the pid of host process pid in its innermost PID namespace
+// (the last NSpid of its status); 0 if it is gone.
+func nsPID(pid int) int {
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[len(f)-1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// daemonHostPID reads the pid the fake control daemon of the server in
+// hostDir wrote (its own namespace's: the MPS server pod's container has
+// its own) and finds it on the host among the processes of container id;
+// 0 if none.
+func daemonHostPID(hostDir, id string) int {
+	data, err := os.ReadFile(filepath.Join(hostDir, "pipe", "control.pid"))
+	if err != nil {
+		return 0
+	}
+	want, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	pids, err := devcluster.ContainerProcesses(id)
+	if err != nil || want == 0 {
+		return 0
+	}
+	for _, pid := range pids {
+		if nsPID(pid) == want {
+			return pid
+		}
+	}
+	return 0
+}
+
 // waitDaemon waits until the fake control daemon of the server in hostDir
-// runs with a pid other than not, carrying the pod's marker, and returns
-// its pid.
+// runs with a (host) pid other than not, carrying the pod's marker, and
+// returns its host pid.
 func waitDaemon(t *testing.T, hostDir string, uid string, not int) int {
 	t.Helper()
 	var pid int
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		data, err := os.ReadFile(filepath.Join(hostDir, "pipe", "control.pid"))
-		if err != nil {
-			return false, nil
-		}
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		pid = daemonHostPID(hostDir, uid)
 		return pid != 0 && pid != not && hasMarker(pid, uid), nil
 	})
 	require.NoError(t, err, "no MPS control daemon with the marker of pod %s in %s (last pid %d)", uid, hostDir, pid)
@@ -118,6 +158,9 @@ func TestProcessPodRunsMPSServer(t *testing.T) {
 			uid := string(pod.UID)
 			waitRunning(t, ns, pod.Name)
 			pid := waitDaemon(t, hostDir, uid, 0)
+			if realMPSContainers() {
+				assert.NotEqual(t, pid, nsPID(pid), "the server's container has a PID namespace of its own")
+			}
 			log := filepath.Join(hostDir, "log", "control.log")
 			data, err := os.ReadFile(log)
 			require.NoError(t, err)
@@ -130,6 +173,7 @@ func TestProcessPodRunsMPSServer(t *testing.T) {
 			// Always), with a new daemon, and the restart is counted.
 			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 			pid = waitDaemon(t, hostDir, uid, pid)
+			daemonNSPID := nsPID(pid)
 			err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 				p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 				return err == nil && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1, nil
@@ -141,7 +185,7 @@ func TestProcessPodRunsMPSServer(t *testing.T) {
 			waitPodGone(t, ns, pod.Name)
 			data, err = os.ReadFile(log)
 			require.NoError(t, err)
-			assert.Contains(t, string(data), "daemon quit pid="+strconv.Itoa(pid))
+			assert.Contains(t, string(data), "daemon quit pid="+strconv.Itoa(daemonNSPID))
 			assert.False(t, hasMarker(pid, uid), "daemon %d still runs", pid)
 		})
 	}

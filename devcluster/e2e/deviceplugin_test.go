@@ -315,6 +315,7 @@ sharing:
 		assert.Equal(t, "0=40779M", v.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "pod %s", pod.Name)
 		assert.ElementsMatch(t, []string{filepath.Join(server.Dir, "pipe") + ":" + sharing.MPSPipeDirectory, filepath.Join(server.Dir, "shm") + ":/dev/shm"},
 			v.Mounts, "pod %s: the GPU's server's pipe directory and /dev/shm", pod.Name)
+		assertSeesMPSServer(t, pod.Name, v)
 	}
 	assert.Contains(t, waitUnschedulable(t, ns, "mps-2").Message, "nvidia.com/gpu", "two replicas only")
 	assert.Len(t, mpsServers(t, dpMPSNode), 1, "one server for every replica of the GPU")

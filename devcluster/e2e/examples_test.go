@@ -55,6 +55,10 @@ func realContainers() bool {
 	return os.Getenv("RUNC") != "" && os.Getenv("PROBE") != "" && os.Geteuid() == 0
 }
 
+// realMPSContainers says whether MPS server pods run in containers of
+// their own too (make test-e2e gives MPS_SERVER, a static gpudra-mps-server).
+func realMPSContainers() bool { return realContainers() && os.Getenv("MPS_SERVER") != "" }
+
 // assertSeesFromInside: the container's probe saw exactly these GPU device
 // nodes, as character devices the device cgroup lets it open, the same
 // NVIDIA_VISIBLE_DEVICES, and the driver's files mounted read-only.

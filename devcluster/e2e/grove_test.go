@@ -216,6 +216,7 @@ func TestClassMPSAppliesTheClassConfig(t *testing.T) {
 		assert.Equal(t, sharing.MPSPipeDirectory, v.Env["CUDA_MPS_PIPE_DIRECTORY"], "pod %s", p.Name)
 		assert.ElementsMatch(t, []string{filepath.Join(server.Dir, "pipe") + ":" + sharing.MPSPipeDirectory, filepath.Join(server.Dir, "shm") + ":/dev/shm"},
 			v.Mounts, "pod %s: the GPU's server's pipe directory and /dev/shm", p.Name)
+		assertSeesMPSServer(t, p.Name, v)
 	}
 	assert.Equal(t, views(t, a)["cuda"].VisibleGPUs(), strings.Split(server.Pod.Annotations["gpu.gpudra.dev/mps-devices"], ","))
 	st := deviceStatus(t, podClaim(t, a, "gpu"))

@@ -76,7 +76,7 @@ func run(m *testing.M) int {
 	// test-e2e provides them (issue 27).
 	if runc, probe := os.Getenv("RUNC"), os.Getenv("PROBE"); runc != "" && probe != "" {
 		timings := &devcluster.Timings{}
-		opts.Runtime = &devcluster.OCIRuntime{Runc: runc, Probe: probe, Timings: timings}
+		opts.Runtime = &devcluster.OCIRuntime{Runc: runc, Probe: probe, MPSServer: os.Getenv("MPS_SERVER"), Timings: timings}
 		// The start-up real containers add (docs/benchmarks.md).
 		defer func() {
 			p50, n := timings.Percentile(0.5)

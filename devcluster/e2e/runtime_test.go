@@ -16,6 +16,7 @@ import (
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -37,10 +38,20 @@ func TestRealContainers(t *testing.T) {
 	}
 	ctx := context.Background()
 	const node = "dgx-h100-runc"
-	n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: node, Machine: "dgx-h100-nomig",
-		Runtime: &devcluster.OCIRuntime{Runc: runc, Probe: probeBin},
+	// The path make gpu-smoke takes with NVML: the node's GPUs are a
+	// Backend (here a simulated machine with a driver root of its own),
+	// its containers' image is the host's /usr, and a pod's probe runs a
+	// command first.
+	machine, err := sim.NewBuiltin("dgx-h100-nomig", node)
+	require.NoError(t, err)
+	driverRoot := t.TempDir()
+	require.NoError(t, sim.WriteDriverRoot(driverRoot, machine.DriverVersion()))
+	machine.SetDriverRoot(driverRoot)
+	n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: node, Backend: machine, DriverRoot: driverRoot,
+		Runtime: &devcluster.OCIRuntime{Runc: runc, Probe: probeBin, HostImage: true},
 		Taints:  []v1.Taint{{Key: "gpu.gpudra.dev/e2e", Value: "runc", Effect: v1.TaintEffectNoSchedule}}})
 	require.NoError(t, err)
+	assert.Nil(t, n.Machine, "a node with a Backend has no simulated Machine of its own")
 	require.NoError(t, n.WaitForSlices(ctx))
 
 	ns := namespace(t)
@@ -53,7 +64,9 @@ func TestRealContainers(t *testing.T) {
 		// An image whose environment asks for every GPU gets nothing more.
 		Env: []v1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}}})
 	none.Name = "no-claim"
-	create(t, ns, gpus("one", 1), onNode(gpuPod("one-gpu", "one")))
+	one := onNode(gpuPod("one-gpu", "one"))
+	one.Annotations = map[string]string{devcluster.ProbeCommandAnnotation: `["sh", "-c", "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev"]`}
+	create(t, ns, gpus("one", 1), one)
 	create(t, ns, gpus("two", 2), onNode(gpuPod("two-gpus", "two")), none)
 
 	minors := func(r *probe.Report) (gpus []string, control []string) {
@@ -92,6 +105,12 @@ func TestRealContainers(t *testing.T) {
 			assert.NotEqual(t, "EPERM", d.OpenError, "%s: %s is allowed by the device cgroup", tc.pod, d.Path)
 		}
 		assert.Equal(t, "void", r.Env["NVIDIA_VISIBLE_DEVICES"], tc.pod)
+		if tc.pod == "one-gpu" {
+			require.NotNil(t, r.Command, "the probe ran the pod's command")
+			assert.Equal(t, 0, r.Command.ExitCode, r.Command.Output)
+			assert.Contains(t, r.Command.Output, "visible=void", "the command ran in the container's environment")
+			assert.Contains(t, strings.Fields(r.Command.Output), want[0], "the command, from the host's /usr, sees the claimed GPU's node")
+		}
 		assert.True(t, strings.HasPrefix(pod.Status.ContainerStatuses[0].ContainerID, "runc://"), "%s: %s", tc.pod, pod.Status.ContainerStatuses[0].ContainerID)
 	}
 	pod := waitRunning(t, ns, "no-claim")

@@ -24,13 +24,29 @@ import (
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
-// mpsServer is the MPS server of a node's GPU: its pod and the pid of
-// its (stand-in) control daemon, which records its pid in its pipe
-// directory.
+// mpsServer is the MPS server of a node's GPU: its pod and the host's pid
+// of its (stand-in) control daemon, which records its pid in its own PID
+// namespace in its pipe directory.
 type mpsServer struct {
 	Pod *v1.Pod
 	Dir string
 	PID int
+}
+
+// assertSeesMPSServer checks, from inside a client container, that it
+// sees what its server's container made: the daemon's control FIFO and
+// pid in the pipe directory, and the server's shared memory in /dev/shm
+// (the stand-in daemon writes it only in a container of its own).
+func assertSeesMPSServer(t *testing.T, pod string, v devcluster.ContainerView) {
+	t.Helper()
+	if !realMPSContainers() {
+		return
+	}
+	require.NotNil(t, v.Report, "pod %s: no report from inside", pod)
+	assert.Subset(t, v.Report.Dirs[sharing.MPSPipeDirectory], []string{"control", "control.pid"},
+		"pod %s, from inside: the server's pipe directory", pod)
+	assert.Contains(t, v.Report.Dirs["/dev/shm"], "cuda.shm.fake-mps-control",
+		"pod %s, from inside: the /dev/shm its server writes its shared memory into", pod)
 }
 
 // mpsServers are the node's MPS server pods, with their daemons.
@@ -43,9 +59,7 @@ func mpsServers(t *testing.T, node string) []mpsServer {
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		s := mpsServer{Pod: p, Dir: p.Annotations["gpu.gpudra.dev/mps-dir"]}
-		if b, err := os.ReadFile(filepath.Join(s.Dir, "pipe", "control.pid")); err == nil {
-			s.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		}
+		s.PID = daemonHostPID(s.Dir, string(p.UID))
 		out = append(out, s)
 	}
 	return out
@@ -122,6 +136,7 @@ func TestMPSTwoPods(t *testing.T) {
 		assert.Equal(t, sharing.MPSPipeDirectory, v.Env["CUDA_MPS_PIPE_DIRECTORY"], "pod %s", p.Name)
 		assert.ElementsMatch(t, []string{filepath.Join(server.Dir, "pipe") + ":" + sharing.MPSPipeDirectory, filepath.Join(server.Dir, "shm") + ":/dev/shm"},
 			v.Mounts, "pod %s: the GPU's server's pipe directory and /dev/shm", p.Name)
+		assertSeesMPSServer(t, p.Name, v)
 	}
 	assert.Equal(t, views(t, a)["cuda"].VisibleGPUs(), strings.Split(server.Pod.Annotations["gpu.gpudra.dev/mps-devices"], ","), "the server serves the claim's GPU")
 	st := deviceStatus(t, claim)

@@ -62,6 +62,7 @@ func main() {
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
 	fs.StringVar(&o.runtime.Runc, "runc", "bin/runc", "runc, to run the pods' containers for real (make builds it); missing, or not root: the containers' specs are only resolved")
 	fs.StringVar(&o.runtime.Probe, "probe", "bin/gpudra-probe", "the process of the real containers (make probe)")
+	fs.StringVar(&o.runtime.MPSServer, "mps-server", "bin/gpudra-mps-server", "a static gpudra-mps-server, to run MPS server pods as real containers too (make probe); missing: they run in this process")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
 	o.chart = devcluster.DefaultChart(".")
@@ -117,6 +118,12 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		if rt.Probe, err = filepath.Abs(rt.Probe); err != nil {
+			return err
+		}
+		if _, err := os.Stat(rt.MPSServer); err != nil {
+			fmt.Fprintf(os.Stderr, "MPS server pods run in this process, not in containers: %v\n", err)
+			rt.MPSServer = ""
+		} else if rt.MPSServer, err = filepath.Abs(rt.MPSServer); err != nil {
 			return err
 		}
 		runtime = &rt
