@@ -143,6 +143,11 @@ func (i *PluginInstance) KillContainer() (int, error) {
 // CDIDir is where the node's plugin writes CDI specs.
 func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
 
+// DevDir is the simulated machine's /dev (sim.Machine.WriteDevNodes):
+// real character devices with NVIDIA's majors and minors, where mknod is
+// allowed.
+func (n *Node) DevDir() string { return filepath.Join(n.Dir, "dev") }
+
 // DriverRoot is the node's fake driver root (sim.WriteDriverRoot).
 func (n *Node) DriverRoot() string { return filepath.Join(n.Dir, "driver") }
 
@@ -226,7 +231,14 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		if mpsControl, err = c.installMPSControl(n.DriverRoot()); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 		}
-		devices, hostDevices = MachineDevices(machine), MachineHostDevices(machine)
+		// The machine's /dev: real character devices under the node's
+		// directory, which the runtime stats; the model where mknod is
+		// refused.
+		devices, hostDevices = MachineDevices(machine), HostDevicesUnder(n.Dir)
+		if err := machine.WriteDevNodes(n.Dir); err != nil {
+			klog.FromContext(ctx).Info("The simulated /dev holds no device nodes; the runtime reads the machine's model instead", "node", opts.Name, "reason", err.Error())
+			hostDevices = MachineHostDevices(machine)
+		}
 	}
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err

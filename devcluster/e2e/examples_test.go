@@ -198,6 +198,11 @@ func TestMIG(t *testing.T) {
 		}
 		assert.Equal(t, 2, caps, "GPU-instance and compute-instance capability nodes")
 	}
+	if os.Geteuid() == 0 {
+		// The control nodes, the GPUs' and both MIG devices' capability
+		// nodes at least.
+		assert.GreaterOrEqual(t, assertCDISpecsNameRealNodes(t, node), 3+2*3)
+	}
 	// Deleting the pod destroys the instances it created.
 	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(context.Background(), "mig", metav1.DeleteOptions{}))
 	waitPodGone(t, ns, "mig")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
@@ -198,4 +199,42 @@ func gpuNodesInside(r *probe.Report) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// assertCDISpecsNameRealNodes: every device node in every CDI spec the
+// node's plugin wrote is a real character device of the simulated
+// machine's /dev, with the same major and minor (sim.Machine.WriteDevNodes),
+// so the specs, the runtime and the device cgroup deal with real numbers.
+// It returns how many nodes it checked.
+func assertCDISpecsNameRealNodes(t *testing.T, node *devcluster.Node) int {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return 0 // mknod refused: the machine's /dev is only its model
+	}
+	files, err := filepath.Glob(filepath.Join(node.CDIDir(), "*"))
+	require.NoError(t, err)
+	checked := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		var spec cdispecs.Spec
+		require.NoError(t, yaml.Unmarshal(data, &spec), f)
+		edits := []cdispecs.ContainerEdits{spec.ContainerEdits}
+		for _, d := range spec.Devices {
+			edits = append(edits, d.ContainerEdits)
+		}
+		for _, e := range edits {
+			for _, dn := range e.DeviceNodes {
+				var st unix.Stat_t
+				if !assert.NoError(t, unix.Stat(filepath.Join(node.Dir, dn.Path), &st), "%s: %s is not on the node's /dev", f, dn.Path) {
+					continue
+				}
+				assert.Equal(t, uint32(unix.S_IFCHR), st.Mode&unix.S_IFMT, "%s: %s is a character device", f, dn.Path)
+				assert.Equal(t, dn.Major, int64(unix.Major(st.Rdev)), "%s: %s major", f, dn.Path)
+				assert.Equal(t, dn.Minor, int64(unix.Minor(st.Rdev)), "%s: %s minor", f, dn.Path)
+				checked++
+			}
+		}
+	}
+	return checked
 }

@@ -72,7 +72,7 @@ func Compare(ctx context.Context, w io.Writer, inv *nvdevice.Inventory) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%d of %d attributes and capacities differ (UUIDs, bus IDs and serials always do)\n", differ, len(rows))
+	fmt.Fprintf(w, "%d of %d attributes and capacities differ (UUIDs, NVLink domain names, bus IDs and serials always do)\n", differ, len(rows))
 	return nil
 }
 
