@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,6 +15,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		// gpudra local run exits as its command did.
+		var code exitCodeError
+		if errors.As(err, &code) {
+			stop()
+			os.Exit(code.code)
+		}
 		fmt.Fprintln(os.Stderr, "gpudra:", err)
 		os.Exit(1)
 	}

@@ -242,3 +242,18 @@ func TestCheckDevicePluginDrainedIgnoresStaleCheckpoint(t *testing.T) {
 	o.kubeletDeviceCheckpoint = filepath.Join(t.TempDir(), "none")
 	assert.NoError(t, checkDevicePluginDrained(ctx, o, nil), "no socket, no checkpoint: drained")
 }
+
+// Neither mode starts while gpudra local holds or queues allocations on
+// the machine (docs/local.md); the error names the state file.
+func TestPluginRefusesWhileLocalHoldsGPUs(t *testing.T) {
+	state := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(state, "state.json"),
+		[]byte(`{"allocations":[{"name":"alice-1","user":"alice","devices":{},"allocated":[{"name":"gpu-0","uuid":"GPU-a"}]}]}`), 0o644))
+	for _, mode := range []string{"dra", "device-plugin"} {
+		err := runWith(t, context.Background(), "--node-name=a", "--backend=sim", "--mode="+mode, "--plugin-data-dir="+t.TempDir(),
+			"--cdi-dir="+t.TempDir(), "--device-plugin-dir="+t.TempDir(), "--metrics-address=", "--local-state-dir="+state)
+		require.Error(t, err, mode)
+		assert.Contains(t, err.Error(), "gpudra local holds or queues 1 request(s)", mode)
+		assert.Contains(t, err.Error(), filepath.Join(state, "state.json"), mode)
+	}
+}

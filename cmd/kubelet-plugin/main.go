@@ -17,6 +17,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
+	"github.com/gpudra/gpudra/pkg/local"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -83,6 +84,11 @@ func newBackend(ctx context.Context, f *options, tools drivertools.Runner) (nvde
 // its cause, which run returns.
 func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs []string) error {
 	if err := f.validate(gates); err != nil {
+		return err
+	}
+	// gpudra local hands out the same GPUs without Kubernetes: one or the
+	// other owns them (docs/local.md).
+	if err := local.CheckNoAllocations(f.localStateDir); err != nil {
 		return err
 	}
 	if f.mode == modeDevicePlugin {

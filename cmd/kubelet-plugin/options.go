@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/local"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -29,6 +30,7 @@ type options struct {
 	cdiHook                                                                                   string
 	mode, devicePluginConfig, gpuResourceName, devicePluginDir                                string
 	kubeletDeviceCheckpoint, podResourcesSocket                                               string
+	localStateDir                                                                             string
 	taintEffect, migDevices                                                                   string
 	fractional                                                                                bool
 	qps                                                                                       float64
@@ -97,8 +99,10 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("gpu-resource-name", "GPU_RESOURCE_NAME")
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "device plugin mode: the kubelet's device plugin directory (its socket and ours)")
 	env("device-plugin-dir", "DEVICE_PLUGIN_DIR")
+	fs.StringVar(&o.localStateDir, "local-state-dir", local.DefaultStateDir, "gpudra local's state on this machine: the plugin refuses to start while it holds or queues allocations there")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", deviceplugin.DefaultPodResourcesSocket, "the kubelet's pod-resources API: which pods hold GPUs through a device plugin (DRA mode refuses to start while any does; device plugin mode keeps the MPS servers of replicas in use); where it does not exist, --kubelet-device-checkpoint is read instead")
 	env("pod-resources-socket", "POD_RESOURCES_SOCKET")
+	env("local-state-dir", "LOCAL_STATE_DIR")
 	fs.StringVar(&o.kubeletDeviceCheckpoint, "kubelet-device-checkpoint", deviceplugin.DefaultKubeletCheckpoint, "the kubelet device manager's checkpoint, read only where --pod-resources-socket does not exist (it keeps a deleted pod's devices until the kubelet's next device plugin allocation)")
 	env("kubelet-device-checkpoint", "KUBELET_DEVICE_CHECKPOINT")
 	return o

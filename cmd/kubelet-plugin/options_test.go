@@ -42,7 +42,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
 		"gpu-resource-name": "GPU_RESOURCE_NAME", "device-plugin-dir": "DEVICE_PLUGIN_DIR", "kubelet-device-checkpoint": "KUBELET_DEVICE_CHECKPOINT",
-		"pod-resources-socket": "POD_RESOURCES_SOCKET",
+		"pod-resources-socket": "POD_RESOURCES_SOCKET", "local-state-dir": "LOCAL_STATE_DIR",
 	}
 	for flag, envName := range want {
 		assert.Equal(t, envName, component.EnvOf(c.Flags, flag), flag)
@@ -56,6 +56,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",
 		kubeletDeviceCheckpoint: "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
 		podResourcesSocket:      "/var/lib/kubelet/pod-resources/kubelet.sock",
+		localStateDir:           "/var/lib/gpudra/local",
 	}, *o)
 }
 

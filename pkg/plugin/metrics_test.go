@@ -20,6 +20,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/internal/version"
+	"github.com/gpudra/gpudra/pkg/nodelock"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -117,13 +118,13 @@ func TestPreparedClaimsAndInFlightGauges(t *testing.T) {
 	ctx := context.Background()
 	assert.Equal(t, 0.0, preparedNow())
 
-	other, err := openNodeLock(filepath.Join(filepath.Dir(p.Sockets[0]), "state.lock"))
+	other, err := nodelock.Open(filepath.Join(filepath.Dir(p.Sockets[0]), "state.lock"))
 	require.NoError(t, err)
-	require.NoError(t, other.lock(ctx))
+	require.NoError(t, other.Lock(ctx))
 	// Released on every path: close waits for the holder, and the plugin's
 	// Stop for the prepare behind it.
-	release := sync.OnceFunc(other.unlock)
-	defer func() { release(); _ = other.close() }()
+	release := sync.OnceFunc(other.Unlock)
+	defer func() { release(); _ = other.Close() }()
 	done := make(chan error, 1)
 	go func() {
 		resp, err := kubelet.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref(a), ref(b)}})

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/nodelock"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
@@ -69,7 +70,7 @@ type StateOptions struct {
 // after its side effects.
 type NodeState struct {
 	opts    StateOptions
-	lock    *nodeLock
+	lock    *nodelock.Lock
 	markers migMarkers
 
 	// cp is the checkpoint as this instance last read or wrote it; it is
@@ -98,7 +99,7 @@ func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("plugin data directory: %w", err)
 	}
-	lock, err := openNodeLock(filepath.Join(dir, "state.lock"))
+	lock, err := nodelock.Open(filepath.Join(dir, "state.lock"))
 	if err != nil {
 		return nil, err
 	}
@@ -110,14 +111,14 @@ func NewNodeState(ctx context.Context, opts StateOptions) (*NodeState, error) {
 }
 
 // Close releases the lock file.
-func (s *NodeState) Close() error { return s.lock.close() }
+func (s *NodeState) Close() error { return s.lock.Close() }
 
 // withLock runs fn on the current checkpoint under the node lock.
 func (s *NodeState) withLock(ctx context.Context, fn func(cp *checkpoint.Checkpoint) error) error {
-	if err := s.lock.lock(ctx); err != nil {
+	if err := s.lock.Lock(ctx); err != nil {
 		return err
 	}
-	defer s.lock.unlock()
+	defer s.lock.Unlock()
 	cp, err := s.loadLocked(ctx)
 	if err != nil {
 		return err

@@ -26,34 +26,54 @@ type procIdentity struct {
 	Cmdline   string `json:"cmdline"`
 }
 
-// readProcIdentity reads a running process's identity from procRoot.
-func readProcIdentity(procRoot string, pid int) (procIdentity, error) {
+// ProcessStart is what /proc says of a running process: the kernel's
+// start time (clock ticks since boot, field 22 of stat), which with the pid
+// tells it from a later process that reuses the pid, and whether it is a
+// zombie (dead, not yet reaped).
+type ProcessStart struct {
+	StartTime uint64
+	Zombie    bool
+}
+
+// ReadProcessStart reads pid's start time from procRoot.
+func ReadProcessStart(procRoot string, pid int) (ProcessStart, error) {
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
 	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
 	if err != nil {
-		return procIdentity{}, err
+		return ProcessStart{}, err
 	}
 	// The command name is in parentheses and may hold spaces: the fields
 	// after it start at the last ')'.
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return procIdentity{}, fmt.Errorf("%s/stat: no command name", dir)
+		return ProcessStart{}, fmt.Errorf("%s/stat: no command name", dir)
 	}
 	fields := strings.Fields(string(stat[i+1:]))
 	// fields[0] is the state (field 3); the start time is field 22.
 	if len(fields) < 20 {
-		return procIdentity{}, fmt.Errorf("%s/stat: %d fields", dir, len(fields)+2)
+		return ProcessStart{}, fmt.Errorf("%s/stat: %d fields", dir, len(fields)+2)
 	}
 	start, err := strconv.ParseUint(fields[19], 10, 64)
 	if err != nil {
-		return procIdentity{}, fmt.Errorf("%s/stat: start time %q: %w", dir, fields[19], err)
+		return ProcessStart{}, fmt.Errorf("%s/stat: start time %q: %w", dir, fields[19], err)
 	}
+	return ProcessStart{StartTime: start, Zombie: fields[0] == "Z" || fields[0] == "X"}, nil
+}
+
+// readProcIdentity reads a running process's identity from procRoot.
+func readProcIdentity(procRoot string, pid int) (procIdentity, error) {
+	dir := filepath.Join(procRoot, strconv.Itoa(pid))
+	ps, err := ReadProcessStart(procRoot, pid)
+	if err != nil {
+		return procIdentity{}, err
+	}
+	start := ps.StartTime
 	// The command line reads empty while the process is between two execs
 	// (env, then a shell, then the daemon): read it again briefly. A zombie's
 	// stays empty: no wait for it.
 	var cmdline []byte
 	reads := wait.Backoff{Duration: 10 * time.Millisecond, Steps: 100}
-	if fields[0] == "Z" || fields[0] == "X" {
+	if ps.Zombie {
 		reads.Steps = 1
 	}
 	err = wait.ExponentialBackoff(reads, func() (bool, error) {

@@ -1,4 +1,7 @@
-package plugin
+// Package nodelock is the node-wide lock of gpudra's node state: the
+// kubelet plugin's prepared claims (every plugin instance of a node) and
+// gpudra local's allocations.
+package nodelock
 
 import (
 	"context"
@@ -9,7 +12,7 @@ import (
 	"time"
 )
 
-// nodeLock serializes changes to the node's prepared state across every
+// Lock serializes changes to the node's prepared state across every
 // plugin instance of the node: during a rolling update the old and the new
 // plugin pod run side by side and the kubelet may call either, and each
 // instance starts with a sweep of what a kill left behind. The lock is an
@@ -18,27 +21,28 @@ import (
 // flock belongs to an open file description, so two goroutines of one
 // process holding the same descriptor would not exclude each other: the
 // in-process mutex covers that.
-type nodeLock struct {
+type Lock struct {
 	mu     sync.Mutex
 	file   *os.File
 	closed bool
 }
 
-func openNodeLock(path string) (*nodeLock, error) {
+// Open opens (creating it) the lock file at path.
+func Open(path string) (*Lock, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("node state lock %s: %w", path, err)
 	}
-	return &nodeLock{file: f}, nil
+	return &Lock{file: f}, nil
 }
 
-// lock waits for the node-wide lock until ctx ends. The wait polls a
+// Lock waits for the node-wide lock until ctx ends. The wait polls a
 // non-blocking flock: a blocking one cannot be cancelled.
-func (l *nodeLock) lock(ctx context.Context) error {
+func (l *Lock) Lock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return fmt.Errorf("node state lock %s: the plugin is stopping", l.file.Name())
+		return fmt.Errorf("node state lock %s: closed", l.file.Name())
 	}
 	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		err := syscall.Flock(int(l.file.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
@@ -52,19 +56,20 @@ func (l *nodeLock) lock(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			l.mu.Unlock()
-			return fmt.Errorf("waiting for the node state lock %s (another plugin instance holds it): %w", l.file.Name(), ctx.Err())
+			return fmt.Errorf("waiting for the node state lock %s (another instance holds it): %w", l.file.Name(), ctx.Err())
 		case <-time.After(wait):
 		}
 	}
 }
 
-func (l *nodeLock) unlock() {
+// Unlock releases the lock.
+func (l *Lock) Unlock() {
 	_ = syscall.Flock(int(l.file.Fd()), syscall.LOCK_UN)
 	l.mu.Unlock()
 }
 
-// close waits for a holder to finish; later lock calls fail.
-func (l *nodeLock) close() error {
+// Close waits for a holder to finish; later Lock calls fail.
+func (l *Lock) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpudra/gpudra/pkg/local"
+)
+
+// gpudraBinary builds this command once, for tests that run it as real
+// processes (gpudra local run holds GPUs for its child's life).
+var gpudraBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "gpudra-cli")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "gpudra")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", &buildError{out: string(out), err: err}
+	}
+	return bin, nil
+})
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+// localCmd is gpudra local SUB over a simulated DGX H100 with MIG off and
+// state in dir.
+func localCmd(t *testing.T, dir string, args ...string) *exec.Cmd {
+	t.Helper()
+	bin, err := gpudraBinary()
+	require.NoError(t, err)
+	full := append([]string{"local", args[0], "--backend", "sim", "--machine", "dgx-h100-nomig", "--node-name", "box",
+		"--state-dir", filepath.Join(dir, "state"), "--plugin-data-dir", filepath.Join(dir, "plugin")}, args[1:]...)
+	return exec.Command(bin, full...)
+}
+
+func psRows(t *testing.T, dir string) []local.PsRow {
+	t.Helper()
+	out, err := localCmd(t, dir, "ps", "-o", "json").Output()
+	require.NoError(t, err)
+	var rows []local.PsRow
+	require.NoError(t, json.Unmarshal(out, &rows))
+	return rows
+}
+
+func TestLocalRunTwoDisjointThenAThirdWaits(t *testing.T) {
+	dir := t.TempDir()
+	start := func(name string, hold string) (*exec.Cmd, *bytes.Buffer) {
+		out := filepath.Join(dir, name)
+		cmd := localCmd(t, dir, "run", "--gpus", "4", "--same-nvlink", "--name", name, "--",
+			"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > `+out+`; sleep `+hold)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		return cmd, &stderr
+	}
+	a, _ := start("a", "2")
+	b, _ := start("b", "2")
+	require.Eventually(t, func() bool { return len(psRows(t, dir)) == 2 }, 10*time.Second, 50*time.Millisecond)
+	c, cErr := start("c", "0")
+	require.Eventually(t, func() bool { return strings.Contains(cErr.String(), "c waits, position 1") }, 10*time.Second, 50*time.Millisecond,
+		"the third waits: %s", cErr)
+	for _, cmd := range []*exec.Cmd{a, b, c} {
+		require.NoError(t, cmd.Wait())
+	}
+	read := func(name string) []string {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		return strings.Split(strings.TrimSpace(string(data)), ",")
+	}
+	ga, gb, gc := read("a"), read("b"), read("c")
+	require.Len(t, ga, 4)
+	require.Len(t, gb, 4)
+	require.Len(t, gc, 4)
+	for _, u := range ga {
+		assert.NotContains(t, gb, u, "a and b hold disjoint GPUs")
+	}
+	assert.Empty(t, psRows(t, dir), "everything released when the children exit")
+}
+
+func TestLocalRunExitCodeAndKill(t *testing.T) {
+	dir := t.TempDir()
+	cmd := localCmd(t, dir, "run", "--gpus", "1", "--", "sh", "-c", "exit 7")
+	err := cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 7, exit.ExitCode(), "the child's exit code")
+
+	// kill -9 of the holder: its GPUs are free within a poll.
+	holder := localCmd(t, dir, "run", "--gpus", "8", "--name", "big", "--", "sleep", "300")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, holder.Start())
+	t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL) })
+	require.Eventually(t, func() bool {
+		rows := psRows(t, dir)
+		return len(rows) == 1 && rows[0].State == "Allocated"
+	}, 10*time.Second, 50*time.Millisecond)
+	require.NoError(t, holder.Process.Signal(syscall.SIGKILL))
+	_ = holder.Wait()
+	out, err := localCmd(t, dir, "run", "--gpus", "8", "--", "true").CombinedOutput()
+	require.NoError(t, err, "the killed holder's 8 GPUs are free: %s", out)
+}
+
+func TestLocalRefusesWherePluginRuns(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "plugin"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), []byte("{}"), 0o600))
+	out, err := localCmd(t, dir, "allocate", "--gpus", "1").CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "gpudra's kubelet plugin manages this machine's GPUs")
+	assert.Contains(t, string(out), filepath.Join(dir, "plugin", "checkpoint.json"))
+}

@@ -1,0 +1,185 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/pkg/allocator"
+)
+
+// Ask is what the run and allocate flags ask for.
+type Ask struct {
+	GPUs       int64
+	MIGProfile string
+	SameNVLink bool
+	Memory     string
+}
+
+// Devices writes the ask as the devices part of a ResourceClaim spec, the
+// claim a cluster user would write for it.
+func Devices(a Ask) (resourceapi.DeviceClaim, error) {
+	req := resourceapi.ExactDeviceRequest{DeviceClassName: GPUClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: a.GPUs}
+	if a.GPUs < 1 {
+		return resourceapi.DeviceClaim{}, fmt.Errorf("--gpus %d: at least 1", a.GPUs)
+	}
+	if a.MIGProfile != "" {
+		req.DeviceClassName = MIGClass
+		req.Selectors = append(req.Selectors, cel(fmt.Sprintf(`device.attributes["gpu.gpudra.dev"].migProfile == %q`, a.MIGProfile)))
+	}
+	if a.Memory != "" {
+		q, err := resource.ParseQuantity(a.Memory)
+		if err != nil {
+			return resourceapi.DeviceClaim{}, fmt.Errorf("--memory %q: %w", a.Memory, err)
+		}
+		req.Selectors = append(req.Selectors, cel(fmt.Sprintf(`device.capacity["gpu.gpudra.dev"].memory.compareTo(quantity(%q)) >= 0`, q.String())))
+	}
+	dc := resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &req}}}
+	if a.SameNVLink && a.GPUs > 1 {
+		attr := resourceapi.FullyQualifiedName(allocator.NVLinkDomainAttribute)
+		dc.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"gpus"}, MatchAttribute: &attr}}
+	}
+	return dc, nil
+}
+
+func cel(expr string) resourceapi.DeviceSelector {
+	return resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}
+}
+
+// ParseDevices reads the devices part of a ResourceClaim spec from YAML or
+// JSON: a bare DeviceClaim (requests, constraints, config), a
+// ResourceClaim spec ({devices: ...}), a ResourceClaim, or a
+// ResourceClaimTemplate.
+func ParseDevices(data []byte) (resourceapi.DeviceClaim, error) {
+	var doc struct {
+		Kind string `json:"kind"`
+		Spec struct {
+			Devices resourceapi.DeviceClaim `json:"devices"`
+			Spec    struct {
+				Devices resourceapi.DeviceClaim `json:"devices"`
+			} `json:"spec"`
+		} `json:"spec"`
+		Devices resourceapi.DeviceClaim `json:"devices"`
+		resourceapi.DeviceClaim
+	}
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		// Strict parsing names a misspelt field; the mixed shapes above
+		// make a valid document of one shape "unknown" in another, so
+		// fall back to the lenient parse only for those.
+		if err2 := yaml.Unmarshal(data, &doc); err2 != nil {
+			return resourceapi.DeviceClaim{}, err2
+		}
+	}
+	var dc resourceapi.DeviceClaim
+	switch doc.Kind {
+	case "ResourceClaimTemplate":
+		dc = doc.Spec.Spec.Devices
+	case "ResourceClaim":
+		dc = doc.Spec.Devices
+	default:
+		dc = doc.Devices
+		if len(dc.Requests) == 0 {
+			dc = doc.DeviceClaim
+		}
+	}
+	if len(dc.Requests) == 0 {
+		return dc, errors.New("no device requests found (want devices.requests, as in a ResourceClaim spec)")
+	}
+	return dc, nil
+}
+
+// Env is a process's environment for an allocation: the devices' UUIDs
+// (MIG UUIDs for MIG devices) in CUDA_VISIBLE_DEVICES and
+// NVIDIA_VISIBLE_DEVICES, and the allocation's name.
+func Env(a Allocation) []string {
+	uuids := make([]string, 0, len(a.Devices))
+	for _, d := range a.Devices {
+		uuids = append(uuids, d.UUID)
+	}
+	list := strings.Join(uuids, ",")
+	return []string{"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list, "GPUDRA_LOCAL_ALLOCATION=" + a.Name}
+}
+
+// PsRow is one holder or waiter, as gpudra local ps prints it; its JSON
+// is the stable output for callers in other languages (docs/local.md).
+type PsRow struct {
+	Name  string `json:"name"`
+	User  string `json:"user"`
+	State string `json:"state"` // Allocated, Reserved or Waiting
+	// UUIDs are the devices held.
+	UUIDs   []string `json:"uuids,omitempty"`
+	Devices []string `json:"devices,omitempty"`
+	// Asks says what a waiter asks for.
+	Asks     string     `json:"asks,omitempty"`
+	Position int        `json:"position,omitempty"`
+	PID      int        `json:"pid,omitempty"`
+	Since    time.Time  `json:"since"`
+	Age      string     `json:"age"`
+	Expires  *time.Time `json:"expires,omitempty"`
+}
+
+// Ps lists the holders, then the waiters in queue order.
+func Ps(s *State, order []Waiter, now time.Time) []PsRow {
+	var rows []PsRow
+	for _, a := range s.Allocations {
+		r := PsRow{Name: a.Name, User: a.User, State: "Allocated", PID: a.Holder.PID, Since: a.Since,
+			Age: now.Sub(a.Since).Round(time.Second).String(), Expires: a.Expires}
+		if a.Expires != nil {
+			r.State = "Reserved"
+		}
+		for _, d := range a.Devices {
+			r.UUIDs = append(r.UUIDs, d.UUID)
+			r.Devices = append(r.Devices, d.Name)
+		}
+		rows = append(rows, r)
+	}
+	for i, w := range order {
+		rows = append(rows, PsRow{Name: w.Name, User: w.User, State: "Waiting", Asks: fmt.Sprintf("%d device(s)", requestedDevices(w.Request)),
+			Position: i + 1, PID: w.Holder.PID, Since: w.QueuedAt, Age: now.Sub(w.QueuedAt).Round(time.Second).String()})
+	}
+	return rows
+}
+
+// DefaultPluginDataDir is the kubelet plugin's state directory.
+const DefaultPluginDataDir = "/var/lib/kubelet/plugins/gpu.gpudra.dev"
+
+// CheckNoPlugin refuses where gpudra's kubelet plugin keeps state: it
+// hands the same GPUs to the cluster.
+func CheckNoPlugin(pluginDataDir string) error {
+	for _, f := range []string{"checkpoint.json", "state.lock"} {
+		p := filepath.Join(pluginDataDir, f)
+		if _, err := os.Stat(p); err == nil {
+			return fmt.Errorf("gpudra's kubelet plugin manages this machine's GPUs (its state: %s): gpudra local would hand out the same GPUs; use the cluster, or remove the plugin and its state first", p)
+		}
+	}
+	return nil
+}
+
+// CheckNoAllocations refuses while gpudra local holds or queues anything
+// in stateDir: the kubelet plugin must not start then. It reads the state
+// without the lock and does not free dead holders (the plugin's container
+// cannot see the holders' processes): gpudra local ps does.
+func CheckNoAllocations(stateDir string) error {
+	b, err := os.ReadFile(filepath.Join(stateDir, stateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("gpudra local state %s: %w", stateDir, err)
+	}
+	var s State
+	if err := yaml.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("gpudra local state %s is unreadable (%v): run gpudra local ps to rebuild it, or remove it", stateDir, err)
+	}
+	if n := len(s.Allocations) + len(s.Waiters); n > 0 {
+		return fmt.Errorf("gpudra local holds or queues %d request(s) on this machine (%s): release them (gpudra local ps, gpudra local release) before the kubelet plugin takes the GPUs", n, filepath.Join(stateDir, stateFile))
+	}
+	return nil
+}
