@@ -374,7 +374,7 @@ func newLocalPsCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := printPs(cmd.OutOrStdout(), local.Ps(s, l.Order(s), time.Now()), output); err != nil {
+				if err := printPs(cmd.OutOrStdout(), local.Ps(s, l.Order(s), time.Now(), l.Capacity()), output); err != nil {
 					return err
 				}
 				if watch <= 0 {
@@ -395,7 +395,7 @@ func newLocalPsCommand() *cobra.Command {
 }
 
 func printAllocation(w io.Writer, a local.Allocation, output string) error {
-	return printPs(w, local.Ps(&local.State{Allocations: []local.Allocation{a}}, nil, time.Now()), output)
+	return printPs(w, local.Ps(&local.State{Allocations: []local.Allocation{a}}, nil, time.Now(), 0), output)
 }
 
 func printPs(w io.Writer, rows []local.PsRow, output string) error {
@@ -416,7 +416,7 @@ func printPs(w io.Writer, rows []local.PsRow, output string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tUSER\tSTATE\tDEVICES\tAGE\tPID")
+	fmt.Fprintln(tw, "NAME\tUSER\tSTATE\tDEVICES\tAGE\tPID\tESTIMATED START")
 	for _, r := range rows {
 		state := r.State
 		if r.Position > 0 {
@@ -430,7 +430,14 @@ func printPs(w io.Writer, rows []local.PsRow, output string) error {
 		if r.PID != 0 {
 			pid = fmt.Sprint(r.PID)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.User, state, devices, r.Age, pid)
+		start := "-"
+		switch {
+		case r.EstimatedStart != nil:
+			start = r.EstimatedStart.Local().Format(time.DateTime)
+		case r.State == "Waiting":
+			start = "unknown"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.User, state, devices, r.Age, pid, start)
 	}
 	return tw.Flush()
 }

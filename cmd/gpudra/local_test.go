@@ -127,3 +127,50 @@ func TestLocalRefusesWherePluginRuns(t *testing.T) {
 	assert.Contains(t, string(out), "gpudra's kubelet plugin manages this machine's GPUs")
 	assert.Contains(t, string(out), filepath.Join(dir, "plugin", "checkpoint.json"))
 }
+
+// Several users, each as themselves: the state directory's group decides
+// who may allocate, and a user releases only their own.
+func TestLocalUsersAndTheStateDirectory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run commands as another user")
+	}
+	bin, err := gpudraBinary()
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(filepath.Dir(bin), 0o755))
+	base, err := os.MkdirTemp("", "gpudra-local-users")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	require.NoError(t, os.Chmod(base, 0o755))
+	const nobody = 65534
+	as := func(uid uint32, args ...string) (string, error) {
+		cmd := localCmd(t, base, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: nobody}}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	state := filepath.Join(base, "state")
+	// The admin's state directory, not (yet) shared with nobody's group.
+	require.NoError(t, os.Mkdir(state, 0o755))
+	out, err := as(0, "allocate", "--gpus", "1", "--name", "roots")
+	require.NoError(t, err, out)
+	out, err = as(nobody, "allocate", "--gpus", "1", "--name", "theirs")
+	require.Error(t, err)
+	assert.Contains(t, out, "not writable by you")
+
+	// Shared with the group (setgid, as docs/local.md says to do).
+	require.NoError(t, os.Chown(state, 0, nobody))
+	require.NoError(t, os.Chmod(state, 0o2775))
+	for _, f := range []string{"state.json", "state.lock"} {
+		require.NoError(t, os.Chown(filepath.Join(state, f), 0, nobody))
+	}
+	out, err = as(nobody, "allocate", "--gpus", "1", "--name", "theirs")
+	require.NoError(t, err, out)
+	out, err = as(nobody, "release", "roots")
+	require.Error(t, err)
+	assert.Contains(t, out, "only they may release it")
+	out, err = as(nobody, "release", "theirs")
+	require.NoError(t, err, out)
+	rows := psRows(t, base)
+	require.Len(t, rows, 1)
+	assert.Equal(t, "roots", rows[0].Name)
+}

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/gpudra/v1alpha1"
@@ -66,10 +67,17 @@ func Open(cfg Config) (*Local, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o775); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	lock, err := nodelock.Open(filepath.Join(cfg.StateDir, lockFile))
+	if unix.Access(cfg.StateDir, unix.W_OK) != nil {
+		return nil, fmt.Errorf("state directory %s: not writable by you: its owner and group decide who may allocate GPUs on this machine (ask to be added to its group)", cfg.StateDir)
+	}
+	lockPath := filepath.Join(cfg.StateDir, lockFile)
+	lock, err := nodelock.OpenMode(lockPath, 0o664)
 	if err != nil {
 		return nil, err
 	}
+	// Whoever made it: the group's users open it too, whatever the umask
+	// (fails, harmlessly, for anyone but its owner).
+	_ = os.Chmod(lockPath, 0o664)
 	return &Local{cfg: cfg, lock: lock}, nil
 }
 
@@ -412,3 +420,6 @@ func (l *Local) read(ctx context.Context) (*State, error) {
 
 // Order is the waiters in the order they would be granted.
 func (l *Local) Order(s *State) []Waiter { return l.order(s, l.cfg.Now()) }
+
+// Capacity is the machine's number of whole GPUs.
+func (l *Local) Capacity() int { return l.cfg.Machine.Capacity() }

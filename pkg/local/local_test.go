@@ -307,3 +307,59 @@ func TestPluginAndLocalRefuseEachOther(t *testing.T) {
 	require.NoError(t, l.Release(context.Background(), "held", "alice"))
 	assert.NoError(t, CheckNoAllocations(dir))
 }
+
+func TestKilledWaiterLeavesTheQueue(t *testing.T) {
+	l, _ := newLocal(t, "h100-pcie-nvlink")
+	ctx := context.Background()
+	_, err := l.Acquire(ctx, ask(t, "all", "alice", Ask{GPUs: 4}), nil)
+	require.NoError(t, err)
+	cmd, holder := sleeper(t)
+	r := ask(t, "waits", "bob", Ask{GPUs: 1})
+	r.Holder = holder
+	require.NoError(t, l.Enqueue(ctx, r))
+	s, err := l.State(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.Waiters, 1)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	s, err = l.State(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, s.Waiters, "a waiter that is killed leaves the queue")
+	require.NoError(t, l.Release(ctx, "all", "alice"))
+	s, err = l.State(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, s.Allocations, "nothing granted to the dead waiter")
+}
+
+func TestEstimatedStarts(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	hour, half := time.Hour, 30*time.Minute
+	dev := func(n int) []Device { return make([]Device, n) }
+	s := &State{Allocations: []Allocation{
+		{Request: Request{Name: "a", Duration: &hour}, Devices: dev(2), Since: now.Add(-half)}, // ends 12:30
+		{Request: Request{Name: "b"}, Devices: dev(1), Since: now},                             // no declared end
+	}}
+	w := func(name string, n int64, d *time.Duration) Waiter {
+		dc, err := Devices(Ask{GPUs: n})
+		require.NoError(t, err)
+		return Waiter{Request: Request{Name: name, Devices: dc, Duration: d}}
+	}
+	// 4 GPUs, 3 held: w1 (1 GPU, an hour) starts now; w2 (2, half an
+	// hour) when a ends at 12:30; w3 (2) when w1 and w2 end at 13:00; w4
+	// (2) needs b's GPU or w3's, whose ends nobody declared.
+	order := []Waiter{w("w1", 1, &hour), w("w2", 2, &half), w("w3", 2, nil), w("w4", 2, nil)}
+	rows := Ps(s, order, now, 4)
+	starts := map[string]*time.Time{}
+	for _, r := range rows {
+		if r.State == "Waiting" {
+			starts[r.Name] = r.EstimatedStart
+		}
+	}
+	require.NotNil(t, starts["w1"])
+	assert.Equal(t, now, *starts["w1"])
+	require.NotNil(t, starts["w2"])
+	assert.Equal(t, now.Add(half), *starts["w2"])
+	require.NotNil(t, starts["w3"])
+	assert.Equal(t, now.Add(hour), *starts["w3"])
+	assert.Nil(t, starts["w4"], "depends on an end nobody declared")
+}

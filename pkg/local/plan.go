@@ -184,3 +184,14 @@ func (m *Machine) hasGPU(uuid string) bool {
 	}
 	return false
 }
+
+// Capacity is the number of whole GPUs the machine publishes.
+func (m *Machine) Capacity() int {
+	n := 0
+	for _, d := range m.devices {
+		if attr(d, "type") == "gpu" {
+			n++
+		}
+	}
+	return n
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,16 +118,21 @@ type PsRow struct {
 	UUIDs   []string `json:"uuids,omitempty"`
 	Devices []string `json:"devices,omitempty"`
 	// Asks says what a waiter asks for.
-	Asks     string     `json:"asks,omitempty"`
-	Position int        `json:"position,omitempty"`
-	PID      int        `json:"pid,omitempty"`
-	Since    time.Time  `json:"since"`
-	Age      string     `json:"age"`
-	Expires  *time.Time `json:"expires,omitempty"`
+	Asks     string `json:"asks,omitempty"`
+	Position int    `json:"position,omitempty"`
+	// EstimatedStart is when a waiter should start, from the holders'
+	// declared ends (--duration, reserve --for), counting devices only;
+	// nil when a holder ahead of it has no declared end.
+	EstimatedStart *time.Time `json:"estimatedStart,omitempty"`
+	PID            int        `json:"pid,omitempty"`
+	Since          time.Time  `json:"since"`
+	Age            string     `json:"age"`
+	Expires        *time.Time `json:"expires,omitempty"`
 }
 
-// Ps lists the holders, then the waiters in queue order.
-func Ps(s *State, order []Waiter, now time.Time) []PsRow {
+// Ps lists the holders, then the waiters in queue order; capacity is the
+// machine's whole devices (for the start estimates; 0: none given).
+func Ps(s *State, order []Waiter, now time.Time, capacity int) []PsRow {
 	var rows []PsRow
 	for _, a := range s.Allocations {
 		r := PsRow{Name: a.Name, User: a.User, State: "Allocated", PID: a.Holder.PID, Since: a.Since,
@@ -140,11 +146,68 @@ func Ps(s *State, order []Waiter, now time.Time) []PsRow {
 		}
 		rows = append(rows, r)
 	}
+	starts := estimateStarts(s, order, now, capacity)
 	for i, w := range order {
 		rows = append(rows, PsRow{Name: w.Name, User: w.User, State: "Waiting", Asks: fmt.Sprintf("%d device(s)", requestedDevices(w.Request)),
-			Position: i + 1, PID: w.Holder.PID, Since: w.QueuedAt, Age: now.Sub(w.QueuedAt).Round(time.Second).String()})
+			Position: i + 1, PID: w.Holder.PID, Since: w.QueuedAt, Age: now.Sub(w.QueuedAt).Round(time.Second).String(),
+			EstimatedStart: starts[i]})
 	}
 	return rows
+}
+
+// estimateStarts estimates when each waiter (in order) starts: when, by
+// the holders' declared ends, enough devices are free for it and every
+// waiter before it. It counts devices, not which ones (a request for one
+// NVLink domain may wait longer), and assumes a started waiter runs for
+// its --duration; nil from the first waiter that depends on an end nobody
+// declared.
+func estimateStarts(s *State, order []Waiter, now time.Time, capacity int) []*time.Time {
+	out := make([]*time.Time, len(order))
+	if capacity == 0 {
+		return out
+	}
+	type release struct {
+		at      time.Time
+		devices int
+	}
+	var ends []release
+	free := capacity
+	for _, a := range s.Allocations {
+		free -= len(a.Devices)
+		switch {
+		case a.Expires != nil:
+			ends = append(ends, release{*a.Expires, len(a.Devices)})
+		case a.Duration != nil:
+			ends = append(ends, release{a.Since.Add(*a.Duration), len(a.Devices)})
+		}
+	}
+	at := now
+	for i, w := range order {
+		need := int(requestedDevices(w.Request))
+		for free < need {
+			if len(ends) == 0 {
+				return out
+			}
+			slices.SortFunc(ends, func(a, b release) int { return a.at.Compare(b.at) })
+			at = maxTime(at, ends[0].at)
+			free += ends[0].devices
+			ends = ends[1:]
+		}
+		start := at
+		out[i] = &start
+		free -= need
+		if w.Duration != nil {
+			ends = append(ends, release{start.Add(*w.Duration), need})
+		}
+	}
+	return out
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // DefaultPluginDataDir is the kubelet plugin's state directory.

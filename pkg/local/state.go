@@ -134,7 +134,9 @@ func saveState(dir string, s *State) error {
 	if err != nil {
 		return err
 	}
-	return checkpoint.WriteFileAtomic(filepath.Join(dir, stateFile), b)
+	// Readable and writable by the directory's group: the machine's GPU
+	// users, each as themselves.
+	return checkpoint.WriteFileAtomicMode(filepath.Join(dir, stateFile), b, 0o664)
 }
 
 // alive says whether the holder's process still runs (and is the same

@@ -27,9 +27,13 @@ type Lock struct {
 	closed bool
 }
 
-// Open opens (creating it) the lock file at path.
-func Open(path string) (*Lock, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+// Open opens (creating it) the lock file at path, private to its owner.
+func Open(path string) (*Lock, error) { return OpenMode(path, 0o600) }
+
+// OpenMode is Open with the permissions a new lock file gets (gpudra
+// local's: its group's users take the lock too).
+func OpenMode(path string, mode os.FileMode) (*Lock, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, mode)
 	if err != nil {
 		return nil, fmt.Errorf("node state lock %s: %w", path, err)
 	}

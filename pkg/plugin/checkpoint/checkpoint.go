@@ -140,13 +140,22 @@ func Store(path string, c *Checkpoint) error {
 // the same directory, fsync, rename over the old one, fsync of the
 // directory. A kill at any point leaves either the old or the new file,
 // never a mix. The plugin's other node files (health) use it too.
-func WriteFileAtomic(path string, data []byte) error {
+func WriteFileAtomic(path string, data []byte) error { return WriteFileAtomicMode(path, data, 0o600) }
+
+// WriteFileAtomicMode is WriteFileAtomic with the file's permissions (set
+// before the rename, so the file never has others): gpudra local's state,
+// which every user of the machine's group reads.
+func WriteFileAtomicMode(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
