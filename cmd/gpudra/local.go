@@ -88,7 +88,7 @@ func (r *requestFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&r.mig, "mig", "", "a MIG device of this profile instead of whole GPUs: an existing one, or one created on a GPU in MIG mode and destroyed when the allocation ends")
 	fs.BoolVar(&r.sameNVLink, "same-nvlink", false, "all GPUs in one NVLink domain")
 	fs.StringVar(&r.memory, "memory", "", "GPUs (or MIG devices) with at least this much memory (80Gi)")
-	fs.StringVar(&r.share, "share", "", "mps or time-slicing: not supported locally yet (whole devices only)")
+	fs.StringVar(&r.share, "share", "", "time-slicing: share the devices with other time-slicing requests (never with an exclusive one); mps is not supported locally yet")
 	fs.Int32Var(&r.priority, "priority", 0, "priority under the Priority policy")
 	fs.DurationVar(&r.duration, "duration", 0, "declared run time, for the ShortestJobFirst policy")
 	fs.StringVar(&r.name, "name", "", "name of the allocation (default: <user>-<pid>)")
@@ -104,8 +104,14 @@ func (r *requestFlags) request(holder local.Holder) (local.Request, error) {
 		d := r.duration
 		req.Duration = &d
 	}
-	if r.share != "" {
-		return req, fmt.Errorf("--share %s: sharing is not supported by gpudra local yet; ask for whole devices or a MIG device", r.share)
+	switch r.share {
+	case "":
+	case local.ShareTimeSlicing:
+		req.Share = r.share
+	case "mps":
+		return req, errors.New("--share mps: not supported by gpudra local yet (it would need an MPS control daemon per GPU); use --share time-slicing, or a MIG device")
+	default:
+		return req, fmt.Errorf("--share %q: want time-slicing", r.share)
 	}
 	var err error
 	if r.file != "" {

@@ -363,3 +363,32 @@ func TestEstimatedStarts(t *testing.T) {
 	assert.Equal(t, now.Add(hour), *starts["w3"])
 	assert.Nil(t, starts["w4"], "depends on an end nobody declared")
 }
+
+func TestTimeSlicingSharesOnlyWithTimeSlicing(t *testing.T) {
+	l, _ := newLocal(t, "h100-pcie-nvlink")
+	ctx := context.Background()
+	shared := func(name string, gpus int64) Request {
+		r := ask(t, name, "alice", Ask{GPUs: gpus})
+		r.Share = ShareTimeSlicing
+		return r
+	}
+	ts1, err := l.Acquire(ctx, shared("ts-1", 4), nil)
+	require.NoError(t, err)
+	require.NoError(t, l.Enqueue(ctx, shared("ts-2", 4)))
+	st, err := l.Poll(ctx, "ts-2")
+	require.NoError(t, err)
+	require.NotNil(t, st.Allocation, "time-slicing requests share the machine's GPUs")
+	assert.ElementsMatch(t, uuids(ts1), uuids(*st.Allocation))
+	require.NoError(t, l.Enqueue(ctx, ask(t, "exclusive", "bob", Ask{GPUs: 1})))
+	st, err = l.Poll(ctx, "exclusive")
+	require.NoError(t, err)
+	assert.Nil(t, st.Allocation, "an exclusive request never shares a time-sliced GPU")
+	require.NoError(t, l.Release(ctx, "ts-1", "alice"))
+	st, err = l.Poll(ctx, "exclusive")
+	require.NoError(t, err)
+	assert.Nil(t, st.Allocation, "ts-2 still holds every GPU")
+	require.NoError(t, l.Release(ctx, "ts-2", "alice"))
+	st, err = l.Poll(ctx, "exclusive")
+	require.NoError(t, err)
+	assert.NotNil(t, st.Allocation)
+}

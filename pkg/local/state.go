@@ -46,7 +46,13 @@ type Request struct {
 	// it is granted (reserve --for).
 	ReserveFor *time.Duration `json:"reserveFor,omitempty"`
 	Holder     Holder         `json:"holder"`
+	// Share is "time-slicing" for a request that shares its devices with
+	// other time-slicing requests; "": exclusive.
+	Share string `json:"share,omitempty"`
 }
+
+// ShareTimeSlicing is the one kind of sharing local offers.
+const ShareTimeSlicing = "time-slicing"
 
 // Device is one allocated device.
 type Device struct {
