@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"os/user"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -17,9 +18,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/local"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // localFlags are every gpudra local command's.
@@ -27,12 +31,14 @@ type localFlags struct {
 	backend       backendFlags
 	stateDir      string
 	pluginDataDir string
+	mpsControl    string
 }
 
 func (f *localFlags) register(fs *pflag.FlagSet) {
 	f.backend.register(fs)
 	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate)")
 	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", local.DefaultPluginDataDir, "the kubelet plugin's state: where it exists, gpudra local refuses")
+	fs.StringVar(&f.mpsControl, "mps-control-binary", "nvidia-cuda-mps-control", "nvidia-cuda-mps-control for --share mps: a name in usr/bin under --driver-root, a path under it, or an absolute path outside it")
 }
 
 // open checks that no kubelet plugin owns the GPUs, then opens the state.
@@ -56,7 +62,12 @@ func (f *localFlags) open(ctx context.Context) (*local.Local, error) {
 		_ = backend.Close()
 		return nil, err
 	}
-	l, err := local.Open(local.Config{StateDir: f.stateDir, Machine: m, MIG: backend, Closer: backend.Close})
+	// MPS control daemons run from the driver root, in their own session:
+	// they outlive the command that started them, for the GPU's other
+	// clients (sharing.ProcessServers, gpudra without Kubernetes).
+	mps := &sharing.ProcessServers{Root: filepath.Join(f.stateDir, "mps"),
+		Control: sharing.ExecMPSControl{Runner: drivertools.Runner{Root: f.backend.driverRoot}, Path: f.mpsControl}}
+	l, err := local.Open(local.Config{StateDir: f.stateDir, Machine: m, MIG: backend, Closer: backend.Close, MPS: mps})
 	if err != nil {
 		_ = backend.Close()
 	}
@@ -77,6 +88,8 @@ type requestFlags struct {
 	sameNVLink bool
 	memory     string
 	share      string
+	mpsThreads int32
+	mpsPinned  string
 	priority   int32
 	duration   time.Duration
 	name       string
@@ -88,7 +101,9 @@ func (r *requestFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&r.mig, "mig", "", "a MIG device of this profile instead of whole GPUs: an existing one, or one created on a GPU in MIG mode and destroyed when the allocation ends")
 	fs.BoolVar(&r.sameNVLink, "same-nvlink", false, "all GPUs in one NVLink domain")
 	fs.StringVar(&r.memory, "memory", "", "GPUs (or MIG devices) with at least this much memory (80Gi)")
-	fs.StringVar(&r.share, "share", "", "time-slicing: share the devices with other time-slicing requests (never with an exclusive one); mps is not supported locally yet")
+	fs.StringVar(&r.share, "share", "", "time-slicing or mps: share the devices with other requests of the same kind, never with an exclusive one (mps: one GPU or MIG device, through its MPS control daemon)")
+	fs.Int32Var(&r.mpsThreads, "mps-thread-percentage", 0, "with --share mps: the client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+	fs.StringVar(&r.mpsPinned, "mps-pinned-memory", "", "with --share mps: the client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (40Gi)")
 	fs.Int32Var(&r.priority, "priority", 0, "priority under the Priority policy")
 	fs.DurationVar(&r.duration, "duration", 0, "declared run time, for the ShortestJobFirst policy")
 	fs.StringVar(&r.name, "name", "", "name of the allocation (default: <user>-<pid>)")
@@ -105,24 +120,38 @@ func (r *requestFlags) request(holder local.Holder) (local.Request, error) {
 		req.Duration = &d
 	}
 	switch r.share {
-	case "":
-	case local.ShareTimeSlicing:
-		req.Share = r.share
-	case "mps":
-		return req, errors.New("--share mps: not supported by gpudra local yet (it would need an MPS control daemon per GPU); use --share time-slicing, or a MIG device")
+	case "", local.ShareTimeSlicing:
+	case local.ShareMPS:
+		req.MPS = &local.MPSLimits{ThreadPercentage: r.mpsThreads}
+		if r.mpsPinned != "" {
+			q, err := resource.ParseQuantity(r.mpsPinned)
+			if err != nil {
+				return req, fmt.Errorf("--mps-pinned-memory %q: %w", r.mpsPinned, err)
+			}
+			req.MPS.PinnedMiB = (q.Value() + (1 << 20) - 1) >> 20
+		}
 	default:
-		return req, fmt.Errorf("--share %q: want time-slicing", r.share)
+		return req, fmt.Errorf("--share %q: want time-slicing or mps", r.share)
 	}
+	req.Share = r.share
 	var err error
 	if r.file != "" {
 		data, rerr := os.ReadFile(r.file)
 		if rerr != nil {
 			return req, fmt.Errorf("--request: %w", rerr)
 		}
-		req.Devices, err = local.ParseDevices(data)
+		if req.Devices, err = local.ParseDevices(data); err != nil {
+			return req, fmt.Errorf("--request %s: %w", r.file, err)
+		}
+		// The claim's GpuConfig says how it shares, as in the cluster.
+		share, limits, err := local.SharingOf(req.Devices)
 		if err != nil {
 			return req, fmt.Errorf("--request %s: %w", r.file, err)
 		}
+		if r.share != "" && r.share != share {
+			return req, fmt.Errorf("--share %s: the request's GpuConfig says %q", r.share, share)
+		}
+		req.Share, req.MPS = share, limits
 		return req, nil
 	}
 	req.Devices, err = local.Devices(local.Ask{GPUs: r.gpus, MIGProfile: r.mig, SameNVLink: r.sameNVLink, Memory: r.memory})
@@ -152,12 +181,6 @@ func newLocalRunCommand() *cobra.Command {
 		Short: "Wait for GPUs, run CMD with CUDA_VISIBLE_DEVICES set to them, release them when it exits",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			l, err := f.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer l.Close()
 			holder, err := local.HolderOf("/proc", os.Getpid())
 			if err != nil {
 				return err
@@ -166,14 +189,14 @@ func newLocalRunCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			a, err := l.Acquire(ctx, req, func(pos int) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "gpudra local: %s waits, position %d in the queue\n", req.Name, pos)
+			return f.with(cmd, func(ctx context.Context, l *local.Local) error {
+				a, err := l.Acquire(ctx, req, waitingLine(cmd, req.Name))
+				if err != nil {
+					return err
+				}
+				defer func() { _ = l.Release(context.WithoutCancel(ctx), a.Name, a.User) }()
+				return runChild(ctx, cmd, a, args)
 			})
-			if err != nil {
-				return err
-			}
-			defer func() { _ = l.Release(context.WithoutCancel(ctx), a.Name, a.User) }()
-			return runChild(ctx, cmd, a, args)
 		},
 	}
 	f.register(cmd.Flags())
@@ -217,145 +240,125 @@ func runChild(ctx context.Context, cmd *cobra.Command, a local.Allocation, args 
 	}
 }
 
+// acquireCommand is allocate and reserve: wait for devices, print them.
+type acquireCommand struct {
+	f      localFlags
+	r      requestFlags
+	output string
+	pid    int
+	hold   time.Duration
+}
+
+func (a *acquireCommand) run(cmd *cobra.Command, reserve bool) error {
+	if err := checkOutput(a.output, "table", "json", "yaml"); err != nil {
+		return err
+	}
+	if reserve && a.hold <= 0 {
+		return errors.New("--for: a duration above zero is required (2h)")
+	}
+	var holder local.Holder
+	if a.pid != 0 {
+		var err error
+		if holder, err = local.HolderOf("/proc", a.pid); err != nil {
+			return fmt.Errorf("--pid: %w", err)
+		}
+	}
+	req, err := a.r.request(holder)
+	if err != nil {
+		return err
+	}
+	if reserve {
+		req.ReserveFor = &a.hold
+	}
+	return a.f.with(cmd, func(ctx context.Context, l *local.Local) error {
+		got, err := l.Acquire(ctx, req, waitingLine(cmd, req.Name))
+		if err != nil {
+			return err
+		}
+		return printAllocation(cmd.OutOrStdout(), got, a.output)
+	})
+}
+
+// waitingLine tells the user where their request waits.
+func waitingLine(cmd *cobra.Command, name string) func(int) {
+	return func(pos int) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "gpudra local: %s waits, position %d in the queue\n", name, pos)
+	}
+}
+
 func newLocalAllocateCommand() *cobra.Command {
-	var f localFlags
-	var r requestFlags
-	var output string
-	var pid int
+	a := &acquireCommand{}
 	cmd := &cobra.Command{
 		Use:   "allocate",
 		Short: "Wait for GPUs and hold them until released (for a service, or a planner that runs its own processes)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			l, err := f.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			var holder local.Holder
-			if pid != 0 {
-				if holder, err = local.HolderOf("/proc", pid); err != nil {
-					return fmt.Errorf("--pid: %w", err)
-				}
-			}
-			req, err := r.request(holder)
-			if err != nil {
-				return err
-			}
-			a, err := l.Acquire(ctx, req, func(pos int) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "gpudra local: %s waits, position %d in the queue\n", req.Name, pos)
-			})
-			if err != nil {
-				return err
-			}
-			return printAllocation(cmd.OutOrStdout(), a, output)
-		},
+		RunE:  func(cmd *cobra.Command, _ []string) error { return a.run(cmd, false) },
 	}
-	f.register(cmd.Flags())
-	r.register(cmd.Flags())
-	cmd.Flags().IntVar(&pid, "pid", 0, "the process that holds the allocation: freed when it is gone (default: held until released)")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	a.f.register(cmd.Flags())
+	a.r.register(cmd.Flags())
+	cmd.Flags().IntVar(&a.pid, "pid", 0, "the process that holds the allocation: freed when it is gone (default: held until released)")
+	cmd.Flags().StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	return cmd
 }
 
 func newLocalReserveCommand() *cobra.Command {
-	var f localFlags
-	var r requestFlags
-	var output string
-	var hold time.Duration
+	a := &acquireCommand{}
 	cmd := &cobra.Command{
 		Use:   "reserve --gpus N --for DURATION",
 		Short: "Hold GPUs for a planned start; released when the time is up",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if hold <= 0 {
-				return errors.New("--for: a duration above zero is required (2h)")
-			}
-			ctx := cmd.Context()
-			l, err := f.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			req, err := r.request(local.Holder{})
-			if err != nil {
-				return err
-			}
-			req.ReserveFor = &hold
-			a, err := l.Acquire(ctx, req, nil)
-			if err != nil {
-				return err
-			}
-			return printAllocation(cmd.OutOrStdout(), a, output)
+		RunE:  func(cmd *cobra.Command, _ []string) error { return a.run(cmd, true) },
+	}
+	a.f.register(cmd.Flags())
+	a.r.register(cmd.Flags())
+	cmd.Flags().DurationVar(&a.hold, "for", 0, "how long to hold the GPUs")
+	cmd.Flags().StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+	return cmd
+}
+
+// with opens the machine's local state, runs fn, closes it.
+func (f *localFlags) with(cmd *cobra.Command, fn func(ctx context.Context, l *local.Local) error) error {
+	l, err := f.open(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	return fn(cmd.Context(), l)
+}
+
+// localCommand is a command whose flags are the local flags and whose
+// work is one call on the state with its arguments.
+func localCommand(use, short string, nargs int, fn func(ctx context.Context, l *local.Local, args []string) error) *cobra.Command {
+	var f localFlags
+	cmd := &cobra.Command{
+		Use: use, Short: short, Args: cobra.ExactArgs(nargs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.with(cmd, func(ctx context.Context, l *local.Local) error { return fn(ctx, l, args) })
 		},
 	}
 	f.register(cmd.Flags())
-	r.register(cmd.Flags())
-	cmd.Flags().DurationVar(&hold, "for", 0, "how long to hold the GPUs")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	return cmd
 }
 
 func newLocalReleaseCommand() *cobra.Command {
-	var f localFlags
-	return withLocalFlags(&f, &cobra.Command{
-		Use:   "release NAME",
-		Short: "Release your allocation (or withdraw your waiting request)",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			return l.Release(cmd.Context(), args[0], currentUser())
-		},
-	})
+	return localCommand("release NAME", "Release your allocation (or withdraw your waiting request)", 1,
+		func(ctx context.Context, l *local.Local, args []string) error {
+			return l.Release(ctx, args[0], currentUser())
+		})
 }
 
 func newLocalDrainCommand(on bool) *cobra.Command {
-	var f localFlags
 	use, short := "drain GPU-UUID", "Stop new allocations on a GPU; holders keep theirs"
 	if !on {
 		use, short = "undrain GPU-UUID", "Allow new allocations on a drained GPU again"
 	}
-	return withLocalFlags(&f, &cobra.Command{
-		Use: use, Short: short, Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			return l.Drain(cmd.Context(), args[0], on)
-		},
-	})
+	return localCommand(use, short, 1,
+		func(ctx context.Context, l *local.Local, args []string) error { return l.Drain(ctx, args[0], on) })
 }
 
 func newLocalPolicyCommand() *cobra.Command {
-	var f localFlags
-	return withLocalFlags(&f, &cobra.Command{
-		Use:   "policy " + strings.Join(local.Policies, "|"),
-		Short: "Set the order in which waiting requests are served",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			return l.SetPolicy(cmd.Context(), args[0])
-		},
-	})
-}
-
-func withLocalFlags(f *localFlags, cmd *cobra.Command) *cobra.Command {
-	f.register(cmd.Flags())
-	return cmd
+	return localCommand("policy "+strings.Join(local.Policies, "|"), "Set the order in which waiting requests are served", 1,
+		func(ctx context.Context, l *local.Local, args []string) error { return l.SetPolicy(ctx, args[0]) })
 }
 
 func newLocalPsCommand() *cobra.Command {
@@ -370,28 +373,25 @@ func newLocalPsCommand() *cobra.Command {
 			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
 				return err
 			}
-			l, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			for {
-				s, err := l.State(cmd.Context())
-				if err != nil {
-					return err
+			return f.with(cmd, func(ctx context.Context, l *local.Local) error {
+				for {
+					s, err := l.State(ctx)
+					if err != nil {
+						return err
+					}
+					if err := printPs(cmd.OutOrStdout(), local.Ps(s, l.Order(s), time.Now(), l.Capacity()), output); err != nil {
+						return err
+					}
+					if watch <= 0 {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(watch):
+					}
 				}
-				if err := printPs(cmd.OutOrStdout(), local.Ps(s, l.Order(s), time.Now(), l.Capacity()), output); err != nil {
-					return err
-				}
-				if watch <= 0 {
-					return nil
-				}
-				select {
-				case <-cmd.Context().Done():
-					return nil
-				case <-time.After(watch):
-				}
-			}
+			})
 		},
 	}
 	f.register(cmd.Flags())

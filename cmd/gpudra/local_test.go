@@ -174,3 +174,24 @@ func TestLocalUsersAndTheStateDirectory(t *testing.T) {
 	require.Len(t, rows, 1)
 	assert.Equal(t, "roots", rows[0].Name)
 }
+
+// An MPS run gets its GPU's daemon (the stand-in, a real process, started
+// for it and stopped after it) and the client's environment.
+func TestLocalRunMPS(t *testing.T) {
+	dir := t.TempDir()
+	control, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	require.NoError(t, err)
+	out, err := localCmd(t, dir, "run", "--share", "mps", "--mps-control-binary", control, "--mps-thread-percentage", "30", "--",
+		"sh", "-c", `echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"; test -p "$CUDA_MPS_PIPE_DIRECTORY/control"`).Output()
+	require.NoError(t, err, "the daemon's pipe exists while the client runs: %s", out)
+	fields := strings.Fields(strings.TrimSpace(string(out)))
+	require.Len(t, fields, 2, string(out))
+	assert.True(t, strings.HasPrefix(fields[0], filepath.Join(dir, "state", "mps")), fields[0])
+	assert.Equal(t, "30", fields[1])
+	_, err = os.Stat(fields[0])
+	assert.True(t, os.IsNotExist(err), "the last client gone, so is the daemon's directory")
+
+	out, err = localCmd(t, dir, "run", "--share", "mps", "--gpus", "2", "--mps-control-binary", control, "--", "true").CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "one GPU (or MIG device) per request")
+}

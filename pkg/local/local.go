@@ -23,6 +23,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/controller/queue"
 	"github.com/gpudra/gpudra/pkg/nodelock"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // DefaultPoll is how often a waiter looks again: a holder that died is
@@ -44,6 +45,9 @@ type Config struct {
 	MIG nvdevice.MigManager
 	// Closer, when set, is called by Close (the backend behind MIG).
 	Closer func() error
+	// MPS runs the MPS control daemons of MPS allocations (one per GPU,
+	// under the state directory); nil: MPS requests are refused.
+	MPS *sharing.ProcessServers
 }
 
 // Local is one machine's local allocations.
@@ -122,22 +126,23 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
 	// What ended (released, expired, its holder gone) gives back the MIG
 	// devices local created for it, by placement (also one recorded but
 	// not finished when a kill came), before the round may plan them
-	// again: first recorded as ended, so that a kill now leaves at worst
-	// an instance nobody holds, which the next plan may hand out as it is.
+	// again, and stops its GPU's MPS daemon when no MPS client is left:
+	// first recorded as ended, so that a kill now leaves at worst an
+	// instance nobody holds, which the next plan may hand out as it is, or
+	// a daemon the next MPS client of the GPU adopts.
 	var ended []Allocation
 	for _, a := range before {
 		if !slices.ContainsFunc(s.Allocations, func(x Allocation) bool { return x.Name == a.Name }) {
 			ended = append(ended, a)
 		}
 	}
-	if slices.ContainsFunc(ended, func(a Allocation) bool {
-		return slices.ContainsFunc(a.Devices, func(d Device) bool { return d.MIG != nil })
-	}) {
+	if len(ended) > 0 {
 		if err := saveState(l.cfg.StateDir, s); err != nil {
 			return err
 		}
 		for _, a := range ended {
 			l.destroyMIG(ctx, a)
+			l.stopMPS(ctx, a, s.Allocations)
 		}
 	}
 	l.round(ctx, s, now)
@@ -217,6 +222,11 @@ func (l *Local) round(ctx context.Context, s *State, now time.Time) {
 				continue
 			}
 		}
+		if err := l.startMPS(ctx, &a); err != nil {
+			klog.FromContext(ctx).Error(err, "Grant a waiting request", "name", w.Name)
+			l.destroyMIG(ctx, a)
+			continue
+		}
 		s.Allocations = append(s.Allocations, a)
 		s.Waiters = slices.DeleteFunc(s.Waiters, func(x Waiter) bool { return x.Name == w.Name })
 	}
@@ -279,6 +289,14 @@ func (l *Local) SetPolicy(ctx context.Context, policy string) error {
 func (l *Local) Enqueue(ctx context.Context, r Request) error {
 	if r.Name == "" {
 		return errors.New("a request needs a name")
+	}
+	if r.Share == ShareMPS {
+		if l.cfg.MPS == nil {
+			return fmt.Errorf("request %s: MPS needs nvidia-cuda-mps-control, and this machine was opened without it", r.Name)
+		}
+		if n := requestedDevices(r); n != 1 {
+			return fmt.Errorf("request %s: MPS locally serves one GPU (or MIG device) per request, one daemon per GPU; this one asks for %d", r.Name, n)
+		}
 	}
 	if err := l.cfg.Machine.Fits(ctx, r); err != nil {
 		return fmt.Errorf("request %s can never be met on this machine: %w", r.Name, err)

@@ -136,9 +136,10 @@ func claim(r Request, result *resourceapi.AllocationResult) *resourceapi.Resourc
 func (m *Machine) plan(ctx context.Context, r Request, allocs []Allocation, drained []string) (Allocation, error) {
 	allocated := make([]*resourceapi.ResourceClaim, 0, len(allocs))
 	for _, a := range allocs {
-		// Time-slicing requests share devices with each other (never with
-		// an exclusive one): their devices do not count as used for one.
-		if r.Share == ShareTimeSlicing && a.Share == ShareTimeSlicing {
+		// Time-slicing requests share devices with each other, MPS ones
+		// too (never with an exclusive one, nor across kinds): their
+		// devices do not count as used for one.
+		if sharesWith(r, a) {
 			continue
 		}
 		allocated = append(allocated, claim(a.Request, &a.Result))

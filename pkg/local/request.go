@@ -98,14 +98,15 @@ func ParseDevices(data []byte) (resourceapi.DeviceClaim, error) {
 
 // Env is a process's environment for an allocation: the devices' UUIDs
 // (MIG UUIDs for MIG devices) in CUDA_VISIBLE_DEVICES and
-// NVIDIA_VISIBLE_DEVICES, and the allocation's name.
+// NVIDIA_VISIBLE_DEVICES, the allocation's name, and for MPS the daemon's
+// pipe directory and the client's limits.
 func Env(a Allocation) []string {
 	uuids := make([]string, 0, len(a.Devices))
 	for _, d := range a.Devices {
 		uuids = append(uuids, d.UUID)
 	}
 	list := strings.Join(uuids, ",")
-	return []string{"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list, "GPUDRA_LOCAL_ALLOCATION=" + a.Name}
+	return append([]string{"CUDA_VISIBLE_DEVICES=" + list, "NVIDIA_VISIBLE_DEVICES=" + list, "GPUDRA_LOCAL_ALLOCATION=" + a.Name}, mpsEnv(a)...)
 }
 
 // PsRow is one holder or waiter, as gpudra local ps prints it; its JSON

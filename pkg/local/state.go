@@ -46,9 +46,11 @@ type Request struct {
 	// it is granted (reserve --for).
 	ReserveFor *time.Duration `json:"reserveFor,omitempty"`
 	Holder     Holder         `json:"holder"`
-	// Share is "time-slicing" for a request that shares its devices with
-	// other time-slicing requests; "": exclusive.
+	// Share is "time-slicing" or "mps" for a request that shares its
+	// devices with other requests of the same kind; "": exclusive.
 	Share string `json:"share,omitempty"`
+	// MPS are an MPS request's client limits.
+	MPS *MPSLimits `json:"mps,omitempty"`
 }
 
 // ShareTimeSlicing is the one kind of sharing local offers.
@@ -77,6 +79,9 @@ type Allocation struct {
 	Since  time.Time                    `json:"since"`
 	// Expires, when set, releases the allocation then (reserve --for).
 	Expires *time.Time `json:"expires,omitempty"`
+	// MPSDir is the directory of the MPS control daemon an MPS
+	// allocation's clients use.
+	MPSDir string `json:"mpsDir,omitempty"`
 }
 
 // Waiter is a request that waits for devices.
