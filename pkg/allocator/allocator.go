@@ -398,9 +398,9 @@ func groupSlices(in Input) ([]*nodeInfo, []*resourceapi.ResourceSlice) {
 	return nodes, shared
 }
 
-// attrString reads a string attribute of gpudra's driver, named with or
-// without the driver's domain.
-func attrString(d resourceapi.Device, name string) string {
+// StringAttribute reads a string attribute of gpudra's driver, named with
+// or without the driver's domain; "" when it has none.
+func StringAttribute(d resourceapi.Device, name string) string {
 	a, ok := d.Attributes[resourceapi.QualifiedName(name)]
 	if !ok {
 		a, ok = d.Attributes[resourceapi.QualifiedName(DriverName+"/"+name)]

@@ -51,7 +51,7 @@ func newCluster(t testing.TB, machine string, nodes ...string) *testCluster {
 		for _, s := range slicebuilder.ResourceSlices(res, node) {
 			c.slices = append(c.slices, s.DeepCopy())
 			for _, d := range s.Spec.Devices {
-				if attrString(d, "type") == "gpu" {
+				if StringAttribute(d, "type") == "gpu" {
 					c.gpus[node] = append(c.gpus[node], d.Name)
 				}
 			}
@@ -349,7 +349,7 @@ func TestSimNodesHaveDistinctNVLinkDomains(t *testing.T) {
 	domains := map[string]map[string]bool{}
 	for _, s := range c.slices {
 		for _, d := range s.Spec.Devices {
-			if dom := attrString(d, "nvlinkDomain"); dom != "" {
+			if dom := StringAttribute(d, "nvlinkDomain"); dom != "" {
 				if domains[*s.Spec.NodeName] == nil {
 					domains[*s.Spec.NodeName] = map[string]bool{}
 				}

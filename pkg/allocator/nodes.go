@@ -56,11 +56,11 @@ func (n *nodeInfo) count(allocated map[poolKey]sets.Set[string], deviceDomain ma
 		}
 		inPool := allocated[poolKey{s.Spec.Driver, s.Spec.Pool.Name}]
 		for _, d := range s.Spec.Devices {
-			if attrString(d, "type") != "gpu" {
+			if StringAttribute(d, "type") != "gpu" {
 				continue
 			}
 			id := structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)
-			domain := attrString(d, "nvlinkDomain")
+			domain := StringAttribute(d, "nvlinkDomain")
 			if domain == "" {
 				domain = "node:" + n.name() + "/" + d.Name // no NVLink: a domain of its own
 			}

@@ -7,7 +7,9 @@
 package local
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -94,11 +96,18 @@ func (l *Local) Close() error {
 	return err
 }
 
+// mutate is update for a change, whose caller needs only the error.
+func (l *Local) mutate(ctx context.Context, fn func(s *State) error) error {
+	_, err := l.update(ctx, fn)
+	return err
+}
+
 // update runs fn on the state under the node lock, after freeing what dead
-// holders left and before a queue round, then writes the state.
-func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
+// holders left and before a queue round, then writes the state if it
+// changed, and returns it.
+func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, error) {
 	if err := l.lock.Lock(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	defer l.lock.Unlock()
 	logger := klog.FromContext(ctx)
@@ -108,7 +117,13 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
 	if errors.As(err, &corrupt) {
 		logger.Error(err, "Local state rebuilt")
 	} else if err != nil {
-		return err
+		return nil, err
+	}
+	// Waiters poll every 200 ms: the file is written (two fsyncs) only
+	// when something changed, not on every look.
+	loaded, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
 	}
 	before := slices.Clone(s.Allocations)
 	freed, left := s.reap(l.cfg.ProcRoot, now)
@@ -120,7 +135,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
 	}
 	if fn != nil {
 		if err := fn(s); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	// What ended (released, expired, its holder gone) gives back the MIG
@@ -138,7 +153,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
 	}
 	if len(ended) > 0 {
 		if err := saveState(l.cfg.StateDir, s); err != nil {
-			return err
+			return nil, err
 		}
 		for _, a := range ended {
 			l.destroyMIG(ctx, a)
@@ -146,7 +161,16 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) error {
 		}
 	}
 	l.round(ctx, s, now)
-	return saveState(l.cfg.StateDir, s)
+	after, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	if corrupt != nil || !bytes.Equal(loaded, after) {
+		if err := saveState(l.cfg.StateDir, s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // destroyMIG deletes the MIG devices local created for a; one already
@@ -280,7 +304,7 @@ func (l *Local) SetPolicy(ctx context.Context, policy string) error {
 	if !slices.Contains(Policies, policy) {
 		return fmt.Errorf("policy %q: want one of %v", policy, Policies)
 	}
-	return l.update(ctx, func(s *State) error { s.Policy = policy; return nil })
+	return l.mutate(ctx, func(s *State) error { s.Policy = policy; return nil })
 }
 
 // Enqueue adds r to the waiters; the next round (this one included) may
@@ -301,7 +325,7 @@ func (l *Local) Enqueue(ctx context.Context, r Request) error {
 	if err := l.cfg.Machine.Fits(ctx, r); err != nil {
 		return fmt.Errorf("request %s can never be met on this machine: %w", r.Name, err)
 	}
-	return l.update(ctx, func(s *State) error {
+	return l.mutate(ctx, func(s *State) error {
 		if s.find(r.Name) {
 			return fmt.Errorf("the name %s is in use: release it, or choose another (--name)", r.Name)
 		}
@@ -329,11 +353,7 @@ type Status struct {
 // someone released it).
 func (l *Local) Poll(ctx context.Context, name string) (Status, error) {
 	var st Status
-	err := l.update(ctx, nil)
-	if err != nil {
-		return st, err
-	}
-	s, err := l.read(ctx)
+	s, err := l.update(ctx, nil)
 	if err != nil {
 		return st, err
 	}
@@ -384,7 +404,7 @@ func (l *Local) Acquire(ctx context.Context, r Request, progress func(position i
 // Release frees the named allocation, or withdraws the named waiter. Only
 // its user may.
 func (l *Local) Release(ctx context.Context, name, user string) error {
-	return l.update(ctx, func(s *State) error {
+	return l.mutate(ctx, func(s *State) error {
 		for _, a := range s.Allocations {
 			if a.Name == name && a.User != user {
 				return fmt.Errorf("%s is %s's allocation: only they may release it", name, a.User)
@@ -410,7 +430,7 @@ func (l *Local) Drain(ctx context.Context, uuid string, on bool) error {
 	if !l.cfg.Machine.hasGPU(uuid) {
 		return fmt.Errorf("no GPU %s on this machine", uuid)
 	}
-	return l.update(ctx, func(s *State) error {
+	return l.mutate(ctx, func(s *State) error {
 		s.Drained = slices.DeleteFunc(s.Drained, func(d string) bool { return d == uuid })
 		if on {
 			s.Drained = append(s.Drained, uuid)
@@ -421,20 +441,7 @@ func (l *Local) Drain(ctx context.Context, uuid string, on bool) error {
 
 // State is the machine's state after freeing what dead holders left and a
 // queue round.
-func (l *Local) State(ctx context.Context) (*State, error) {
-	if err := l.update(ctx, nil); err != nil {
-		return nil, err
-	}
-	return l.read(ctx)
-}
-
-func (l *Local) read(ctx context.Context) (*State, error) {
-	if err := l.lock.Lock(ctx); err != nil {
-		return nil, err
-	}
-	defer l.lock.Unlock()
-	return loadState(l.cfg.StateDir, l.cfg.Now())
-}
+func (l *Local) State(ctx context.Context) (*State, error) { return l.update(ctx, nil) }
 
 // Order is the waiters in the order they would be granted.
 func (l *Local) Order(s *State) []Waiter { return l.order(s, l.cfg.Now()) }

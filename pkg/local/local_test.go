@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,19 +21,35 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
-// newLocal is a simulated machine's local state in a temporary directory.
-func newLocal(t *testing.T, machine string) (*Local, string) {
+// openLocal is a simulated machine's local state in a temporary
+// directory; createMIG publishes MIG placements and creates them through
+// the machine; edit, when set, completes the config.
+func openLocal(t *testing.T, machine string, createMIG bool, edit func(*Config)) (*Local, *sim.Machine, string) {
 	t.Helper()
 	m, err := sim.NewBuiltin(machine, "box")
 	require.NoError(t, err)
 	inv, err := m.Inventory(context.Background())
 	require.NoError(t, err)
-	mach, err := NewMachine(inv, "box", false)
+	mach, err := NewMachine(inv, "box", createMIG)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	l, err := Open(Config{StateDir: dir, Machine: mach, Poll: 20 * time.Millisecond})
+	cfg := Config{StateDir: dir, Machine: mach, Poll: 20 * time.Millisecond}
+	if createMIG {
+		cfg.MIG = m
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	l, err := Open(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
+	return l, m, dir
+}
+
+// newLocal is openLocal without MIG creation.
+func newLocal(t *testing.T, machine string) (*Local, string) {
+	t.Helper()
+	l, _, dir := openLocal(t, machine, false, nil)
 	return l, dir
 }
 
@@ -144,7 +161,7 @@ func TestAPidReusedByAnotherProcessIsNotTheHolder(t *testing.T) {
 	holder.StartTime++ // the same pid, another process
 	r := ask(t, "stale", "alice", Ask{GPUs: 1})
 	r.Holder = holder
-	require.NoError(t, l.update(ctx, func(s *State) error {
+	require.NoError(t, l.mutate(ctx, func(s *State) error {
 		s.Allocations = append(s.Allocations, Allocation{Request: r})
 		return nil
 	}))
@@ -213,7 +230,7 @@ func TestDrainKeepsNewWorkOff(t *testing.T) {
 	require.NoError(t, err)
 	var others []string
 	for _, d := range l.cfg.Machine.devices {
-		if u := attr(d, "uuid"); u != "" && u != a.Devices[0].UUID && attr(d, "type") == "gpu" {
+		if u := allocator.StringAttribute(d, "uuid"); u != "" && u != a.Devices[0].UUID && allocator.StringAttribute(d, "type") == "gpu" {
 			others = append(others, u)
 		}
 	}
@@ -391,4 +408,33 @@ func TestTimeSlicingSharesOnlyWithTimeSlicing(t *testing.T) {
 	st, err = l.Poll(ctx, "exclusive")
 	require.NoError(t, err)
 	assert.NotNil(t, st.Allocation)
+}
+
+// A look that changes nothing does not rewrite the state: waiters look
+// every poll, and each write is two fsyncs.
+func TestIdleLookWritesNothing(t *testing.T) {
+	l, dir := newLocal(t, "h100-pcie-nvlink")
+	ctx := context.Background()
+	_, err := l.Acquire(ctx, ask(t, "all", "alice", Ask{GPUs: 4}), nil)
+	require.NoError(t, err)
+	require.NoError(t, l.Enqueue(ctx, ask(t, "waits", "bob", Ask{GPUs: 1})))
+	stamp := func() string {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(dir, stateFile), &st))
+		return fmt.Sprintf("%d/%d.%d", st.Ino, st.Mtim.Sec, st.Mtim.Nsec)
+	}
+	read := func() string {
+		b, err := os.ReadFile(filepath.Join(dir, stateFile))
+		require.NoError(t, err)
+		return string(b)
+	}
+	before, content := stamp(), read()
+	for range 3 {
+		st, err := l.Poll(ctx, "waits")
+		require.NoError(t, err)
+		assert.Equal(t, 1, st.Position)
+	}
+	assert.Equal(t, before, stamp(), "the state file was not rewritten")
+	require.NoError(t, l.Release(ctx, "all", "alice"))
+	assert.NotEqual(t, content, read(), "a change is written")
 }

@@ -17,15 +17,7 @@ import (
 // creates MIG devices through the machine.
 func newLocalMIG(t *testing.T) (*Local, *sim.Machine) {
 	t.Helper()
-	m, err := sim.NewBuiltin("dgx-h100", "box")
-	require.NoError(t, err)
-	inv, err := m.Inventory(context.Background())
-	require.NoError(t, err)
-	mach, err := NewMachine(inv, "box", true)
-	require.NoError(t, err)
-	l, err := Open(Config{StateDir: t.TempDir(), Machine: mach, MIG: m, Poll: 20 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l, m, _ := openLocal(t, "dgx-h100", true, nil)
 	return l, m
 }
 

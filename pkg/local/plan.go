@@ -94,13 +94,6 @@ func NewMachine(inv *nvdevice.Inventory, node string, createMIG bool) (*Machine,
 	return m, nil
 }
 
-func attr(d resourceapi.Device, name resourceapi.QualifiedName) string {
-	if v, ok := d.Attributes[name]; ok && v.StringValue != nil {
-		return *v.StringValue
-	}
-	return ""
-}
-
 // drainedSlices are the slices without the devices of drained GPUs (a
 // whole GPU by its uuid, a MIG device by its parent's).
 func (m *Machine) drainedSlices(drained []string) []*resourceapi.ResourceSlice {
@@ -111,7 +104,7 @@ func (m *Machine) drainedSlices(drained []string) []*resourceapi.ResourceSlice {
 	for _, s := range m.Slices {
 		c := s.DeepCopy()
 		c.Spec.Devices = slices.DeleteFunc(c.Spec.Devices, func(d resourceapi.Device) bool {
-			return slices.Contains(drained, attr(d, "uuid")) || slices.Contains(drained, attr(d, "parentUUID"))
+			return slices.Contains(drained, allocator.StringAttribute(d, "uuid")) || slices.Contains(drained, allocator.StringAttribute(d, "parentUUID"))
 		})
 		out = append(out, c)
 	}
@@ -160,7 +153,7 @@ func (m *Machine) plan(ctx context.Context, r Request, allocs []Allocation, drai
 		if !ok {
 			return Allocation{}, fmt.Errorf("the allocator chose %s, which the machine does not publish", d.Device)
 		}
-		ad := Device{Name: d.Device, UUID: attr(dev, "uuid"), NVLinkDomain: attr(dev, "nvlinkDomain")}
+		ad := Device{Name: d.Device, UUID: allocator.StringAttribute(dev, "uuid"), NVLinkDomain: allocator.StringAttribute(dev, "nvlinkDomain")}
 		if ad.UUID == "" {
 			// A MIG placement that does not exist yet: created at grant.
 			pl, ok := m.placements[d.Device]
@@ -184,7 +177,7 @@ func (m *Machine) Fits(ctx context.Context, r Request) error {
 // hasGPU says whether the machine has a whole GPU with this UUID.
 func (m *Machine) hasGPU(uuid string) bool {
 	for _, d := range m.devices {
-		if attr(d, "uuid") == uuid || attr(d, "parentUUID") == uuid {
+		if allocator.StringAttribute(d, "uuid") == uuid || allocator.StringAttribute(d, "parentUUID") == uuid {
 			return true
 		}
 	}
@@ -195,7 +188,7 @@ func (m *Machine) hasGPU(uuid string) bool {
 func (m *Machine) Capacity() int {
 	n := 0
 	for _, d := range m.devices {
-		if attr(d, "type") == "gpu" {
+		if allocator.StringAttribute(d, "type") == "gpu" {
 			n++
 		}
 	}

@@ -6,14 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
@@ -22,17 +20,9 @@ import (
 func TestMPSClientsShareOneDaemonPerGPU(t *testing.T) {
 	control, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
 	require.NoError(t, err)
-	m, err := sim.NewBuiltin("h100-pcie-nvlink", "box")
-	require.NoError(t, err)
-	inv, err := m.Inventory(context.Background())
-	require.NoError(t, err)
-	mach, err := NewMachine(inv, "box", false)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	l, err := Open(Config{StateDir: dir, Machine: mach, Poll: 20 * time.Millisecond,
-		MPS: &sharing.ProcessServers{Root: filepath.Join(dir, "mps"), Control: sharing.ExecMPSControl{Path: control}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l, _, _ := openLocal(t, "h100-pcie-nvlink", false, func(c *Config) {
+		c.MPS = &sharing.ProcessServers{Root: filepath.Join(c.StateDir, "mps"), Control: sharing.ExecMPSControl{Path: control}}
+	})
 	ctx := context.Background()
 
 	_, err = l.Acquire(ctx, ask(t, "exclusive", "alice", Ask{GPUs: 3}), nil)
