@@ -23,8 +23,20 @@ RUNC_VERSION := v1.5.2
 RUNC := $(abspath $(BIN))/runc
 PROBE := $(abspath $(BIN))/gpudra-probe
 MPS_SERVER := $(abspath $(BIN))/gpudra-mps-server
+# The CUDA check run inside containers (purego: dynamically linked, it needs
+# the image's libc) and the simulated driver's stand-in libcuda (a C test
+# fixture built with gcc, not cgo).
+CUDA_CHECK := $(abspath $(BIN))/gpudra-cuda-check
+FAKE_LIBCUDA := $(abspath $(BIN))/fakecuda/libcuda.so
+# make gpu-smoke-bundle (docs/gpu-smoke.md): everything gpu-smoke needs on a
+# GPU node without Go; BUNDLE_CGO=0 leaves NVML out (--simulated only), as
+# the e2e suite builds it without a second, cgo build of Kubernetes.
+BUNDLE_CGO ?= 1
+BUNDLE_TAR ?= 1
+BUNDLE_NAME ?= gpu-smoke-bundle
+BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
 all: build
 
 build:
@@ -52,8 +64,10 @@ test-fuzz:
 # The end-to-end suite: the examples on a real control plane (devcluster).
 # It builds the control plane first, with progress: the first build is long.
 test-e2e: devcluster helm probe $(RUNC)
+	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
-	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CGO_ENABLED=0 $(GO) test -count=1 ./...
+	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+		GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim CGO_ENABLED=0 $(GO) test -count=1 ./...
 
 # The Helm chart: lint and render with default and non-default values. The
 # e2e suite installs it into devcluster and checks that wrong values fail.
@@ -76,9 +90,11 @@ $(RUNC):
 # The processes of devcluster's real containers, static: the probe (every
 # workload container; it needs no image) and the MPS server pods' server.
 probe:
-	@mkdir -p $(BIN)
+	@mkdir -p $(BIN)/fakecuda
 	CGO_ENABLED=0 $(GO) build -o $(PROBE) ./cmd/gpudra-probe
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(MPS_SERVER) ./cmd/mps-server
+	CGO_ENABLED=0 $(GO) build -o $(CUDA_CHECK) ./cmd/gpudra-cuda-check
+	gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o $(FAKE_LIBCUDA) pkg/nvdevice/sim/fakecuda/libcuda.c
 
 # helm, built from the module proxy (no other download is reachable here).
 helm: $(HELM)
@@ -134,16 +150,36 @@ bench-scale: build helm
 		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
 
 # The same path on a real GPU (docs/gpu-smoke.md): devcluster with one node
-# backed by NVML beside a simulated one, a full-GPU claim, nvidia-smi -L from
-# inside a container with the claim and one without, and the NVML inventory
-# beside the simulator's model. Never changes MIG mode, creates MIG devices
-# or resets a GPU; refuses GPUs in use. Without a GPU it stops at once.
+# backed by NVML beside a simulated one; nvidia-smi -L and a CUDA check from
+# inside a container with a one-GPU claim and one without; two MPS clients
+# of one claim with a memory limit, under the driver's real MPS daemon in
+# its own container; the NVML inventory beside the simulator's model; and
+# prepare timed on the GPU. Never changes MIG mode, creates MIG devices or
+# resets a GPU; refuses GPUs in use. Without a GPU it stops at once. It
+# runs the bundle (below) as a GPU node would; results in bin/gpu-smoke-results.
 gpu-smoke:
 	@test -e /dev/nvidiactl || { echo "gpu-smoke: no NVIDIA GPU here (/dev/nvidiactl does not exist): run it on a machine with an NVIDIA GPU and driver"; exit 1; }
-	@$(MAKE) --no-print-directory build helm probe $(RUNC)
-	$(BIN)/gpudra inventory --backend nvml
-	cd devcluster && CGO_ENABLED=1 $(GO) build -o $(abspath $(BIN))/gpu-smoke ./cmd/gpu-smoke
-	HELM=$(HELM) $(BIN)/gpu-smoke --runc $(RUNC) --probe $(PROBE) $(GPU_SMOKE_ARGS)
+	@$(MAKE) --no-print-directory gpu-smoke-bundle
+	RESULTS=$(abspath $(BIN))/gpu-smoke-results $(BUNDLE_DIR)/run.sh
+
+# One tarball with everything gpu-smoke needs on an x86-64 GPU node without
+# Go or a network: its binaries (stripped), runc, the probe, the CUDA check,
+# the chart rendered ahead (no helm), the simulated mode's stand-ins and
+# run.sh. bin/gpu-smoke-bundle.tar.xz; `tar -xJf` it and run ./run.sh as root.
+gpu-smoke-bundle: helm probe $(RUNC)
+	rm -rf $(BUNDLE_DIR) && mkdir -p $(BUNDLE_DIR)/bin $(BUNDLE_DIR)/stand-ins
+	CGO_ENABLED=$(BUNDLE_CGO) $(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(BUNDLE_DIR)/bin/gpudra-kubelet-plugin ./cmd/kubelet-plugin
+	cd devcluster && CGO_ENABLED=$(BUNDLE_CGO) $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpu-smoke ./cmd/gpu-smoke
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpudra-probe ./cmd/gpudra-probe
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(BUNDLE_DIR)/bin/gpudra-mps-server ./cmd/mps-server
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpudra-cuda-check ./cmd/gpudra-cuda-check
+	cp $(RUNC) $(BUNDLE_DIR)/bin/runc
+	$(BUNDLE_DIR)/bin/gpu-smoke --write-rendered-chart $(BUNDLE_DIR)/chart.yaml --chart $(CHART) --helm $(HELM)
+	cp $(FAKE_LIBCUDA) $(BUNDLE_DIR)/stand-ins/libcuda.so
+	cp hack/fake-nvidia-cuda-mps-control $(BUNDLE_DIR)/stand-ins/nvidia-cuda-mps-control
+	cp hack/gpu-smoke/run.sh $(BUNDLE_DIR)/run.sh
+	echo "$(VERSION) $(COMMIT)" > $(BUNDLE_DIR)/VERSION
+	$(if $(filter 1,$(BUNDLE_TAR)),XZ_OPT=-T0 tar -C $(abspath $(BIN)) -cJf $(BUNDLE_DIR).tar.xz $(BUNDLE_NAME) && ls -l $(BUNDLE_DIR).tar.xz)
 
 clean:
 	rm -rf $(BIN)

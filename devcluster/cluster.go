@@ -101,10 +101,14 @@ type Cluster struct {
 	grove       <-chan struct{}
 	gpudra      *controllers // gpudra-controller replicas (controller.go)
 	removeDir   bool
-	bootID      string
-	mpsControl  string
-	runtime     *OCIRuntime
-	forbidden   forbiddenLog
+	// releaseCerts gives back the API server's certificate directory
+	// (certfixtures.go).
+	releaseCerts func()
+	stopOnce     sync.Once
+	bootID       string
+	mpsControl   string
+	runtime      *OCIRuntime
+	forbidden    forbiddenLog
 
 	mu    sync.Mutex
 	nodes map[string]*Node
@@ -136,6 +140,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			c = nil
 		}
 	}()
+	if c.releaseCerts, err = acquireCertFixtures(); err != nil {
+		return c, err
+	}
 	logger := klog.FromContext(ctx)
 	start := time.Now()
 	var etcdURL string
@@ -208,8 +215,10 @@ func (c *Cluster) Node(name string) *Node {
 
 // Stop stops everything in the order that avoids the API server's long
 // shutdown waits: plugins and kubelets, then scheduler and controllers,
-// then the API server, then etcd.
-func (c *Cluster) Stop() {
+// then the API server, then etcd. A second Stop does nothing.
+func (c *Cluster) Stop() { c.stopOnce.Do(c.stop) }
+
+func (c *Cluster) stop() {
 	for _, n := range c.Nodes() {
 		n.StopPlugin()
 	}
@@ -234,6 +243,9 @@ func (c *Cluster) Stop() {
 	c.tb.runCleanups()
 	if c.etcd != nil {
 		c.etcd.Close()
+	}
+	if c.releaseCerts != nil {
+		c.releaseCerts()
 	}
 	if c.removeDir {
 		_ = os.RemoveAll(c.Dir)

@@ -54,7 +54,15 @@ type ChartOptions struct {
 	Dir string
 	// Helm is the helm binary (`make helm` builds bin/helm).
 	Helm string
+	// Rendered, when set, is the chart rendered ahead by RenderChart with
+	// RenderedDirPlaceholder as devcluster's directory (the gpu-smoke
+	// bundle carries it instead of helm): Dir and Helm are then unused.
+	Rendered string
 }
+
+// RenderedDirPlaceholder stands for devcluster's directory in a chart
+// rendered ahead (ChartOptions.Rendered).
+const RenderedDirPlaceholder = "/@DEVCLUSTER_DIR@"
 
 // DefaultChart is the chart of the repository at root, rendered by
 // $HELM or root's bin/helm (`make helm`).
@@ -77,6 +85,19 @@ var identityKinds = []string{"ServiceAccount", "ClusterRole", "ClusterRoleBindin
 // in PluginNamespace, the devcluster image tag, the nodes' own directories
 // below dir, gangs on; extra values (helm flags) are added last.
 func RenderChart(ctx context.Context, chart ChartOptions, dir string, extra ...string) (string, error) {
+	if chart.Rendered != "" {
+		if len(extra) > 0 {
+			return "", fmt.Errorf("values %v need helm: the chart was rendered ahead (%s)", extra, chart.Rendered)
+		}
+		b, err := os.ReadFile(chart.Rendered)
+		if err != nil {
+			return "", fmt.Errorf("the chart rendered ahead: %w", err)
+		}
+		if !strings.Contains(string(b), RenderedDirPlaceholder) {
+			return "", fmt.Errorf("%s was not rendered for devcluster: it has no %s", chart.Rendered, RenderedDirPlaceholder)
+		}
+		return strings.ReplaceAll(string(b), RenderedDirPlaceholder, dir), nil
+	}
 	if chart.Dir == "" || chart.Helm == "" {
 		return "", fmt.Errorf("devcluster installs the chart's identities and needs the chart and helm (ChartOptions %+v; `make helm` builds bin/helm)", chart)
 	}
@@ -102,19 +123,12 @@ func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions
 	if err != nil {
 		return err
 	}
-	f := filepath.Join(c.Dir, "chart.yaml")
-	if err := os.WriteFile(f, []byte(rendered), 0o600); err != nil {
+	if err := os.WriteFile(c.renderedChart(), []byte(rendered), 0o600); err != nil {
 		return err
 	}
-	objs, err := Manifests(f)
+	keep, err := c.chartObjects(identityKinds...)
 	if err != nil {
-		return fmt.Errorf("the rendered chart: %w", err)
-	}
-	var keep []*unstructured.Unstructured
-	for _, o := range objs {
-		if slices.Contains(identityKinds, o.GetKind()) {
-			keep = append(keep, o)
-		}
+		return err
 	}
 	if err := c.Apply(ctx, PluginNamespace, keep); err != nil {
 		return fmt.Errorf("apply the chart's identities: %w", err)
@@ -125,6 +139,46 @@ func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions
 		}
 	}
 	return nil
+}
+
+// renderedChart is the chart as devcluster rendered it at Start.
+func (c *Cluster) renderedChart() string { return filepath.Join(c.Dir, "chart.yaml") }
+
+// chartObjects are the rendered chart's objects of these kinds.
+func (c *Cluster) chartObjects(kinds ...string) ([]*unstructured.Unstructured, error) {
+	objs, err := Manifests(c.renderedChart())
+	if err != nil {
+		return nil, fmt.Errorf("the rendered chart: %w", err)
+	}
+	var keep []*unstructured.Unstructured
+	for _, o := range objs {
+		if slices.Contains(kinds, o.GetKind()) {
+			keep = append(keep, o)
+		}
+	}
+	return keep, nil
+}
+
+// InstallChartDeviceClasses applies the DeviceClasses the chart renders,
+// exactly the ones a user of the chart gets (the e2e suite applies
+// examples/deviceclasses, which a test holds equal to them), and returns
+// their names.
+func (c *Cluster) InstallChartDeviceClasses(ctx context.Context) ([]string, error) {
+	classes, err := c.chartObjects("DeviceClass")
+	if err != nil {
+		return nil, err
+	}
+	if len(classes) == 0 {
+		return nil, fmt.Errorf("the chart renders no DeviceClass (%s)", c.renderedChart())
+	}
+	if err := c.Apply(ctx, "", classes); err != nil {
+		return nil, fmt.Errorf("apply the chart's DeviceClasses: %w", err)
+	}
+	names := make([]string, 0, len(classes))
+	for _, o := range classes {
+		names = append(names, o.GetName())
+	}
+	return names, nil
 }
 
 // componentConfig is a client configuration that authenticates as the

@@ -63,6 +63,7 @@ type kubelet struct {
 	// devices names the GPUs a container's device nodes give it.
 	devices     DeviceIdentifier
 	hostDevices HostDevice
+	devRoot     string
 	dra         *dra.Manager
 	// dm is the kubelet's device manager (deviceplugin.go), on every node
 	// as on a real one; nil only without kubeletDirs.DevicePlugins.
@@ -98,6 +99,10 @@ type kubeletDirs struct {
 	// HostDevices are the node's device nodes, for a device plugin's
 	// DeviceSpecs.
 	HostDevices HostDevice
+	// DevRoot is where the node's /dev is: "/" for real GPUs, the node's
+	// directory for a simulated machine (its dev/ holds the device nodes).
+	// A privileged container gets its NVIDIA device nodes.
+	DevRoot string
 	// DevicePlugins, when set, runs the kubelet's device manager with its
 	// registration socket there.
 	DevicePlugins string
@@ -128,7 +133,7 @@ func startKubelet(ctx context.Context, node string, client, reporter kubernetes.
 	}))
 	podInformer := factory.Core().V1().Pods()
 	k := &kubelet{
-		node: node, client: client, reporter: reporter, cdiDir: dirs.CDI, devices: dirs.Devices, hostDevices: dirs.HostDevices, dra: manager, pods: podInformer.Lister(),
+		node: node, client: client, reporter: reporter, cdiDir: dirs.CDI, devices: dirs.Devices, hostDevices: dirs.HostDevices, devRoot: dirs.DevRoot, dra: manager, pods: podInformer.Lister(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "devcluster-kubelet-" + node}),

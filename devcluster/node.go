@@ -68,6 +68,10 @@ type NodeOptions struct {
 	// ("/" when empty), and the node's device nodes are the host's /dev.
 	Backend    nvdevice.Interface
 	DriverRoot string
+	// DriverStandIns put working stand-ins for libcuda and nvidia-smi into
+	// a simulated machine's driver root (gpu-smoke --simulated); the zero
+	// value leaves them empty files.
+	DriverStandIns sim.DriverStandIns
 	// MigDevices is the plugin's MIG policy; nil: every placement
 	// (devcluster creates MIG instances on demand), as the demo needs.
 	MigDevices *slicebuilder.MigPolicy
@@ -155,6 +159,10 @@ func (n *Node) DriverRoot() string { return filepath.Join(n.Dir, "driver") }
 // (plugin.Config.SharingOptions): server pods made as the plugin makes them.
 func (n *Node) SharingOptions() sharing.Options { return n.pluginCfg.SharingOptions() }
 
+// Backend is the node's GPUs: its simulated Machine, or
+// NodeOptions.Backend.
+func (n *Node) Backend() nvdevice.Interface { return n.backend }
+
 // PluginDataDir is the plugin's socket and checkpoint directory.
 // It is where the chart puts it below the kubelet's directory
 // (<kubeletDir>/plugins/gpu.gpudra.dev) with the node's directory as the
@@ -221,9 +229,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// The node's driver: a fake driver root with the real layout, so the
 	// plugin's common CDI spec mounts real paths; a real backend's own.
 	var mpsControl string
-	devices, hostDevices := BackendDevices(n.backend), HostDevicesUnder("/")
+	devices, hostDevices, devRoot := BackendDevices(n.backend), HostDevicesUnder("/"), "/"
 	if machine != nil {
-		if err := sim.WriteDriverRoot(n.DriverRoot(), machine.DriverVersion()); err != nil {
+		if err := machine.WriteDriverRoot(n.DriverRoot(), opts.DriverStandIns); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 		}
 		machine.SetDriverRoot(n.DriverRoot())
@@ -234,7 +242,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		// The machine's /dev: real character devices under the node's
 		// directory, which the runtime stats; the model where mknod is
 		// refused.
-		devices, hostDevices = MachineDevices(machine), HostDevicesUnder(n.Dir)
+		devices, hostDevices, devRoot = MachineDevices(machine), HostDevicesUnder(n.Dir), n.Dir
 		if err := machine.WriteDevNodes(n.Dir); err != nil {
 			klog.FromContext(ctx).Info("The simulated /dev holds no device nodes; the runtime reads the machine's model instead", "node", opts.Name, "reason", err.Error())
 			hostDevices = MachineHostDevices(machine)
@@ -253,7 +261,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	}
 	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
-		Devices: devices, HostDevices: hostDevices}
+		Devices: devices, HostDevices: hostDevices, DevRoot: devRoot}
 	// A kubelet has a device manager and serves its pod-resources API
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).

@@ -158,6 +158,9 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 		// A real container in its own namespaces, with the pod's own
 		// paths: nothing translated.
 		c := processContainer(pod)
+		if c.Privileged {
+			c.Devices = NVIDIADeviceNodes(k.devRoot)
+		}
 		id := runcID(pod.UID, c.Name)
 		k.containers[pod.UID] = []string{id}
 		runOnce = func(ctx context.Context) error { return k.runtime.Run(ctx, id, c, processStopTimeout-5*time.Second) }

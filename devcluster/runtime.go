@@ -32,6 +32,12 @@ type OCIRuntime struct {
 	// image (and /tmp): for a command that needs a libc, as make
 	// gpu-smoke's nvidia-smi. Default: a root holding only the probe.
 	HostImage bool
+	// CUDACheck is gpudra-cuda-check (cmd/gpudra-cuda-check): with it,
+	// every container has it at CUDACheckPath, read-only, as it has the
+	// probe, for a pod's probe command (ProbeCommandAnnotation) to run:
+	// `["/gpudra-cuda-check","--alloc","1Gi"]`. It is dynamically linked
+	// (purego): it runs where the image has a libc (HostImage).
+	CUDACheck string
 	// MPSServer is a static gpudra-mps-server: with it, process pods (MPS
 	// servers) run as real containers too; without, in this process.
 	MPSServer string
@@ -73,13 +79,20 @@ func (t *Timings) Percentile(p float64) (time.Duration, int) {
 // reportDir is where the probe writes its report inside the container.
 const reportDir = "/gpudra-report"
 
+// CUDACheckPath is where a container finds OCIRuntime.CUDACheck.
+const CUDACheckPath = "/gpudra-cuda-check"
+
 // Usable says why this runtime cannot run here (not root, a binary
 // missing), or nil.
 func (r *OCIRuntime) Usable() error {
 	if os.Geteuid() != 0 {
 		return errors.New("real containers need root (runc creates namespaces, device nodes and cgroups)")
 	}
-	for _, b := range []string{r.Runc, r.Probe} {
+	bins := []string{r.Runc, r.Probe}
+	if r.CUDACheck != "" {
+		bins = append(bins, r.CUDACheck)
+	}
+	for _, b := range bins {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("real containers: %w", err)
 		}
@@ -163,7 +176,8 @@ func (r *OCIRuntime) Stop(ctx context.Context, id string) error {
 // for a container: its own PID, mount, IPC, UTS and network namespaces,
 // the usual /proc, /dev, /sys mounts, a device cgroup that denies every
 // device but the ones the spec allows (runc adds the standard null, zero,
-// random, tty ones), a read-only root holding only the probe.
+// random, tty ones), a read-only root holding only the probe (and the
+// CUDA check where given).
 func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error) {
 	s := &oci.Spec{
 		Version:  oci.Version,
@@ -199,6 +213,13 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
+	}
+	if r.CUDACheck != "" {
+		check, err := filepath.Abs(r.CUDACheck)
+		if err != nil {
+			return nil, err
+		}
+		s.Mounts = append(s.Mounts, oci.Mount{Destination: CUDACheckPath, Type: "bind", Source: check, Options: []string{"rbind", "ro"}})
 	}
 	if r.HostImage {
 		image, err := hostImageMounts(bundle)

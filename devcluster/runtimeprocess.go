@@ -29,6 +29,11 @@ type ProcessContainer struct {
 	// Mounts are the pod's hostPath volumes at their mount paths.
 	Mounts     []oci.Mount
 	Privileged bool
+	// Devices are created in a privileged container's /dev: containerd
+	// gives a privileged container every device node of the host; here
+	// the node's NVIDIA ones (NVIDIADeviceNodes), which a real MPS control
+	// daemon opens.
+	Devices []oci.LinuxDevice
 }
 
 // processContainer is the pod's one container for the runtime; marker is
@@ -173,6 +178,7 @@ func (r *OCIRuntime) processSpec(id, bundle string, c ProcessContainer) (*oci.Sp
 		s.Process.Capabilities = &oci.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
 		s.Process.NoNewPrivileges = false
 		s.Linux.Resources.Devices = []oci.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}
+		s.Linux.Devices = append(s.Linux.Devices, c.Devices...)
 		s.Linux.MaskedPaths, s.Linux.ReadonlyPaths = nil, nil
 	}
 	return s, nil
@@ -220,3 +226,27 @@ var capabilitiesByBit = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_
 	"CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP",
 	"CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
 	"CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"}
+
+// NVIDIADeviceNodes are the NVIDIA character devices under root's /dev
+// (nvidiactl, nvidia-uvm, nvidia<N>, nvidia-caps/...), as a privileged
+// container gets them, with the paths they have there.
+func NVIDIADeviceNodes(root string) []oci.LinuxDevice {
+	var out []oci.LinuxDevice
+	for _, pattern := range []string{"dev/nvidia*", "dev/nvidia-caps/*"} {
+		matches, _ := filepath.Glob(filepath.Join(root, pattern))
+		for _, m := range matches {
+			rel, err := filepath.Rel(root, m)
+			if err != nil {
+				continue
+			}
+			d, err := HostDevicesUnder(root)("/" + rel)
+			if err != nil || d.Type != "c" {
+				continue // a directory (nvidia-caps) or a vanished node
+			}
+			mode := os.FileMode(0o666)
+			d.FileMode = &mode
+			out = append(out, d)
+		}
+	}
+	return out
+}

@@ -38,7 +38,7 @@ func (f *localFlags) register(fs *pflag.FlagSet) {
 	f.backend.register(fs)
 	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate)")
 	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", local.DefaultPluginDataDir, "the kubelet plugin's state: where it exists, gpudra local refuses")
-	fs.StringVar(&f.mpsControl, "mps-control-binary", "nvidia-cuda-mps-control", "nvidia-cuda-mps-control for --share mps: a name in usr/bin under --driver-root, a path under it, or an absolute path outside it")
+	fs.StringVar(&f.mpsControl, "mps-control-binary", "nvidia-cuda-mps-control", "nvidia-cuda-mps-control for --share mps: a name, looked for under --driver-root in "+strings.Join(drivertools.ToolDirs, ", ")+" (the first binary, else the first script), a path under the driver root, or an absolute path outside it")
 }
 
 // open checks that no kubelet plugin owns the GPUs, then opens the state.

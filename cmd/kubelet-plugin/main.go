@@ -34,8 +34,8 @@ func main() {
 
 // driverTool is where the driver tool is: the flag's value (a path under
 // the driver root, or an absolute path outside it), which must exist, or
-// else usr/bin/<name> under the driver root when it exists there, or else
-// empty.
+// else <name> looked for in drivertools.ToolDirs under the driver root when
+// it is there, or else empty.
 func driverTool(tools drivertools.Runner, flag, flagValue, name string) (string, error) {
 	if flagValue != "" {
 		p, ok := tools.Path(flagValue)

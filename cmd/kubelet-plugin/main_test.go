@@ -21,7 +21,7 @@ func TestDriverTool(t *testing.T) {
 	tools := drivertools.Runner{Root: root}
 
 	for flag, want := range map[string]string{
-		"":                    smi, // the default: usr/bin/nvidia-smi under the driver root
+		"":                    smi, // the default: nvidia-smi in drivertools.ToolDirs under the driver root
 		"/usr/bin/nvidia-smi": smi, // a path inside the driver root
 		"usr/bin/nvidia-smi":  smi,
 		smi:                   smi, // a path under the driver root as the plugin sees it
@@ -38,4 +38,12 @@ func TestDriverTool(t *testing.T) {
 
 	_, err = driverTool(tools, "mps-control-binary", "/opt/nvidia-cuda-mps-control", "nvidia-cuda-mps-control")
 	assert.EqualError(t, err, "--mps-control-binary=/opt/nvidia-cuda-mps-control: not found (a path under driver root "+root+", or an absolute path outside it)")
+
+	// A driver under /usr/local/nvidia: the default finds its tools there.
+	control := filepath.Join(root, "usr/local/nvidia/bin/nvidia-cuda-mps-control")
+	require.NoError(t, os.MkdirAll(filepath.Dir(control), 0o755))
+	require.NoError(t, os.WriteFile(control, []byte("#!/bin/sh\n"), 0o755))
+	got, err = driverTool(tools, "mps-control-binary", "", "nvidia-cuda-mps-control")
+	require.NoError(t, err)
+	assert.Equal(t, control, got)
 }

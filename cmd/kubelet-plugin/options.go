@@ -6,6 +6,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spf13/pflag"
 	resourceapi "k8s.io/api/resource/v1"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/local"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
@@ -72,7 +74,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("mig-devices", "MIG_DEVICES")
 	fs.BoolVar(&o.fractional, "fractional-gpus", false, "publish whole GPUs with MIG off as shareable by several claims (consumable capacity), each share capped with MPS; needs the FractionalGPUs and MPSSharing feature gates")
 	env("fractional-gpus", "FRACTIONAL_GPUS")
-	fs.StringVar(&o.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-cuda-mps-control under the driver root if it exists")
+	fs.StringVar(&o.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control: a path under the driver root, or an absolute path outside it; default: nvidia-cuda-mps-control looked for under the driver root in "+strings.Join(drivertools.ToolDirs, ", ")+" (the first binary, else the first script), if it is there")
 	env("mps-control-binary", "MPS_CONTROL_BINARY")
 	fs.StringVar(&o.mpsServerImage, "mps-server-image", "", "the gpudra image, for MPS server pods (one per GPU with MPS claims, independent of this container); empty: MPS servers run in this container and die with it")
 	env("mps-server-image", "MPS_SERVER_IMAGE")
@@ -84,7 +86,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("host-driver-root", "HOST_DRIVER_ROOT")
 	fs.StringVar(&o.cdiHook, "nvidia-cdi-hook", "", "the NVIDIA container toolkit's nvidia-cdi-hook on the host: the driver's CDI spec then updates the container's ld cache and makes the driver's symlinks; empty: no hooks, the libraries are mounted under their sonames too")
 	env("nvidia-cdi-hook", "NVIDIA_CDI_HOOK")
-	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: usr/bin/nvidia-smi under the driver root")
+	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "nvidia-smi, for time slices: a path under the driver root, or an absolute path outside it; default: nvidia-smi looked for under the driver root as --mps-control-binary's default is")
 	env("nvidia-smi", "NVIDIA_SMI")
 	fs.StringVar(&o.taintEffect, "unhealthy-taint-effect", "NoSchedule", "taint on the devices of an unhealthy GPU: NoSchedule keeps new claims off, NoExecute also evicts the pods using them")
 	env("unhealthy-taint-effect", "UNHEALTHY_TAINT_EFFECT")

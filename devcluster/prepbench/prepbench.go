@@ -23,7 +23,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -36,26 +38,107 @@ import (
 
 // Config of one run.
 type Config struct {
-	// PluginBinary is gpudra-kubelet-plugin, built as shipped.
+	// PluginBinary is gpudra-kubelet-plugin, built as shipped, or with
+	// Foreign set another driver's kubelet plugin.
 	PluginBinary string
 	// Claims is how many 1-GPU claims are prepared and unprepared, one
 	// after the other.
 	Claims int
-	// Machine is the simulated machine (--sim-machine).
+	// Machine is the simulated machine (--sim-machine) of Backend "sim".
 	Machine string
 	// DeviceFormat names a claim's device from its index modulo Devices
 	// (fmt verb %d); empty: "gpu-%d", a whole GPU.
 	DeviceFormat string
 	Devices      int
+	// DevicesOverride, when not empty, are the claims' devices by name,
+	// round robin (claim i gets DevicesOverride[i%len]), instead of
+	// DeviceFormat over Devices: the whole GPUs of a real node, say.
+	DevicesOverride []string
+	// Backend is the gpudra plugin's GPU backend: "" or "sim" (the
+	// simulated Machine, --backend=sim), or "nvml" (the node's real GPUs,
+	// --backend=nvml --driver-root=DriverRoot). Not for Foreign.
+	Backend string
+	// DriverRoot is where the NVIDIA driver is installed, for Backend
+	// "nvml"; empty: "/".
+	DriverRoot string
+	// ClientQPS and ClientBurst are the plugin's API client limits
+	// (--kube-api-qps, --kube-api-burst, which gpudra's and the DRA
+	// example driver's plugins both have); zero: the plugin's default.
+	ClientQPS   float64
+	ClientBurst int
 	// PluginArgs are added to the plugin's flags (for example
 	// --kube-api-qps to compare client settings).
 	PluginArgs []string
+	// PluginEnv is added to the plugin's environment (NAME=value: for
+	// example GODEBUG=gctrace=1).
+	PluginEnv []string
+	// Foreign, when set, runs another DRA driver's kubelet plugin
+	// (PluginBinary) in the same harness: same API server, same client
+	// limits, same claims round robin over the same devices, under its
+	// driver name and with its own flags (ExampleDriver).
+	Foreign *Foreign
 	// Dir is where the cluster and the plugin keep their files; empty: a
 	// temporary directory.
 	Dir string
 	// Chart gives the cluster its identities; the plugin runs as the
 	// chart's ServiceAccount.
 	Chart devcluster.ChartOptions
+	// Cluster, when set, is the control plane to run against (Chart is
+	// then not used, and Run does not stop it); nil: Run starts one and
+	// stops it at the end.
+	Cluster *devcluster.Cluster
+	// Node is the Node, and the plugin's pool; empty: "bench-node". With
+	// a shared Cluster give each run a node of its own.
+	Node string
+}
+
+// Foreign is a DRA driver's kubelet plugin that is not gpudra's. Its Args
+// and Env may name the run's paths: {node}, {kubeconfig}, {pluginsDir}
+// (the kubelet's plugins directory: the plugin's own is a directory in
+// it), {registrarDir}, {cdiDir} and {devices} (Devices) are replaced.
+type Foreign struct {
+	// Name is what the plugin is called in logs and reports.
+	Name string
+	// Driver is its DRA driver name: the claims' device class and results
+	// name it, and its slices carry it.
+	Driver string
+	// Args are its flags, Env its environment (NAME=value).
+	Args, Env []string
+	// Socket is its DRA socket (placeholders expanded).
+	Socket string
+	// Rules are what its ServiceAccount may do: its chart's ClusterRole.
+	// It runs as a ServiceAccount of its own (ForeignServiceAccount), its
+	// token bound to the Node like gpudra's.
+	Rules []rbacv1.PolicyRule
+}
+
+// ForeignServiceAccount runs a Foreign plugin (gpudra's chart policies
+// allow gpudra's ServiceAccount to publish only gpudra's slices).
+const ForeignServiceAccount = "prepbench-foreign-plugin"
+
+// ExampleDriver is the DRA example driver's kubelet plugin
+// (kubernetes-sigs/dra-example-driver, cmd/dra-example-kubeletplugin) with
+// its gpu profile: devices gpu-0 ... gpu-<devices-1> of driver
+// gpu.example.com, flags as its chart sets them by environment, no
+// metrics or health endpoint (gpudra's plugin runs without metrics too),
+// RBAC as its chart's ClusterRole.
+func ExampleDriver() *Foreign {
+	const driver = "gpu.example.com"
+	return &Foreign{
+		Name:   "dra-example-driver",
+		Driver: driver,
+		Args: []string{"--node-name={node}", "--kubeconfig={kubeconfig}", "--device-profile=gpu", "--driver-name=" + driver,
+			"--num-devices={devices}", "--kubelet-plugins-directory-path={pluginsDir}", "--kubelet-registrar-directory-path={registrarDir}",
+			"--cdi-root={cdiDir}", "--healthcheck-port=-1", "--metrics-port=-1"},
+		Socket: "{pluginsDir}/" + driver + "/dra.sock",
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"update"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:update", "associated-node:patch"}, ResourceNames: []string{driver}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		},
+	}
 }
 
 func (c Config) deviceFormat() string {
@@ -63,6 +146,103 @@ func (c Config) deviceFormat() string {
 		return "gpu-%d"
 	}
 	return c.DeviceFormat
+}
+
+func (c Config) node() string {
+	if c.Node == "" {
+		return defaultNode
+	}
+	return c.Node
+}
+
+// driver is the DRA driver the claims name.
+func (c Config) driver() string {
+	if c.Foreign != nil {
+		return c.Foreign.Driver
+	}
+	return gpudraDriver
+}
+
+// name is the plugin's name in reports.
+func (c Config) name() string {
+	if c.Foreign != nil {
+		return c.Foreign.Name
+	}
+	return "gpudra"
+}
+
+// device is claim i's device.
+func (c Config) device(i int) string {
+	if len(c.DevicesOverride) > 0 {
+		return c.DevicesOverride[i%len(c.DevicesOverride)]
+	}
+	return fmt.Sprintf(c.deviceFormat(), i%c.Devices)
+}
+
+func (c Config) validate() error {
+	if c.Claims <= 0 || (c.Devices <= 0 && len(c.DevicesOverride) == 0) {
+		return errors.New("Claims and Devices (or DevicesOverride) must be positive")
+	}
+	switch c.Backend {
+	case "", "sim", "nvml":
+	default:
+		return fmt.Errorf("Backend %q: want sim or nvml", c.Backend)
+	}
+	if c.Foreign != nil && c.Backend != "" {
+		return errors.New("Backend is gpudra's plugin's flag; a Foreign plugin brings its own devices")
+	}
+	if c.Foreign != nil && (c.Foreign.Driver == "" || c.Foreign.Socket == "") {
+		return errors.New("a Foreign plugin needs its Driver and Socket")
+	}
+	return nil
+}
+
+// Paths are where a run's plugin keeps its files.
+type Paths struct {
+	Node, Kubeconfig, PluginsDir, RegistrarDir, CDIDir string
+	Devices                                             int
+}
+
+func (p Paths) expand(s string) string {
+	return strings.NewReplacer("{node}", p.Node, "{kubeconfig}", p.Kubeconfig, "{pluginsDir}", p.PluginsDir,
+		"{registrarDir}", p.RegistrarDir, "{cdiDir}", p.CDIDir, "{devices}", strconv.Itoa(p.Devices)).Replace(s)
+}
+
+// Command is the plugin's flags, its extra environment and its DRA socket
+// for a run with these paths.
+func (c Config) Command(p Paths) (args, env []string, socket string) {
+	if f := c.Foreign; f != nil {
+		for _, a := range f.Args {
+			args = append(args, p.expand(a))
+		}
+		for _, e := range f.Env {
+			env = append(env, p.expand(e))
+		}
+		socket = p.expand(f.Socket)
+	} else {
+		// gpudra's plugin data directory is its own (the chart mounts
+		// <kubelet>/plugins/gpu.gpudra.dev there).
+		pluginDir := filepath.Join(p.PluginsDir, gpudraDriver)
+		args = []string{"--node-name=" + p.Node, "--kubeconfig=" + p.Kubeconfig}
+		if c.Backend == "nvml" {
+			root := c.DriverRoot
+			if root == "" {
+				root = "/"
+			}
+			args = append(args, "--backend=nvml", "--driver-root="+root)
+		} else {
+			args = append(args, "--backend=sim", "--sim-machine="+c.Machine)
+		}
+		args = append(args, "--plugin-data-dir="+pluginDir, "--registrar-dir="+p.RegistrarDir, "--cdi-dir="+p.CDIDir, "--metrics-address=", "-v=0")
+		socket = filepath.Join(pluginDir, "dra.sock")
+	}
+	if c.ClientQPS > 0 {
+		args = append(args, "--kube-api-qps="+strconv.FormatFloat(c.ClientQPS, 'f', -1, 64))
+	}
+	if c.ClientBurst > 0 {
+		args = append(args, "--kube-api-burst="+strconv.Itoa(c.ClientBurst))
+	}
+	return append(args, c.PluginArgs...), append(env, c.PluginEnv...), socket
 }
 
 // Result are the measurements of a run.
@@ -92,21 +272,24 @@ func Percentile(lat []time.Duration, p float64) time.Duration {
 // Line is the one-line summary make bench-prepare prints last.
 func (r Result) Line() string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 2, 64) }
-	return fmt.Sprintf("prepare p50=%s p90=%s p99=%s unprepare p50=%s p99=%s rss=%s",
-		ms(Percentile(r.Prepare, 0.5)), ms(Percentile(r.Prepare, 0.9)), ms(Percentile(r.Prepare, 0.99)),
-		ms(Percentile(r.Unprepare, 0.5)), ms(Percentile(r.Unprepare, 0.99)),
+	return fmt.Sprintf("prepare p50=%s p90=%s p99=%s max=%s unprepare p50=%s p99=%s max=%s rss=%s",
+		ms(Percentile(r.Prepare, 0.5)), ms(Percentile(r.Prepare, 0.9)), ms(Percentile(r.Prepare, 0.99)), ms(Percentile(r.Prepare, 1)),
+		ms(Percentile(r.Unprepare, 0.5)), ms(Percentile(r.Unprepare, 0.99)), ms(Percentile(r.Unprepare, 1)),
 		strconv.FormatFloat(float64(r.PeakRSS)/(1<<20), 'f', 1, 64))
 }
 
 const (
-	node   = "bench-node"
-	driver = "gpu.gpudra.dev"
+	defaultNode  = "bench-node"
+	gpudraDriver = "gpu.gpudra.dev"
+	// nodeLabel marks the claims of a run, by node.
+	nodeLabel = "prepbench.gpudra.dev/node"
 )
 
-// Run starts a control plane, the plugin and the claims, and measures.
+// Run starts a control plane (or uses Config.Cluster), the plugin and the
+// claims, and measures.
 func Run(ctx context.Context, cfg Config) (Result, error) {
-	if cfg.Claims <= 0 || cfg.Devices <= 0 {
-		return Result{}, errors.New("Claims and Devices must be positive")
+	if err := cfg.validate(); err != nil {
+		return Result{}, err
 	}
 	logger := klog.FromContext(ctx)
 	dir := cfg.Dir
@@ -120,33 +303,47 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		dir = d
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "c"), 0o750); err != nil {
-		return Result{}, err
+	cluster := cfg.Cluster
+	if cluster == nil {
+		if err := os.MkdirAll(filepath.Join(dir, "c"), 0o750); err != nil {
+			return Result{}, err
+		}
+		c, err := devcluster.Start(ctx, devcluster.Options{Dir: filepath.Join(dir, "c"), Chart: cfg.Chart})
+		if err != nil {
+			return Result{}, err
+		}
+		defer c.Stop()
+		cluster = c
 	}
-	cluster, err := devcluster.Start(ctx, devcluster.Options{Dir: filepath.Join(dir, "c"), Chart: cfg.Chart})
-	if err != nil {
-		return Result{}, err
-	}
-	defer cluster.Stop()
 	client := cluster.Client
-	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+	node := cfg.node()
+	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return Result{}, err
 	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	// As the DaemonSet's pod: the chart's ServiceAccount, a token bound to
-	// the Node.
-	if err := cluster.WriteNodeComponentKubeconfig(ctx, kubeconfig, devcluster.PluginServiceAccount, node); err != nil {
+	sa := devcluster.PluginServiceAccount
+	if cfg.Foreign != nil {
+		if err := foreignIdentity(ctx, client, cfg.Foreign); err != nil {
+			return Result{}, err
+		}
+		sa = ForeignServiceAccount
+	}
+	paths := Paths{Node: node, Kubeconfig: filepath.Join(dir, "kubeconfig"), PluginsDir: filepath.Join(dir, "plugins"),
+		RegistrarDir: filepath.Join(dir, "registry"), CDIDir: filepath.Join(dir, "cdi"), Devices: cfg.Devices}
+	// As the DaemonSet's pod: its ServiceAccount, a token bound to the
+	// Node.
+	if err := cluster.WriteNodeComponentKubeconfig(ctx, paths.Kubeconfig, sa, node); err != nil {
 		return Result{}, err
 	}
-	pluginDir, registry, cdiDir := filepath.Join(dir, "plugin"), filepath.Join(dir, "registry"), filepath.Join(dir, "cdi")
-	for _, d := range []string{pluginDir, registry, cdiDir} {
+	for _, d := range []string{paths.PluginsDir, paths.RegistrarDir, paths.CDIDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return Result{}, err
 		}
 	}
-	args := append([]string{"--node-name=" + node, "--kubeconfig=" + kubeconfig, "--backend=sim", "--sim-machine=" + cfg.Machine,
-		"--plugin-data-dir=" + pluginDir, "--registrar-dir=" + registry, "--cdi-dir=" + cdiDir, "--metrics-address=", "-v=0"}, cfg.PluginArgs...)
+	args, env, socket := cfg.Command(paths)
 	plugin := exec.Command(cfg.PluginBinary, args...)
+	if len(env) > 0 {
+		plugin.Env = append(os.Environ(), env...)
+	}
 	logFile, err := os.Create(filepath.Join(dir, "plugin.log"))
 	if err != nil {
 		return Result{}, err
@@ -166,15 +363,20 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			_ = plugin.Process.Kill()
 		}
 	}()
-	socket := filepath.Join(pluginDir, "dra.sock")
-	if err := waitReady(ctx, client, socket); err != nil {
-		return Result{}, fmt.Errorf("plugin not ready (log: %s): %w", logFile.Name(), err)
+	if err := waitReady(ctx, client, socket, node); err != nil {
+		return Result{}, fmt.Errorf("%s plugin not ready (log: %s): %w", cfg.name(), logFile.Name(), err)
 	}
 	claims, err := createClaims(ctx, client, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	logger.Info("Claims allocated; measuring", "claims", len(claims))
+	if cfg.Cluster != nil {
+		defer func() {
+			_ = client.ResourceV1().ResourceClaims(metav1.NamespaceDefault).DeleteCollection(context.WithoutCancel(ctx), metav1.DeleteOptions{},
+				metav1.ListOptions{LabelSelector: nodeLabel + "=" + node})
+		}()
+	}
+	logger.Info("Claims allocated; measuring", "plugin", cfg.name(), "claims", len(claims))
 
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -212,8 +414,33 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	return res, err
 }
 
+// foreignIdentity creates (or updates) the ServiceAccount a Foreign plugin
+// runs as, with its rules.
+func foreignIdentity(ctx context.Context, client kubernetes.Interface, f *Foreign) error {
+	ns := devcluster.PluginNamespace
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ForeignServiceAccount, Namespace: ns}}
+	if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: ForeignServiceAccount}, Rules: f.Rules}
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		if _, err := client.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: ForeignServiceAccount},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ForeignServiceAccount},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ForeignServiceAccount, Namespace: ns}}}
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
 // waitReady waits for the DRA socket and the node's slices.
-func waitReady(ctx context.Context, client kubernetes.Interface, socket string) error {
+func waitReady(ctx context.Context, client kubernetes.Interface, socket, node string) error {
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if _, err := os.Stat(socket); err != nil {
 			return false, nil
@@ -235,8 +462,13 @@ func waitReady(ctx context.Context, client kubernetes.Interface, socket string) 
 // node, as the scheduler would (status.allocation and reservedFor).
 func createClaims(ctx context.Context, client kubernetes.Interface, cfg Config) ([]*resourceapi.ResourceClaim, error) {
 	out := make([]*resourceapi.ResourceClaim, 0, cfg.Claims)
+	node, driver, prefix := cfg.node(), cfg.driver(), "bench"
+	if cfg.Node != "" {
+		prefix = cfg.Node
+	}
 	for i := 0; i < cfg.Claims; i++ {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%03d", i), Namespace: metav1.NamespaceDefault},
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%03d", prefix, i), Namespace: metav1.NamespaceDefault,
+			Labels: map[string]string{nodeLabel: node}},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 				Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driver}}}}}}
 		c, err := client.ResourceV1().ResourceClaims(c.Namespace).Create(ctx, c, metav1.CreateOptions{})
@@ -245,7 +477,7 @@ func createClaims(ctx context.Context, client kubernetes.Interface, cfg Config) 
 		}
 		c.Status.Allocation = &resourceapi.AllocationResult{
 			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-				Request: "gpu", Driver: driver, Pool: node, Device: fmt.Sprintf(cfg.deviceFormat(), i%cfg.Devices)}}},
+				Request: "gpu", Driver: driver, Pool: node, Device: cfg.device(i)}}},
 			NodeSelector: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{
 				Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}},
 		}

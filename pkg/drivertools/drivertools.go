@@ -2,6 +2,10 @@
 // nvidia-cuda-mps-control) from a driver root: the host's filesystem (or a
 // driver container's) mounted into the plugin's container.
 //
+// A tool named by its name alone is looked for in ToolDirs under the root,
+// in their order, and its libraries in LibraryDirs (see Runner.Path): the
+// one list of where drivers are installed, for tools and libraries alike.
+//
 // A tool of the driver root must not be run by this container's dynamic
 // loader with the root's library directories on LD_LIBRARY_PATH: those
 // directories hold the host's libc, and the container's loader meeting a
@@ -9,11 +13,13 @@
 // image). Instead the tool runs through the root's own loader, the one its
 // PT_INTERP names, resolved inside the root:
 //
-//	<root>/<interp> --inhibit-cache --library-path <root's library dirs> <root>/usr/bin/<tool> <args>
+//	<root>/<interp> --inhibit-cache --library-path <root's library dirs> <root>/<tool dir>/<tool> <args>
 //
 // so that the loader, libc and every other library come from the root, and
 // neither this container's /etc/ld.so.cache nor LD_LIBRARY_PATH mixes the
-// container's libraries in.
+// container's libraries in. A tool in a driver container's root inside the
+// driver root (run/nvidia/driver) runs through that root's loader and
+// libraries.
 package drivertools
 
 import (
@@ -34,9 +40,39 @@ import (
 // the first of the library path.
 const NVMLLibrary = "libnvidia-ml.so.1"
 
-// nvmlDirs are where distributions, the .run installer and the GPU
-// operator's driver container put the driver's libraries, inside the root.
-var nvmlDirs = []string{
+// ToolDirs are where a driver tool named by its name alone is looked for,
+// inside the driver root, in this order:
+//   - usr/bin: distributions' packages and the .run installer;
+//   - usr/local/nvidia/bin: a driver installed read-only under
+//     /usr/local/nvidia (cloud GPU images; the H100 and H200 hosts of
+//     ../shared/real-gpus, where usr/bin holds only wrapper scripts);
+//   - bin and usr/sbin: the rest of the system's;
+//   - run/nvidia/driver/usr/bin: the GPU operator's driver container,
+//     mounted at /run/nvidia/driver of a host whose root is the driver root
+//     (the tool then runs with that container's loader and libraries).
+//
+// The first ELF binary found wins; a script (such as a wrapper in usr/bin
+// that execs /usr/local/nvidia/bin/<tool>) only when no directory has a
+// binary: a wrapper's absolute paths name the host's filesystem, not the
+// root as this process sees it.
+var ToolDirs = []string{
+	"usr/bin",
+	"usr/local/nvidia/bin",
+	"bin",
+	"usr/sbin",
+	DriverContainerRoot + "/usr/bin",
+}
+
+// DriverContainerRoot is where the GPU operator's driver container has its
+// root, inside a host's root.
+const DriverContainerRoot = "run/nvidia/driver"
+
+// LibraryDirs are where distributions, the .run installer, a
+// /usr/local/nvidia install and the GPU operator's driver container put
+// the driver's libraries (NVMLLibrary), inside the root, in the order they
+// are searched. A tool's own install comes first: the lib64 or lib beside
+// its bin directory when NVMLLibrary is there.
+var LibraryDirs = []string{
 	"usr/lib64",
 	"usr/lib/x86_64-linux-gnu",
 	"usr/lib/aarch64-linux-gnu",
@@ -45,6 +81,8 @@ var nvmlDirs = []string{
 	"lib/aarch64-linux-gnu",
 	"usr/lib/x86_64-linux-gnu/nvidia/current", // Debian's nvidia-driver packages
 	"usr/lib/aarch64-linux-gnu/nvidia/current",
+	"usr/local/nvidia/lib64",
+	"usr/local/nvidia/lib",
 	"usr/lib",
 	"lib",
 }
@@ -90,7 +128,8 @@ func (r Runner) root() string {
 // root, and whether it is there (a regular file).
 //
 // tool is one of:
-//   - a name ("nvidia-smi"): usr/bin/<name> under the root;
+//   - a name ("nvidia-smi"): looked for in ToolDirs under the root, in
+//     their order: the first ELF binary, else the first script;
 //   - a relative path ("usr/bin/nvidia-smi"): under the root;
 //   - an absolute path: a path already under the root
 //     ("/driver-root/usr/bin/nvidia-smi"), else a path inside the root
@@ -98,8 +137,15 @@ func (r Runner) root() string {
 //     nothing is there, a binary outside the root (a stand-in in tests),
 //     which is run as it is.
 func (r Runner) Path(tool string) (string, bool) {
-	p, _, err := r.locate(tool)
+	p, err := r.Find(tool)
 	return p, err == nil
+}
+
+// Find is Path with the reason a tool is not there: its error names every
+// place looked at (wrapping os.ErrNotExist when nothing was there).
+func (r Runner) Find(tool string) (string, error) {
+	p, _, err := r.locate(tool)
+	return p, err
 }
 
 // Command builds the command that runs tool (see Path) with args.
@@ -107,7 +153,8 @@ func (r Runner) Path(tool string) (string, bool) {
 // A tool of the root that is dynamically linked runs through the root's own
 // loader with the root's library directories (see the package comment). A
 // driver root of "/", a statically linked tool, a script and a binary
-// outside the root run directly.
+// outside the root run directly; a tool in the driver container's root
+// (DriverContainerRoot) under a root of "/" runs through that root's loader.
 //
 // cmd.Env is this process's environment without LD_LIBRARY_PATH and
 // LD_PRELOAD: append to it, do not replace it, and do not add them back.
@@ -118,11 +165,12 @@ func (r Runner) Command(ctx context.Context, tool string, args ...string) (*exec
 	if err != nil {
 		return nil, err
 	}
-	root := r.root()
 	argv := append([]string{p}, args...)
-	if inRoot && root != "/" {
-		if argv, err = r.loaderArgv(p, args); err != nil {
-			return nil, err
+	if inRoot {
+		if root := r.rootOf(p); root != "/" {
+			if argv, err = loaderArgv(root, p, args); err != nil {
+				return nil, err
+			}
 		}
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -130,9 +178,20 @@ func (r Runner) Command(ctx context.Context, tool string, args ...string) (*exec
 	return cmd, nil
 }
 
-// loaderArgv is the argv that runs the root's tool at p through the root's
+// rootOf is the root whose loader and libraries run the root's tool at p:
+// the driver container's root inside the driver root when p is in it, else
+// the driver root.
+func (r Runner) rootOf(p string) string {
+	root := r.root()
+	if dc, err := resolveInRoot(root, DriverContainerRoot); err == nil && strings.HasPrefix(p, dc+string(filepath.Separator)) {
+		return dc
+	}
+	return root
+}
+
+// loaderArgv is the argv that runs the tool at p, of root, through root's
 // loader, or runs it directly when it has no loader (static, or not ELF).
-func (r Runner) loaderArgv(p string, args []string) ([]string, error) {
+func loaderArgv(root, p string, args []string) ([]string, error) {
 	direct := append([]string{p}, args...)
 	interp, machine, err := readInterp(p)
 	if err != nil {
@@ -144,7 +203,6 @@ func (r Runner) loaderArgv(p string, args []string) ([]string, error) {
 	if interp == "" {
 		return direct, nil // statically linked
 	}
-	root := r.root()
 	loader, err := resolveInRoot(root, interp)
 	if err != nil {
 		return nil, fmt.Errorf("%s: its loader %s is not under driver root %s: %w", p, interp, root, err)
@@ -152,7 +210,7 @@ func (r Runner) loaderArgv(p string, args []string) ([]string, error) {
 	if err := regular(loader); err != nil {
 		return nil, fmt.Errorf("%s: its loader %s under driver root %s: %w", p, interp, root, err)
 	}
-	dirs := r.libraryPath(machine)
+	dirs := libraryPath(root, p, machine)
 	for _, d := range dirs {
 		// ld.so splits the list at ':' and ';' and expands '$'.
 		if strings.ContainsAny(d, ":;$") {
@@ -162,12 +220,12 @@ func (r Runner) loaderArgv(p string, args []string) ([]string, error) {
 	return append([]string{loader, "--inhibit-cache", "--library-path", strings.Join(dirs, ":"), p}, args...), nil
 }
 
-// libraryPath returns the root's library directories that exist, as this
-// process sees them: the directory of libnvidia-ml.so.1 first, then the
-// system library directories for the machine (both x86_64's and aarch64's
-// when machine is neither).
-func (r Runner) libraryPath(machine elf.Machine) []string {
-	root := r.root()
+// libraryPath returns root's library directories that exist, as this
+// process sees them, for its tool at p: the directory of libnvidia-ml.so.1
+// first (the tool's own install's, beside its bin directory, else the
+// first of LibraryDirs that has it), then the system library directories
+// for the machine (both x86_64's and aarch64's when machine is neither).
+func libraryPath(root, p string, machine elf.Machine) []string {
 	var dirs []string
 	seen := map[string]bool{}
 	add := func(d string) {
@@ -176,7 +234,14 @@ func (r Runner) libraryPath(machine elf.Machine) []string {
 			dirs = append(dirs, d)
 		}
 	}
-	for _, d := range nvmlDirs {
+	nvml := LibraryDirs
+	if rel, err := filepath.Rel(root, filepath.Dir(p)); err == nil && !strings.HasPrefix(rel, "..") {
+		if b := filepath.Base(rel); b == "bin" || b == "sbin" {
+			install := path.Dir(filepath.ToSlash(rel))
+			nvml = append([]string{path.Join(install, "lib64"), path.Join(install, "lib")}, LibraryDirs...)
+		}
+	}
+	for _, d := range nvml {
 		if lib, err := resolveInRoot(root, path.Join(d, NVMLLibrary)); err == nil && regular(lib) == nil {
 			add(filepath.Dir(lib))
 			break
@@ -207,7 +272,8 @@ func (r Runner) locate(tool string) (p string, inRoot bool, err error) {
 	case tool == "":
 		return "", false, errors.New("driver tool: no name given")
 	case !strings.Contains(tool, "/"):
-		rel = path.Join("usr/bin", tool)
+		p, err := r.search(tool)
+		return p, err == nil, err
 	case !filepath.IsAbs(tool):
 		rel = tool
 	case root == "/":
@@ -218,15 +284,15 @@ func (r Runner) locate(tool string) (p string, inRoot bool, err error) {
 			rel = in // already a path under the root
 			break
 		}
-		if p, err := resolveInRoot(root, tool); err == nil && regular(p) == nil {
+		if p, err := r.resolve(tool); err == nil && regular(p) == nil {
 			return p, true, nil
 		}
 		if err := regular(tool); err == nil {
 			return tool, false, nil // a binary outside the driver root
 		}
-		return "", false, fmt.Errorf("driver tool %s: not found at %s (driver root %s) nor at %s", tool, filepath.Join(root, tool), root, tool)
+		return "", false, fmt.Errorf("driver tool %s: not found at %s (driver root %s) nor at %s: %w", tool, filepath.Join(root, tool), root, tool, os.ErrNotExist)
 	}
-	p, err = resolveInRoot(root, rel)
+	p, err = r.resolve(rel)
 	if err == nil {
 		err = regular(p)
 	}
@@ -234,6 +300,61 @@ func (r Runner) locate(tool string) (p string, inRoot bool, err error) {
 		return "", false, fmt.Errorf("driver tool %s: not found at %s (driver root %s): %w", tool, filepath.Join(root, rel), root, err)
 	}
 	return p, true, nil
+}
+
+// search looks for the tool named name in ToolDirs under the root: the
+// first ELF binary, else the first script. Its error names every place
+// looked at.
+func (r Runner) search(name string) (string, error) {
+	root := r.root()
+	looked := make([]string, 0, len(ToolDirs))
+	script := ""
+	for _, d := range ToolDirs {
+		rel := path.Join(d, name)
+		looked = append(looked, filepath.Join(root, rel))
+		p, err := r.resolve(rel)
+		if err != nil || regular(p) != nil {
+			continue
+		}
+		if isELF(p) {
+			return p, nil
+		}
+		if script == "" {
+			script = p
+		}
+	}
+	if script != "" {
+		return script, nil
+	}
+	return "", fmt.Errorf("driver tool %s: not found under driver root %s: looked at %s: %w", name, root, strings.Join(looked, ", "), os.ErrNotExist)
+}
+
+// resolve is resolveInRoot for a path inside the driver root; a path into
+// the driver container's root (DriverContainerRoot) is resolved inside
+// that root, whose absolute links name its own files.
+func (r Runner) resolve(name string) (string, error) {
+	root := r.root()
+	clean := strings.TrimPrefix(path.Clean("/"+filepath.ToSlash(name)), "/")
+	if rest, ok := strings.CutPrefix(clean, DriverContainerRoot+"/"); ok {
+		dc, err := resolveInRoot(root, DriverContainerRoot)
+		if err != nil {
+			return "", err
+		}
+		return resolveInRoot(dc, rest)
+	}
+	return resolveInRoot(root, name)
+}
+
+// isELF says whether the file at p starts with ELF's magic number.
+func isELF(p string) bool {
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var magic [4]byte
+	_, err = io.ReadFull(f, magic[:])
+	return err == nil && string(magic[:]) == elf.ELFMAG
 }
 
 // regular says whether p is a regular file.
@@ -349,4 +470,31 @@ func environ() []string {
 		}
 	}
 	return out
+}
+
+// ChildEnv is what a driver tool at p (as Find returns it) needs in its
+// environment for the driver programs it starts by name itself (the MPS
+// control daemon starts nvidia-cuda-mps-server): PATH with p's directory
+// first, and, where the root's NVIDIA libraries are in a directory of their
+// own (/usr/local/nvidia/lib64; not a system directory with a libc in it),
+// LD_LIBRARY_PATH naming it, since such a child runs through the
+// container's loader, which does not know that directory. A system
+// directory is never put there: it would mix the root's libc into this
+// container's programs (see the package comment).
+func (r Runner) ChildEnv(p string) []string {
+	env := []string{"PATH=" + filepath.Dir(p) + string(os.PathListSeparator) + os.Getenv("PATH")}
+	dirs := libraryPath(r.rootOf(p), p, elf.EM_X86_64)
+	if len(dirs) == 0 {
+		return env
+	}
+	lib := dirs[0]
+	if _, err := os.Stat(filepath.Join(lib, NVMLLibrary)); err != nil {
+		return env // no NVIDIA library directory at all
+	}
+	for _, libc := range []string{"libc.so.6", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"} {
+		if _, err := os.Stat(filepath.Join(lib, libc)); err == nil {
+			return env // a system directory
+		}
+	}
+	return append(env, "LD_LIBRARY_PATH="+lib)
 }

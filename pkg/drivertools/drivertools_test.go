@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -75,6 +76,8 @@ int main(int argc, char **argv) {
 // root's loader when followed inside the root.
 type fakeRoot struct {
 	root, libDir, loader string
+	// tool is the driver tool built into the root.
+	tool string
 	// libraryPath is what the loader is given: the directory of
 	// libnvidia-ml.so.1 and libc, then lib64 (where the loader's link is)
 	// and lib, the root's library directories that exist.
@@ -94,6 +97,31 @@ func compile(t *testing.T, out, src string, flags ...string) error {
 }
 
 func newFakeRoot(t *testing.T) fakeRoot {
+	return newFakeDriver(t, driverLayout{bin: "usr/bin"})
+}
+
+// driverLayout is where a driver install puts its tools and NVML.
+type driverLayout struct {
+	// sys is where the system the tool runs on (its loader, libc) is,
+	// inside the driver root: "" (the driver root itself), or a driver
+	// container's root inside a host's (DriverContainerRoot).
+	sys string
+	// bin is where the tool is, and nvml where libnvidia-ml.so.1 is
+	// (empty: beside libc, in lib/<multiarch>), inside sys.
+	bin, nvml string
+	// nvmlLink, when set, is a directory (inside sys) that is a symbolic
+	// link to nvml, as /usr/local/nvidia/lib -> lib64.
+	nvmlLink string
+	// wrapper puts a script in usr/bin (of the driver root) that execs
+	// /<bin>/nvidia-smi, as /usr/bin/nvidia-smi does on hosts with the
+	// driver under /usr/local/nvidia.
+	wrapper bool
+}
+
+// newFakeDriver builds a driver root in layout l around a tool
+// (usr/bin/nvidia-smi of l) that fails unless every shared object it
+// loads comes from the system it belongs to (l.sys).
+func newFakeDriver(t *testing.T, l driverLayout) fakeRoot {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("needs Linux and glibc's ld.so")
@@ -103,14 +131,15 @@ func newFakeRoot(t *testing.T) fakeRoot {
 	}
 	root, err := filepath.EvalSymlinks(t.TempDir())
 	require.NoError(t, err)
+	sys := filepath.Join(root, l.sys)
 	multiarch, err := exec.Command("gcc", "-print-multiarch").Output()
 	require.NoError(t, err)
 	lib := filepath.Join("lib", strings.TrimSpace(string(multiarch)))
-	require.NoError(t, os.MkdirAll(filepath.Join(root, lib), 0o755))
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, lib), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, l.bin), 0o755))
 
-	tool := filepath.Join(root, "usr/bin/nvidia-smi")
-	require.NoError(t, compile(t, tool, toolSource, `-DROOT="`+root+`"`))
+	tool := filepath.Join(sys, l.bin, "nvidia-smi")
+	require.NoError(t, compile(t, tool, toolSource, `-DROOT="`+sys+`"`))
 	interp, _, err := readInterp(tool)
 	require.NoError(t, err)
 	require.NotEmpty(t, interp, "gcc built a dynamically linked tool")
@@ -122,14 +151,32 @@ func newFakeRoot(t *testing.T) fakeRoot {
 	require.NoError(t, err)
 	hostLibc, err := filepath.EvalSymlinks(strings.TrimSpace(string(libcName)))
 	require.NoError(t, err)
-	loader := filepath.Join(root, lib, "ld-root.so")
+	loader := filepath.Join(sys, lib, "ld-root.so")
 	copyFile(t, hostLoader, loader, 0o755)
-	copyFile(t, hostLibc, filepath.Join(root, lib, "libc.so.6"), 0o755)
-	require.NoError(t, os.WriteFile(filepath.Join(root, lib, NVMLLibrary), []byte("not a library: the tool does not load it"), 0o644))
-	require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(interp)), 0o755))
-	require.NoError(t, os.Symlink("/"+lib+"/ld-root.so", filepath.Join(root, interp)))
-	return fakeRoot{root: root, libDir: filepath.Join(root, lib), loader: loader,
-		libraryPath: strings.Join([]string{filepath.Join(root, lib), filepath.Join(root, "lib64"), filepath.Join(root, "lib")}, ":")}
+	copyFile(t, hostLibc, filepath.Join(sys, lib, "libc.so.6"), 0o755)
+	nvml := l.nvml
+	if nvml == "" {
+		nvml = lib
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, nvml), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sys, nvml, NVMLLibrary), []byte("not a library: the tool does not load it"), 0o644))
+	if l.nvmlLink != "" {
+		require.NoError(t, os.Symlink(filepath.Base(nvml), filepath.Join(sys, l.nvmlLink)))
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(sys, filepath.Dir(interp)), 0o755))
+	require.NoError(t, os.Symlink("/"+lib+"/ld-root.so", filepath.Join(sys, interp)))
+	if l.wrapper {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "usr/bin/nvidia-smi"),
+			[]byte("#!/bin/sh\nexec /"+l.bin+"/nvidia-smi \"$@\"\n"), 0o755))
+	}
+	dirs := []string{filepath.Join(sys, nvml)}
+	for _, d := range []string{lib, "lib64", "lib"} {
+		if d := filepath.Join(sys, d); !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return fakeRoot{root: root, libDir: filepath.Join(sys, lib), loader: loader, tool: tool, libraryPath: strings.Join(dirs, ":")}
 }
 
 func copyFile(t *testing.T, from, to string, mode os.FileMode) {
@@ -183,6 +230,116 @@ func TestToolRunsUnderTheRootsOwnLoader(t *testing.T) {
 		require.NoError(t, err, name)
 		assert.Equal(t, []string{fr.loader, "--inhibit-cache", "--library-path", fr.libraryPath, tool, "x"}, cmd.Args, name)
 	}
+}
+
+// Every layout a driver is installed in: the tool named by its name alone
+// is found, and really runs through the loader and libc of the system it
+// belongs to, with the directory of its own install's NVML first on the
+// library path.
+func TestToolsFoundInEveryLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		layout driverLayout
+		// driverRoot is the Runner's root, inside the built root.
+		driverRoot string
+	}{
+		{name: "distribution (Debian packages)", layout: driverLayout{bin: "usr/bin", nvml: "usr/lib/x86_64-linux-gnu/nvidia/current"}},
+		{name: "distribution (RHEL packages)", layout: driverLayout{bin: "usr/bin", nvml: "usr/lib64"}},
+		{name: ".run installer", layout: driverLayout{bin: "usr/bin", nvml: "usr/lib/x86_64-linux-gnu"}},
+		{name: "/usr/local/nvidia, a wrapper script in usr/bin", layout: driverLayout{bin: "usr/local/nvidia/bin", nvml: "usr/local/nvidia/lib64", nvmlLink: "usr/local/nvidia/lib", wrapper: true}},
+		{name: "driver container at run/nvidia/driver of the host root", layout: driverLayout{sys: DriverContainerRoot, bin: "usr/bin", nvml: "usr/lib64"}},
+		{name: "driver container as the driver root", layout: driverLayout{sys: DriverContainerRoot, bin: "usr/bin", nvml: "usr/lib64"}, driverRoot: DriverContainerRoot},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fr := newFakeDriver(t, tc.layout)
+			sys := filepath.Join(fr.root, tc.layout.sys)
+			r := Runner{Root: filepath.Join(fr.root, tc.driverRoot)}
+			p, err := r.Find("nvidia-smi")
+			require.NoError(t, err)
+			assert.Equal(t, fr.tool, p)
+			cmd, err := r.Command(context.Background(), "nvidia-smi", "-L")
+			require.NoError(t, err)
+			require.Len(t, cmd.Args, 6)
+			assert.Equal(t, fr.loader, cmd.Path, "the loader of the tool's own system")
+			assert.Equal(t, filepath.Join(sys, tc.layout.nvml), strings.Split(cmd.Args[3], ":")[0], "the tool's own NVML first")
+			assert.Equal(t, []string{fr.tool, "-L"}, cmd.Args[4:])
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			assert.Equal(t, "argv[0]="+fr.tool+"\nargv[1]=-L\n", string(out))
+
+			// The path Find returned, as the plugin passes it on.
+			cmd, err = r.Command(context.Background(), p, "-L")
+			require.NoError(t, err)
+			assert.Equal(t, fr.loader, cmd.Path)
+		})
+	}
+}
+
+// The tool search order: ToolDirs in their order, an ELF binary before a
+// script found earlier, a script when there is no binary; a tool's own
+// install's NVML before the first of LibraryDirs.
+func TestToolSearchOrder(t *testing.T) {
+	elfTool := func(root, rel string) string {
+		p := filepath.Join(root, rel)
+		writeELF(t, p, "/lib64/ld-linux-x86-64.so.2", elf.EM_X86_64)
+		return p
+	}
+	script := func(root, rel string) string {
+		p := filepath.Join(root, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte("#!/bin/sh\nexec /usr/local/nvidia/bin/x \"$@\"\n"), 0o755))
+		return p
+	}
+	t.Run("every directory in order", func(t *testing.T) {
+		root := t.TempDir()
+		var want []string
+		for _, d := range ToolDirs {
+			want = append(want, elfTool(root, path.Join(d, "x")))
+		}
+		for _, w := range want {
+			p, err := Runner{Root: root}.Find("x")
+			require.NoError(t, err)
+			assert.Equal(t, w, p)
+			require.NoError(t, os.Remove(w))
+		}
+		_, err := Runner{Root: root}.Find("x")
+		assert.ErrorIs(t, err, os.ErrNotExist)
+	})
+	t.Run("a binary before a wrapper script", func(t *testing.T) {
+		root := t.TempDir()
+		script(root, "usr/bin/x")
+		bin := elfTool(root, "usr/local/nvidia/bin/x")
+		p, err := Runner{Root: root}.Find("x")
+		require.NoError(t, err)
+		assert.Equal(t, bin, p)
+	})
+	t.Run("a script when there is no binary", func(t *testing.T) {
+		root := t.TempDir()
+		first := script(root, "usr/bin/x")
+		script(root, "usr/sbin/x")
+		p, err := Runner{Root: root}.Find("x")
+		require.NoError(t, err)
+		assert.Equal(t, first, p)
+	})
+	t.Run("the tool's own install's NVML first", func(t *testing.T) {
+		root := rhelLikeRoot(t) // NVML in usr/lib64
+		elfTool(root, "usr/local/nvidia/bin/x")
+		mkfile(t, filepath.Join(root, "usr/local/nvidia/lib64", NVMLLibrary))
+		cmd, err := Runner{Root: root}.Command(context.Background(), "x")
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(root, "usr/local/nvidia/lib64")+":"+filepath.Join(root, "usr/lib64")+":"+filepath.Join(root, "usr/lib"), cmd.Args[3])
+		cmd, err = Runner{Root: root}.Command(context.Background(), "nvidia-smi")
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(root, "usr/lib64")+":"+filepath.Join(root, "usr/lib"), cmd.Args[3], "usr/bin's tool: usr/lib64's")
+	})
+	t.Run("usr/local/nvidia's NVML without a tool beside it", func(t *testing.T) {
+		root := rhelLikeRoot(t)
+		require.NoError(t, os.Remove(filepath.Join(root, "usr/lib64/libnvidia-ml.so.1")))
+		mkfile(t, filepath.Join(root, "usr/local/nvidia/lib", NVMLLibrary))
+		cmd, err := Runner{Root: root}.Command(context.Background(), "nvidia-smi")
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(root, "usr/local/nvidia/lib")+":"+filepath.Join(root, "usr/lib64")+":"+filepath.Join(root, "usr/lib"), cmd.Args[3])
+	})
 }
 
 func TestStaticToolRunsDirectly(t *testing.T) {
@@ -325,13 +482,17 @@ func TestMissingToolNamesThePath(t *testing.T) {
 	assert.False(t, ok)
 	_, err := r.Command(context.Background(), "nvidia-cuda-mps-control")
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "driver tool nvidia-cuda-mps-control: not found at "+filepath.Join(root, "usr/bin/nvidia-cuda-mps-control"))
+	assert.Contains(t, err.Error(), "driver tool nvidia-cuda-mps-control: not found under driver root "+root+": looked at ")
+	for _, d := range ToolDirs {
+		assert.Contains(t, err.Error(), filepath.Join(root, d, "nvidia-cuda-mps-control"), "every place looked at")
+	}
 	assert.ErrorIs(t, err, os.ErrNotExist)
 
 	_, err = r.Command(context.Background(), "/opt/bin/nvidia-smi")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "not found at "+filepath.Join(root, "opt/bin/nvidia-smi"))
 	assert.Contains(t, err.Error(), "nor at /opt/bin/nvidia-smi")
+	assert.ErrorIs(t, err, os.ErrNotExist)
 
 	_, err = r.Command(context.Background(), "")
 	assert.Error(t, err)
@@ -375,5 +536,42 @@ func TestEnvironmentStripsLoaderVariables(t *testing.T) {
 	assert.Contains(t, env, "DRIVERTOOLS_KEEP=1")
 	for _, kv := range env {
 		assert.NotRegexp(t, "^LD_(LIBRARY_PATH|PRELOAD)=", kv)
+	}
+}
+
+// A tool's children get its directory on PATH, and LD_LIBRARY_PATH only
+// where the driver's libraries are in a directory of their own: never a
+// system directory holding a libc.
+func TestChildEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name, bin, lib string
+		libc           bool
+		wantLib        bool
+	}{
+		{"/usr/local/nvidia", "usr/local/nvidia/bin", "usr/local/nvidia/lib64", false, true},
+		{"Debian packages", "usr/bin", "usr/lib/x86_64-linux-gnu", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, d := range []string{tc.bin, tc.lib} {
+				require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
+			}
+			tool := filepath.Join(root, tc.bin, "nvidia-cuda-mps-control")
+			require.NoError(t, os.WriteFile(tool, []byte("#!/bin/sh\n"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(root, tc.lib, NVMLLibrary), nil, 0o644))
+			if tc.libc {
+				require.NoError(t, os.WriteFile(filepath.Join(root, tc.lib, "libc.so.6"), nil, 0o644))
+			}
+			env := Runner{Root: root}.ChildEnv(tool)
+			require.NotEmpty(t, env)
+			assert.True(t, strings.HasPrefix(env[0], "PATH="+filepath.Join(root, tc.bin)+":"), "%v", env)
+			hasLib := slices.Contains(env, "LD_LIBRARY_PATH="+filepath.Join(root, tc.lib))
+			assert.Equal(t, tc.wantLib, hasLib, "%v", env)
+			for _, e := range env {
+				if tc.libc {
+					assert.False(t, strings.HasPrefix(e, "LD_LIBRARY_PATH="), "a system directory is never put on LD_LIBRARY_PATH: %v", env)
+				}
+			}
+		})
 	}
 }

@@ -12,8 +12,8 @@ import (
 type NvidiaSMI struct {
 	// Runner runs it from the driver root, through the root's own loader.
 	Runner Runner
-	// Path is nvidia-smi as Runner.Path takes it; empty:
-	// "nvidia-smi" (usr/bin/nvidia-smi under the driver root).
+	// Path is nvidia-smi as Runner.Path takes it; empty: "nvidia-smi",
+	// looked for in ToolDirs under the driver root.
 	Path string
 }
 

@@ -49,5 +49,5 @@ func TestNvidiaSMIFromTheDriverRoot(t *testing.T) {
 
 	err = NvidiaSMI{Runner: Runner{Root: t.TempDir()}}.SetTimeSlice(context.Background(), "GPU-1", 2)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "setting the time slice of GPU-1: driver tool nvidia-smi: not found at ")
+	assert.Contains(t, err.Error(), "setting the time slice of GPU-1: driver tool nvidia-smi: not found under driver root ")
 }

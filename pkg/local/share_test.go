@@ -1,9 +1,11 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -16,7 +18,8 @@ import (
 )
 
 // Two MPS clients of one GPU share its one control daemon (the stand-in
-// nvidia-cuda-mps-control, a real process), which goes with the last.
+// nvidia-cuda-mps-control, a real process), which goes with the last, and
+// is reaped by the process that started it (no zombie child).
 func TestMPSClientsShareOneDaemonPerGPU(t *testing.T) {
 	control, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
 	require.NoError(t, err)
@@ -46,6 +49,8 @@ func TestMPSClientsShareOneDaemonPerGPU(t *testing.T) {
 	logPath := filepath.Join(a.MPSDir, "log", "control.log")
 	log := func() string { b, _ := os.ReadFile(logPath); return string(b) }
 	assert.Equal(t, 1, strings.Count(log(), "daemon start"), log())
+	pid, err := sharing.RecordedDaemonPID(a.MPSDir)
+	require.NoError(t, err)
 
 	assert.ErrorContains(t, l.Enqueue(ctx, func() Request { r := mps("two"); r.Devices, _ = Devices(Ask{GPUs: 2}); return r }()),
 		"one GPU (or MIG device) per request")
@@ -54,6 +59,20 @@ func TestMPSClientsShareOneDaemonPerGPU(t *testing.T) {
 	require.NoError(t, l.Release(ctx, "mps-b", "bob"))
 	_, err = os.Stat(a.MPSDir)
 	assert.True(t, os.IsNotExist(err), "the last client gone: the daemon quit and its directory went")
+	assert.False(t, zombieChild(t, pid), "the daemon, a child of this process, was reaped when its last client was released")
+}
+
+// zombieChild says whether pid is a child of this process in state Z.
+func zombieChild(t *testing.T, pid int) bool {
+	t.Helper()
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false // gone: reaped
+	}
+	// state and ppid follow the command name in parentheses.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	require.GreaterOrEqual(t, len(f), 2)
+	return f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid())
 }
 
 func TestSharingOfAClaimsGpuConfig(t *testing.T) {

@@ -119,6 +119,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("--control-binary: %w", err)
 	}
 	cmd.Env = append(cmd.Env, cfg.Env()...)
+	if p, err := cfg.Tools.Find(cfg.binary()); err == nil {
+		// The daemon starts nvidia-cuda-mps-server by name: from its own
+		// directory, with the driver's libraries.
+		cmd.Env = append(cmd.Env, cfg.Tools.ChildEnv(p)...)
+	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	// Its own process group: the control daemon's server children go with
 	// it when it has to be killed.

@@ -220,11 +220,6 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 		}
 		return prepared.Claim{}, err
 	}
-	// Phase two: done.
-	record.State = prepared.PrepareCompleted
-	if err := s.recordLocked(cp, &record, "after-complete"); err != nil {
-		return prepared.Claim{}, err
-	}
 	return record, nil
 }
 
@@ -275,14 +270,36 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	if err != nil {
 		return err
 	}
-	if err := s.opts.CDI.Write(uid, cdiSpec); err != nil {
+	// Phase two: done. Device nodes are host facts, not state: the record
+	// goes without.
+	done := *record
+	done.State = prepared.PrepareCompleted
+	done.Devices = make([]prepared.Device, len(record.Devices))
+	for i, d := range record.Devices {
+		d.Nodes = nil
+		done.Devices[i] = d
+	}
+	// The completed record is written and fsynced beside the checkpoint
+	// while the CDI spec is written: neither needs the other, and the
+	// record replaces the checkpoint only after the spec exists, so that a
+	// kill in between leaves a spec no record names (removed at start),
+	// never a record without its spec.
+	cp.Put(done)
+	staged := s.stageLocked(cp)
+	writeErr := s.opts.CDI.Write(uid, cdiSpec)
+	pending, stageErr := staged()
+	if err := errors.Join(writeErr, stageErr); err != nil {
+		pending.Abort()
+		cp.Put(*record) // the record as it was, for the rollback
 		return err
 	}
 	s.crash("after-cdi-write")
-	// Device nodes are host facts, not state: the record goes without.
-	for i := range record.Devices {
-		record.Devices[i].Nodes = nil
+	if err := s.commitLocked(cp, pending); err != nil {
+		cp.Put(*record)
+		return err
 	}
+	*record = done
+	s.crash("after-complete")
 	return nil
 }
 
@@ -450,7 +467,36 @@ func (s *NodeState) crash(step string) {
 
 func (s *NodeState) storeLocked(cp *checkpoint.Checkpoint) error {
 	s.cp = nil
-	if err := checkpoint.Store(s.opts.CheckpointPath, cp); err != nil {
+	pending, err := checkpoint.Stage(s.opts.CheckpointPath, cp)
+	if err != nil {
+		return err
+	}
+	return s.commitLocked(cp, pending)
+}
+
+// stageLocked writes and fsyncs cp beside the checkpoint in a goroutine of
+// its own; the function it returns waits for that. cp must not change
+// until then.
+func (s *NodeState) stageLocked(cp *checkpoint.Checkpoint) func() (*checkpoint.Pending, error) {
+	type staged struct {
+		p   *checkpoint.Pending
+		err error
+	}
+	done := make(chan staged, 1)
+	go func() {
+		p, err := checkpoint.Stage(s.opts.CheckpointPath, cp)
+		done <- staged{p, err}
+	}()
+	return func() (*checkpoint.Pending, error) {
+		r := <-done
+		return r.p, r.err
+	}
+}
+
+// commitLocked puts a staged checkpoint in place, as the current one.
+func (s *NodeState) commitLocked(cp *checkpoint.Checkpoint, pending *checkpoint.Pending) error {
+	s.cp = nil
+	if err := pending.Commit(); err != nil {
 		return err
 	}
 	if id, err := statID(s.opts.CheckpointPath); err == nil {

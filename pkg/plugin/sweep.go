@@ -19,6 +19,11 @@ import (
 func (s *NodeState) sweep(ctx context.Context) error {
 	return s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
 		errs := []error{s.rollbackInterruptedLocked(ctx, cp)}
+		// A kill between staging a checkpoint and its rename leaves the
+		// staged file; nothing else stores now (the node lock is held).
+		if err := checkpoint.RemoveStale(s.opts.CheckpointPath); err != nil {
+			errs = append(errs, fmt.Errorf("remove temporary checkpoint files: %w", err))
+		}
 		uids, err := s.opts.CDI.ClaimUIDs()
 		if err != nil {
 			errs = append(errs, err)

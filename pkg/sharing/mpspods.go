@@ -191,7 +191,8 @@ func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 	}
 	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + s.Dir, "--devices=" + strings.Join(s.Devices, ",")}
 	// No --control-binary: the server runs the driver root's own
-	// nvidia-cuda-mps-control (usr/bin), read-only; the admission policy
+	// nvidia-cuda-mps-control (looked for in drivertools.ToolDirs),
+	// read-only; the admission policy
 	// refuses the flag, which could name any binary.
 	args = append(args, p.LogArgs...)
 	hostDir := corev1.HostPathDirectoryOrCreate

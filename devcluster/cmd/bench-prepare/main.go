@@ -1,6 +1,12 @@
 // Command bench-prepare measures the kubelet plugin's prepare and unprepare
 // latency and peak memory against a real API server (make bench-prepare);
 // its last line is the summary.
+//
+// With --example-binary it runs gpudra's plugin and the DRA example
+// driver's, interleaved (gpudra, example, gpudra, example, ... for
+// --rounds rounds), each on a control plane of its own started the same
+// way, at the same client limits, over the same claims; the last line then
+// compares them.
 package main
 
 import (
@@ -8,7 +14,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/prepbench"
@@ -16,25 +24,104 @@ import (
 
 func main() {
 	var cfg prepbench.Config
-	var pluginArgs string
-	flag.StringVar(&cfg.PluginBinary, "plugin-binary", "bin/gpudra-kubelet-plugin", "gpudra-kubelet-plugin, as built by make build")
+	var pluginArgs, pluginEnv, devicesOverride, foreign, exampleBinary string
+	var rounds int
+	flag.StringVar(&cfg.PluginBinary, "plugin-binary", "bin/gpudra-kubelet-plugin", "gpudra-kubelet-plugin, as built by make build (or, with --foreign, that plugin)")
 	flag.IntVar(&cfg.Claims, "claims", 200, "1-GPU claims, prepared and unprepared one after the other")
+	flag.StringVar(&cfg.Backend, "backend", "sim", "gpudra plugin's backend: sim (--sim-machine) or nvml (the node's GPUs, --driver-root)")
+	flag.StringVar(&cfg.DriverRoot, "driver-root", "/", "where the NVIDIA driver is installed, for --backend=nvml")
 	flag.StringVar(&cfg.Machine, "sim-machine", "dgx-h100-nomig", "the plugin's simulated machine")
 	flag.IntVar(&cfg.Devices, "devices", 8, "claims go round-robin over device indexes 0..<devices-1>")
 	flag.StringVar(&cfg.DeviceFormat, "device-format", "gpu-%d", "a claim's device name from its index (e.g. gpu-%d-mig-3g-40gb-4 with --sim-machine=dgx-h100: a MIG device created at prepare)")
+	flag.StringVar(&devicesOverride, "devices-override", "", "comma-separated device names the claims go round-robin over, instead of --device-format and --devices")
+	flag.Float64Var(&cfg.ClientQPS, "kube-api-qps", 0, "the plugin's API client QPS (both plugins' --kube-api-qps); 0: the plugin's default")
+	flag.IntVar(&cfg.ClientBurst, "kube-api-burst", 0, "the plugin's API client burst (--kube-api-burst); 0: the plugin's default")
 	flag.StringVar(&pluginArgs, "plugin-args", "", "space-separated flags added to the plugin's (e.g. --kube-api-qps=1000)")
+	flag.StringVar(&pluginEnv, "plugin-env", "", "space-separated NAME=value added to the plugin's environment (e.g. GODEBUG=gctrace=1)")
+	flag.StringVar(&foreign, "foreign", "", "run --plugin-binary as another driver's plugin: dra-example-driver")
+	flag.StringVar(&exampleBinary, "example-binary", "", "the DRA example driver's dra-example-kubeletplugin: compare it with gpudra's, interleaved")
+	flag.IntVar(&rounds, "rounds", 1, "with --example-binary: gpudra/example pairs, interleaved")
 	chart := devcluster.DefaultChart(".")
 	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
 	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
 	flag.Parse()
 	cfg.Chart = chart
 	cfg.PluginArgs = strings.Fields(pluginArgs)
-	res, err := prepbench.Run(context.Background(), cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-prepare:", err)
-		os.Exit(1)
+	cfg.PluginEnv = strings.Fields(pluginEnv)
+	if devicesOverride != "" {
+		cfg.DevicesOverride = strings.Split(devicesOverride, ",")
 	}
-	fmt.Printf("claim read (the API server's share) p50=%.2f p99=%.2f ms; plugin memory %s\n",
-		float64(prepbench.Percentile(res.ClaimRead, 0.5).Microseconds())/1000, float64(prepbench.Percentile(res.ClaimRead, 0.99).Microseconds())/1000, res.Memory)
-	fmt.Println(res.Line())
+	if cfg.Backend == "sim" {
+		cfg.Backend = "" // the default; a Foreign plugin takes none
+	}
+	switch foreign {
+	case "":
+	case "dra-example-driver":
+		cfg.Foreign = prepbench.ExampleDriver()
+	default:
+		fail(fmt.Errorf("--foreign %q: want dra-example-driver", foreign))
+	}
+	ctx := context.Background()
+	if exampleBinary == "" {
+		res, err := prepbench.Run(ctx, cfg)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("claim read (the API server's share) p50=%.2f p99=%.2f ms; plugin memory %s\n",
+			ms(prepbench.Percentile(res.ClaimRead, 0.5)), ms(prepbench.Percentile(res.ClaimRead, 0.99)), res.Memory)
+		fmt.Println(res.Line())
+		return
+	}
+	if cfg.Foreign != nil {
+		fail(fmt.Errorf("--example-binary compares with gpudra's plugin (--plugin-binary): no --foreign"))
+	}
+	example := cfg
+	example.PluginBinary, example.Backend, example.Foreign = exampleBinary, "", prepbench.ExampleDriver()
+	byPlugin := map[string][]prepbench.Result{}
+	for r := 1; r <= rounds; r++ {
+		for _, run := range []struct {
+			name string
+			cfg  prepbench.Config
+		}{{"gpudra", cfg}, {"example", example}} {
+			res, err := prepbench.Run(ctx, run.cfg)
+			if err != nil {
+				fail(fmt.Errorf("%s, round %d: %w", run.name, r, err))
+			}
+			byPlugin[run.name] = append(byPlugin[run.name], res)
+			fmt.Printf("round %d %-7s %s claimread-p50=%.2f\n", r, run.name, res.Line(), ms(prepbench.Percentile(res.ClaimRead, 0.5)))
+		}
+	}
+	fmt.Println(compare(byPlugin["gpudra"], byPlugin["example"]))
+}
+
+// compare is the last line of an interleaved run: each plugin's medians
+// over the rounds, and gpudra's p99 and max over the example's.
+func compare(g, e []prepbench.Result) string {
+	med := func(rs []prepbench.Result, f func(prepbench.Result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		sort.Float64s(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	p := func(q float64) func(prepbench.Result) float64 {
+		return func(r prepbench.Result) float64 { return ms(prepbench.Percentile(r.Prepare, q)) }
+	}
+	rss := func(r prepbench.Result) float64 { return float64(r.PeakRSS) / (1 << 20) }
+	line := func(rs []prepbench.Result) string {
+		return fmt.Sprintf("p50=%.2f p90=%.2f p99=%.2f max=%.2f rss=%.1f", med(rs, p(0.5)), med(rs, p(0.9)), med(rs, p(0.99)), med(rs, p(1)), med(rs, rss))
+	}
+	return fmt.Sprintf("medians of %d rounds, prepare ms: gpudra %s; example %s; gpudra/example p99=%.2fx max=%.2fx", len(g),
+		line(g), line(e), med(g, p(0.99))/med(e, p(0.99)), med(g, p(1))/med(e, p(1)))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench-prepare:", err)
+	os.Exit(1)
 }

@@ -53,6 +53,8 @@ var driverFirmware = []string{"gsp_ga10x.bin", "gsp_tu10x.bin"}
 
 // WriteDriverRoot lays out a fake driver root of the given version under
 // dir, replacing the files of any other version there (a driver upgrade).
+// Its files are empty; Machine.WriteDriverRoot (standins.go) can put a
+// working libcuda and nvidia-smi in their place.
 func WriteDriverRoot(dir, version string) error {
 	if version == "" {
 		version = defaultDriverVersion

@@ -1,6 +1,7 @@
 // Package sim provides simulated GPU machines faithful to
-// ../shared/facts/h100.md: the same product figures, the real H100 MIG profile
-// table with memory-slice placements, MIG creation that refuses what the
+// ../shared/facts/h100.md and to real H100 and H200 GPUs as captured in
+// ../shared/real-gpus: the same product figures, the real H100 and H200 MIG
+// profile tables with memory-slice placements, MIG creation that refuses what the
 // hardware refuses, NVLink topology through NVSwitches or NVLink bridges
 // between pairs of cards, multi-node fabric
 // cliques, and injectable health faults.

@@ -1,9 +1,14 @@
 package sim
 
-import "github.com/gpudra/gpudra/pkg/nvdevice"
+import (
+	"fmt"
 
-// gpuModel is the fixed description of one GPU product, from
-// ../shared/facts/h100.md. Figures marked "derived" there are derived here too.
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// gpuModel is the fixed description of one GPU product: the H100 from
+// ../shared/facts/h100.md (figures marked "derived" there are derived here
+// too), the H200 from the real H200 that ../shared/real-gpus/h200 captured.
 type gpuModel struct {
 	productName  string
 	brand        string
@@ -24,40 +29,72 @@ type gpuModel struct {
 const (
 	ModelH100SXM5 = "h100-sxm5"
 	ModelH100PCIe = "h100-pcie"
+	ModelH200SXM  = "h200-sxm"
 )
 
-func placements(size int, starts ...int) []nvdevice.Placement {
-	p := make([]nvdevice.Placement, 0, len(starts))
-	for _, s := range starts {
-		p = append(p, nvdevice.Placement{Start: s, Size: size})
-	}
-	return p
+// migGeometry is the part of a GPU-instance profile that is the same on
+// every Hopper (GH100) product: which NVML profile it is, how many compute
+// and memory slices it takes and where, and its engines other than the
+// multiprocessors. Memory slices are nvdevice.MemorySlices (8) per GPU.
+type migGeometry struct {
+	id, computeSlices, maxInstances int
+	copyEngines, decoders, jpeg     int
+	ofa                             int
+	size                            int
+	starts                          []int
 }
 
-// h100Profiles builds the H100 80GB GPU-instance profile table. sms gives the
-// multiprocessor count per profile in table order, which is the one figure that
-// differs between the SXM5 and PCIe boards.
-func h100Profiles(sms [7]int) []nvdevice.MigProfile {
-	eng := func(sm, ce, dec, jpeg, ofa int) nvdevice.Engines {
-		return nvdevice.Engines{Multiprocessors: sm, CopyEngines: ce, Decoders: dec, JPEGEngines: jpeg, OFAEngines: ofa}
+// hopperMIG is GH100's GPU-instance profile table by NVML profile enum
+// (NVML_GPU_INSTANCE_PROFILE_*), as the facts and both real captures (H100
+// 80GB HBM3 and H200) list it. Encoders are 0 in every profile.
+var hopperMIG = map[int]migGeometry{
+	0: {id: 19, computeSlices: 1, maxInstances: 7, copyEngines: 1, decoders: 1, jpeg: 1, ofa: 0, size: 1, starts: []int{0, 1, 2, 3, 4, 5, 6}},
+	7: {id: 20, computeSlices: 1, maxInstances: 1, copyEngines: 1, decoders: 1, jpeg: 1, ofa: 1, size: 1, starts: []int{0, 1, 2, 3, 4, 5, 6}}, // +me
+	9: {id: 15, computeSlices: 1, maxInstances: 4, copyEngines: 1, decoders: 1, jpeg: 1, ofa: 0, size: 2, starts: []int{0, 2, 4, 6}},
+	1: {id: 14, computeSlices: 2, maxInstances: 3, copyEngines: 2, decoders: 2, jpeg: 2, ofa: 0, size: 2, starts: []int{0, 2, 4}},
+	2: {id: 9, computeSlices: 3, maxInstances: 2, copyEngines: 3, decoders: 3, jpeg: 3, ofa: 0, size: 4, starts: []int{0, 4}},
+	3: {id: 5, computeSlices: 4, maxInstances: 1, copyEngines: 4, decoders: 4, jpeg: 4, ofa: 0, size: 4, starts: []int{0}},
+	4: {id: 0, computeSlices: 7, maxInstances: 1, copyEngines: 8, decoders: 7, jpeg: 7, ofa: 1, size: 8, starts: []int{0}},
+}
+
+// productProfile is what one product gives a GPU-instance profile of its
+// architecture's geometry: its name, memory and multiprocessors. A
+// product's profile table is a list of these, in the order the product
+// lists its profiles.
+type productProfile struct {
+	nvmlIndex int
+	name      string
+	memoryMiB uint64
+	sms       int
+}
+
+// migProfiles builds a product's profile table from its rows and the
+// Hopper geometry.
+func migProfiles(rows []productProfile) []nvdevice.MigProfile {
+	out := make([]nvdevice.MigProfile, 0, len(rows))
+	for _, r := range rows {
+		g, ok := hopperMIG[r.nvmlIndex]
+		if !ok {
+			panic(fmt.Sprintf("sim: profile %s: no Hopper MIG profile with NVML enum %d", r.name, r.nvmlIndex))
+		}
+		pls := make([]nvdevice.Placement, 0, len(g.starts))
+		for _, s := range g.starts {
+			pls = append(pls, nvdevice.Placement{Start: s, Size: g.size})
+		}
+		out = append(out, nvdevice.MigProfile{
+			Name: r.name, ID: g.id, NVMLIndex: r.nvmlIndex, ComputeSlices: g.computeSlices, MaxInstances: g.maxInstances,
+			MemoryMiB: r.memoryMiB,
+			Engines: nvdevice.Engines{Multiprocessors: r.sms, CopyEngines: g.copyEngines, Decoders: g.decoders,
+				JPEGEngines: g.jpeg, OFAEngines: g.ofa},
+			Placements: pls,
+		})
 	}
-	return []nvdevice.MigProfile{
-		{Name: "1g.10gb", ID: 19, NVMLIndex: 0, ComputeSlices: 1, MaxInstances: 7, MemoryMiB: 9984,
-			Engines: eng(sms[0], 1, 1, 1, 0), Placements: placements(1, 0, 1, 2, 3, 4, 5, 6)},
-		{Name: "1g.10gb+me", ID: 20, NVMLIndex: 7, ComputeSlices: 1, MaxInstances: 1, MemoryMiB: 9984,
-			Engines: eng(sms[1], 1, 1, 1, 1), Placements: placements(1, 0, 1, 2, 3, 4, 5, 6)},
-		// 19.62 GiB: the facts mark the MiB figure as derived.
-		{Name: "1g.20gb", ID: 15, NVMLIndex: 9, ComputeSlices: 1, MaxInstances: 4, MemoryMiB: 20096,
-			Engines: eng(sms[2], 1, 1, 1, 0), Placements: placements(2, 0, 2, 4, 6)},
-		{Name: "2g.20gb", ID: 14, NVMLIndex: 1, ComputeSlices: 2, MaxInstances: 3, MemoryMiB: 20096,
-			Engines: eng(sms[3], 2, 2, 2, 0), Placements: placements(2, 0, 2, 4)},
-		{Name: "3g.40gb", ID: 9, NVMLIndex: 2, ComputeSlices: 3, MaxInstances: 2, MemoryMiB: 40448,
-			Engines: eng(sms[4], 3, 3, 3, 0), Placements: placements(4, 0, 4)},
-		{Name: "4g.40gb", ID: 5, NVMLIndex: 3, ComputeSlices: 4, MaxInstances: 1, MemoryMiB: 40448,
-			Engines: eng(sms[5], 4, 4, 4, 0), Placements: placements(4, 0)},
-		{Name: "7g.80gb", ID: 0, NVMLIndex: 4, ComputeSlices: 7, MaxInstances: 1, MemoryMiB: 81152,
-			Engines: eng(sms[6], 8, 7, 7, 1), Placements: placements(8, 0)},
-	}
+	return out
+}
+
+// hopperEngines are a full GH100's engines but its multiprocessors.
+func hopperEngines(sms int) nvdevice.Engines {
+	return nvdevice.Engines{Multiprocessors: sms, CopyEngines: 8, Decoders: 7, JPEGEngines: 7, OFAEngines: 1}
 }
 
 var gpuModels = map[string]gpuModel{
@@ -68,9 +105,21 @@ var gpuModels = map[string]gpuModel{
 		computeCap:   "9.0",
 		memoryMiB:    81559,
 		pciDeviceID:  "10de:2330",
-		engines:      nvdevice.Engines{Multiprocessors: 132, CopyEngines: 8, Decoders: 7, JPEGEngines: 7, OFAEngines: 1},
+		engines:      hopperEngines(132),
 		nvlinkLinks:  18,
-		profiles:     h100Profiles([7]int{16, 16, 26, 32, 60, 64, 132}),
+		// The facts' order (the real H100 lists its profiles by NVML enum,
+		// as the H200 below; the figures are the same).
+		profiles: migProfiles([]productProfile{
+			{0, "1g.10gb", 9984, 16},
+			{7, "1g.10gb+me", 9984, 16},
+			// 19.62 GiB: the facts mark the MiB figure as derived; the real
+			// H100 capture (../shared/real-gpus/h100-80gb-hbm3) confirms it.
+			{9, "1g.20gb", 20096, 26},
+			{1, "2g.20gb", 20096, 32},
+			{2, "3g.40gb", 40448, 60},
+			{3, "4g.40gb", 40448, 64},
+			{4, "7g.80gb", 81152, 132},
+		}),
 	},
 	// H100 PCIe: 114 SMs. Its per-profile SM counts are derived by scaling
 	// the SXM5 GPC layout (not in the facts); memory and engines match SXM5.
@@ -81,12 +130,48 @@ var gpuModels = map[string]gpuModel{
 		computeCap:   "9.0",
 		memoryMiB:    81559,
 		pciDeviceID:  "10de:2331",
-		engines:      nvdevice.Engines{Multiprocessors: 114, CopyEngines: 8, Decoders: 7, JPEGEngines: 7, OFAEngines: 1},
+		engines:      hopperEngines(114),
 		nvlinkLinks:  0,
 		// Three NVLink bridges join two cards: 600 GB/s bidirectional, 12
 		// NVLink4 links at 25 GB/s per direction. From NVIDIA's H100 PCIe
 		// product brief, not from ../shared/facts/h100.md.
 		bridgeLinks: 12,
-		profiles:    h100Profiles([7]int{14, 14, 14, 28, 42, 56, 114}),
+		profiles: migProfiles([]productProfile{
+			{0, "1g.10gb", 9984, 14},
+			{7, "1g.10gb+me", 9984, 14},
+			{9, "1g.20gb", 20096, 14},
+			{1, "2g.20gb", 20096, 28},
+			{2, "3g.40gb", 40448, 42},
+			{3, "4g.40gb", 40448, 56},
+			{4, "7g.80gb", 81152, 114},
+		}),
+	},
+	// H200 SXM (141 GB HBM3e), as on an HGX H200 board. Every figure but
+	// the NVLink links is what a real H200 reported through NVML
+	// (../shared/real-gpus/h200: product name, brand, architecture, compute
+	// capability, 143771 MiB, 132 SMs, engines, PCI device 10de:2335, and
+	// the profile table in the order NVML lists it). It has the H100's MIG
+	// geometry with larger memory. The 18 NVLink links to NVSwitches are
+	// from NVIDIA's HGX H200 documentation (900 GB/s, NVLink4): the capture
+	// was a single GPU in a VM, without NVLink. Its power limit (700 W
+	// default and max, 200 W min) is not modelled: nvdevice has no field.
+	ModelH200SXM: {
+		productName:  "NVIDIA H200",
+		brand:        "NVIDIA",
+		architecture: "Hopper",
+		computeCap:   "9.0",
+		memoryMiB:    143771,
+		pciDeviceID:  "10de:2335",
+		engines:      hopperEngines(132),
+		nvlinkLinks:  18,
+		profiles: migProfiles([]productProfile{
+			{0, "1g.18gb", 16384, 16},
+			{1, "2g.35gb", 33280, 32},
+			{2, "3g.71gb", 71424, 60},
+			{3, "4g.71gb", 71424, 64},
+			{4, "7g.141gb", 143360, 132},
+			{7, "1g.18gb+me", 16384, 16},
+			{9, "1g.35gb", 33280, 26},
+		}),
 	},
 }

@@ -14,7 +14,7 @@ import (
 // and tests and the demo can shape their own nodes in a small YAML file:
 //
 //	name: two-h100-mig
-//	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie
+//	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie | h200-sxm
 //	gpuCount: 2
 //	nvlink: nvswitch           # nvswitch | bridged-pairs | none
 //	migEnabled: all            # all | none | a list of GPU indexes: [0]
@@ -36,7 +36,7 @@ type MachineSpec struct {
 // NVLink topologies.
 const (
 	// NVLinkNVSwitch: every GPU's links go to the board's NVSwitches, all
-	// GPUs in one NVLink domain (HGX/DGX H100).
+	// GPUs in one NVLink domain (HGX/DGX H100, HGX H200).
 	NVLinkNVSwitch = "nvswitch"
 	// NVLinkBridgedPairs: GPUs 0-1, 2-3, ... are joined by NVLink bridges,
 	// each pair an NVLink domain of its own (H100 PCIe with NVLink bridges).
@@ -121,6 +121,14 @@ var builtins = map[string]MachineSpec{
 		MigEnabled: MigEnabledSpec{All: true}},
 	// The same board with MIG mode off everywhere.
 	"dgx-h100-nomig": {Name: "dgx-h100-nomig", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch},
+	// HGX H200: 8 x H200 SXM on the DGX H100's board layout (PCI buses,
+	// NUMA nodes, 18 NVLink links each through 4 NVSwitches: one NVLink
+	// domain), MIG enabled as dgx-h100.
+	"hgx-h200": {Name: "hgx-h200", GPUModel: ModelH200SXM, GPUCount: 8, NVLink: NVLinkNVSwitch,
+		MigEnabled: MigEnabledSpec{All: true}},
+	// The same board with MIG mode off everywhere, as the real H200 was
+	// captured (../shared/real-gpus/h200).
+	"hgx-h200-nomig": {Name: "hgx-h200-nomig", GPUModel: ModelH200SXM, GPUCount: 8, NVLink: NVLinkNVSwitch},
 	// Two PCIe H100 without NVLink bridges.
 	"h100-pcie": {Name: "h100-pcie", GPUModel: ModelH100PCIe, GPUCount: 2, NVLink: NVLinkNone,
 		MigEnabled: MigEnabledSpec{All: true}},
@@ -188,7 +196,7 @@ func (s MachineSpec) Validate() error {
 	}
 	model := s.model()
 	if _, ok := gpuModels[model]; !ok {
-		errs = append(errs, fmt.Errorf("gpuModel: unknown model %q, want %s or %s", s.GPUModel, ModelH100SXM5, ModelH100PCIe))
+		errs = append(errs, fmt.Errorf("gpuModel: unknown model %q, want one of %s", s.GPUModel, strings.Join(modelNames(), ", ")))
 	}
 	switch s.NVLink {
 	case "", NVLinkNone:
@@ -227,6 +235,16 @@ func (s MachineSpec) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// modelNames lists the GPU models a spec can name.
+func modelNames() []string {
+	names := make([]string, 0, len(gpuModels))
+	for n := range gpuModels {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
 
 func (s MachineSpec) model() string {

@@ -76,7 +76,7 @@ fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
 	assert.Equal(t, "4d1c2b3a-0000-4000-8000-000000000001.7", inv.GPUs[0].NVLink.FabricClique)
 
 	_, err = NewBuiltin(filepath.Join(t.TempDir(), "missing.yaml"), "n")
-	require.ErrorContains(t, err, "neither a built-in machine (dgx-h100, dgx-h100-nomig, h100-nvlink-fabric, h100-pcie, h100-pcie-nvlink) nor a readable file")
+	require.ErrorContains(t, err, "neither a built-in machine (dgx-h100, dgx-h100-nomig, h100-nvlink-fabric, h100-pcie, h100-pcie-nvlink, hgx-h200, hgx-h200-nomig) nor a readable file")
 }
 
 func TestSpecMigDevicesObeyHardwareRules(t *testing.T) {

@@ -121,19 +121,88 @@ func Unmarshal(b []byte) (*Checkpoint, error) {
 }
 
 // Store writes the checkpoint atomically: a temporary file in the same
-// directory, fsync, rename over the old one, fsync of the directory. A kill
-// at any point leaves either the old or the new checkpoint, never a mix.
+// directory, fsync, rename over the old one. A kill at any point leaves
+// either the old or the new checkpoint, never a mix; so does a node crash
+// (power loss, kernel panic): the new file's data is on disk before its name
+// can replace the old one's.
+//
+// The directory is fsynced only when the rename creates the checkpoint
+// (there was none: a new node, or one moved aside as corrupt). A rename
+// over an existing checkpoint is not waited for: its only effect across a
+// node crash would be which of two whole checkpoints of this boot the next
+// boot finds, and Load discards a checkpoint of an earlier boot whichever it
+// is (a reboot destroyed the MIG instances and CDI specs it names). The
+// first store's directory fsync keeps "no checkpoint" meaning a lost one,
+// never a node whose first store was not yet durable. A second fsync on
+// every prepare and unprepare was the plugin's prepare tail
+// (docs/benchmarks.md).
 func Store(path string, c *Checkpoint) error {
+	p, err := Stage(path, c)
+	if err != nil {
+		return err
+	}
+	return p.Commit()
+}
+
+// Pending is a checkpoint written and synced beside the one in place, not
+// yet in its place (Stage, then Commit or Abort). Until Commit the old
+// checkpoint is the checkpoint: a kill in between leaves only a temporary
+// file, which RemoveStale removes.
+type Pending struct {
+	path, tmp string
+}
+
+// Stage writes the checkpoint to a temporary file in path's directory and
+// fsyncs it.
+func Stage(path string, c *Checkpoint) (*Pending, error) {
 	out := *c
 	out.Version = Version
 	b, err := Marshal(&out)
 	if err != nil {
-		return fmt.Errorf("encode checkpoint: %w", err)
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	if err := WriteFileAtomic(path, b); err != nil {
+	tmp, err := writeSynced(path, b, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return &Pending{path: path, tmp: tmp}, nil
+}
+
+// Commit renames the staged checkpoint over the one in place; it fsyncs the
+// directory only when there was none (see Store).
+func (p *Pending) Commit() error {
+	_, statErr := os.Lstat(p.path)
+	if err := commit(p.path, p.tmp, errors.Is(statErr, os.ErrNotExist)); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil
+}
+
+// Abort removes the staged checkpoint; a nil Pending is none.
+func (p *Pending) Abort() {
+	if p != nil {
+		_ = os.Remove(p.tmp)
+	}
+}
+
+// tmpPattern names the temporary files beside path.
+func tmpPattern(path string) string { return "." + filepath.Base(path) + ".tmp-*" }
+
+// RemoveStale removes the temporary files a kill left beside the file at
+// path (a store or a stage that never got to its rename). Call it where no
+// store can run at the same time (under the node lock).
+func RemoveStale(path string) error {
+	stale, err := filepath.Glob(filepath.Join(filepath.Dir(path), tmpPattern(path)))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range stale {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // WriteFileAtomic replaces the file at path with data: a temporary file in
@@ -146,36 +215,68 @@ func WriteFileAtomic(path string, data []byte) error { return WriteFileAtomicMod
 // before the rename, so the file never has others): gpudra local's state,
 // which every user of the machine's group reads.
 func WriteFileAtomicMode(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	return writeFileAtomic(path, data, mode, true)
+}
+
+// syncDir fsyncs a directory (a variable: tests count the calls).
+var syncDir = func(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	defer d.Close()
+	return d.Sync()
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode, dirSync bool) error {
+	tmp, err := writeSynced(path, data, mode)
+	if err != nil {
+		return err
+	}
+	return commit(path, tmp, dirSync)
+}
+
+// writeSynced writes data to a new temporary file beside path, with mode,
+// and fsyncs it; it returns the file's name.
+func writeSynced(path string, data []byte, mode os.FileMode) (name string, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), tmpPattern(path))
+	if err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
 	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
+		return "", fmt.Errorf("sync %s: %w", path, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	return tmp.Name(), nil
+}
+
+// commit renames the synced temporary file over path, then fsyncs the
+// directory if dirSync.
+func commit(path, tmp string, dirSync bool) error {
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("replace %s: %w", path, err)
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync directory of %s: %w", path, err)
+	if !dirSync {
+		return nil
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("sync directory of %s: %w", path, err)
 	}
 	return nil
