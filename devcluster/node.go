@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -248,6 +249,22 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 			hostDevices = MachineHostDevices(machine)
 		}
 	}
+	hostDriverRoot := n.driverRoot
+	if machine == nil {
+		// A real driver's own nvidia-cuda-mps-control, found as the
+		// plugin's --mps-control-binary default finds it.
+		if p, ok := (drivertools.Runner{Root: n.driverRoot}).Path("nvidia-cuda-mps-control"); ok {
+			mpsControl = p
+		}
+		// The chart is rendered with every node's driver root at
+		// <node>/driver, and its admission policy holds MPS server pods
+		// to that hostPath: a real driver's root is linked there (a
+		// hostPath that is a link mounts what it names).
+		if err := os.Symlink(n.driverRoot, n.DriverRoot()); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("node %s: link the driver root: %w", opts.Name, err)
+		}
+		hostDriverRoot = n.DriverRoot()
+	}
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err
 	}
@@ -311,7 +328,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.
 		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, MPSServerServiceAccount: MPSServerServiceAccount,
-		HostDriverRoot: n.driverRoot,
+		HostDriverRoot: hostDriverRoot,
 		// Every MIG placement, created at prepare (the demo and the MIG
 		// examples create instances on demand), where the chart's default
 		// is existing (docs/scale.md); a Node annotation still overrides it.

@@ -150,18 +150,20 @@ func run(ctx context.Context, w io.Writer, res *results, cfg Config) error {
 	}
 	defer cluster.Stop()
 	s := &session{w: w, res: res, cfg: cfg, cluster: cluster, gpu: gpu}
-	if err := s.test(ctx); err != nil {
+	testErr := s.test(ctx)
+	if testErr != nil {
 		// What a person needs, while the cluster still runs.
-		s.diagnose(ctx, err)
-		return err
+		s.diagnose(ctx, testErr)
 	}
 	cluster.Stop()
-	if cfg.Timing.PluginBinary != "" {
+	// The timings stand on their own: they are taken even where a check
+	// failed, once the GPU's inventory is known.
+	if cfg.Timing.PluginBinary != "" && s.inv != nil {
 		if err := s.time(ctx); err != nil {
-			return fmt.Errorf("timing prepare: %w", err)
+			return errors.Join(testErr, fmt.Errorf("timing prepare: %w", err))
 		}
 	}
-	return nil
+	return testErr
 }
 
 // session is one run's cluster and what it found.

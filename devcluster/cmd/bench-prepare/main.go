@@ -25,7 +25,8 @@ import (
 func main() {
 	var cfg prepbench.Config
 	var pluginArgs, pluginEnv, devicesOverride, foreign, exampleBinary string
-	var rounds int
+	var rounds, round int
+	var latencies string
 	flag.StringVar(&cfg.PluginBinary, "plugin-binary", "bin/gpudra-kubelet-plugin", "gpudra-kubelet-plugin, as built by make build (or, with --foreign, that plugin)")
 	flag.IntVar(&cfg.Claims, "claims", 200, "1-GPU claims, prepared and unprepared one after the other")
 	flag.StringVar(&cfg.Backend, "backend", "sim", "gpudra plugin's backend: sim (--sim-machine) or nvml (the node's GPUs, --driver-root)")
@@ -41,6 +42,9 @@ func main() {
 	flag.StringVar(&foreign, "foreign", "", "run --plugin-binary as another driver's plugin: dra-example-driver")
 	flag.StringVar(&exampleBinary, "example-binary", "", "the DRA example driver's dra-example-kubeletplugin: compare it with gpudra's, interleaved")
 	flag.IntVar(&rounds, "rounds", 1, "with --example-binary: gpudra/example pairs, interleaved")
+	flag.IntVar(&round, "round", 1, "without --example-binary: the round number --latencies records")
+	flag.StringVar(&latencies, "latencies", "", "append every claim's latencies to this CSV file (plugin,round,claim,prepare_us,unprepare_us,claimread_us)")
+	flag.StringVar(&cfg.Dir, "dir", "", "where the cluster and the plugin keep their files (kept); empty: a temporary directory, removed")
 	chart := devcluster.DefaultChart(".")
 	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
 	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
@@ -67,6 +71,7 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
+		writeLatencies(latencies, cfg.Foreign, round, res)
 		fmt.Printf("claim read (the API server's share) p50=%.2f p99=%.2f ms; plugin memory %s\n",
 			ms(prepbench.Percentile(res.ClaimRead, 0.5)), ms(prepbench.Percentile(res.ClaimRead, 0.99)), res.Memory)
 		fmt.Println(res.Line())
@@ -83,10 +88,14 @@ func main() {
 			name string
 			cfg  prepbench.Config
 		}{{"gpudra", cfg}, {"example", example}} {
+			if cfg.Dir != "" {
+				run.cfg.Dir = fmt.Sprintf("%s/%s-%d", cfg.Dir, run.name, r)
+			}
 			res, err := prepbench.Run(ctx, run.cfg)
 			if err != nil {
 				fail(fmt.Errorf("%s, round %d: %w", run.name, r, err))
 			}
+			writeLatencies(latencies, run.cfg.Foreign, r, res)
 			byPlugin[run.name] = append(byPlugin[run.name], res)
 			fmt.Printf("round %d %-7s %s claimread-p50=%.2f\n", r, run.name, res.Line(), ms(prepbench.Percentile(res.ClaimRead, 0.5)))
 		}
@@ -117,6 +126,26 @@ func compare(g, e []prepbench.Result) string {
 	}
 	return fmt.Sprintf("medians of %d rounds, prepare ms: gpudra %s; example %s; gpudra/example p99=%.2fx max=%.2fx", len(g),
 		line(g), line(e), med(g, p(0.99))/med(e, p(0.99)), med(g, p(1))/med(e, p(1)))
+}
+
+// writeLatencies appends a run's latencies to the CSV file at path (none
+// when path is empty).
+func writeLatencies(path string, foreign *prepbench.Foreign, round int, res prepbench.Result) {
+	if path == "" {
+		return
+	}
+	name := "gpudra"
+	if foreign != nil {
+		name = foreign.Name
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		fail(err)
+	}
+	defer f.Close()
+	for i := range res.Prepare {
+		fmt.Fprintf(f, "%s,%d,%d,%d,%d,%d\n", name, round, i, res.Prepare[i].Microseconds(), res.Unprepare[i].Microseconds(), res.ClaimRead[i].Microseconds())
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
