@@ -207,12 +207,11 @@ func (s *session) runPods(ctx context.Context, pods []*v1.Pod) (map[string]*v1.P
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, s.cfg.PodTimeout, true, func(ctx context.Context) (bool, error) {
 		for _, want := range pods {
 			p, err := client.CoreV1().Pods(namespace).Get(ctx, want.Name, metav1.GetOptions{})
-			if err != nil || p.Status.Phase != v1.PodRunning {
-				return false, nil
+			if err == nil && p.Status.Phase == v1.PodRunning {
+				running[p.Name] = p
 			}
-			running[p.Name] = p
 		}
-		return true, nil
+		return len(running) == len(pods), nil
 	})
 	if err != nil {
 		var names []string

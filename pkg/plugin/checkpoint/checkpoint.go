@@ -248,9 +248,13 @@ func writeSynced(path string, data []byte, mode os.FileMode) (name string, err e
 			os.Remove(tmp.Name())
 		}
 	}()
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("write %s: %w", path, err)
+	// CreateTemp makes the file 0600: a chmod to that would be one more
+	// journal update for nothing on the prepare path.
+	if fi, err := tmp.Stat(); err != nil || fi.Mode().Perm() != mode {
+		if err := tmp.Chmod(mode); err != nil {
+			tmp.Close()
+			return "", fmt.Errorf("write %s: %w", path, err)
+		}
 	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()

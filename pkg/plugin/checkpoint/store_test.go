@@ -92,3 +92,20 @@ func TestRemoveStale(t *testing.T) {
 	assert.Equal(t, sample("boot-1"), res.Checkpoint)
 	require.NoError(t, RemoveStale(filepath.Join(t.TempDir(), "checkpoint.json")), "nothing to remove")
 }
+
+// The chmod is skipped where CreateTemp already made the file's mode, and
+// only there.
+func TestFileModes(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint.json")
+	require.NoError(t, Store(path, New("boot-1")))
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	shared := filepath.Join(dir, "state.json")
+	require.NoError(t, WriteFileAtomicMode(shared, []byte("{}"), 0o640))
+	fi, err = os.Stat(shared)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), fi.Mode().Perm())
+}
