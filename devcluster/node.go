@@ -21,7 +21,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
-	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -227,44 +226,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 			return nil, err
 		}
 	}
-	// The node's driver: a fake driver root with the real layout, so the
-	// plugin's common CDI spec mounts real paths; a real backend's own.
-	var mpsControl string
-	devices, hostDevices, devRoot := BackendDevices(n.backend), HostDevicesUnder("/"), "/"
-	if machine != nil {
-		if err := machine.WriteDriverRoot(n.DriverRoot(), opts.DriverStandIns); err != nil {
-			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
-		}
-		machine.SetDriverRoot(n.DriverRoot())
-		var err error
-		if mpsControl, err = c.installMPSControl(n.DriverRoot()); err != nil {
-			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
-		}
-		// The machine's /dev: real character devices under the node's
-		// directory, which the runtime stats; the model where mknod is
-		// refused.
-		devices, hostDevices, devRoot = MachineDevices(machine), HostDevicesUnder(n.Dir), n.Dir
-		if err := machine.WriteDevNodes(n.Dir); err != nil {
-			klog.FromContext(ctx).Info("The simulated /dev holds no device nodes; the runtime reads the machine's model instead", "node", opts.Name, "reason", err.Error())
-			hostDevices = MachineHostDevices(machine)
-		}
+	drv, err := c.setUpDriver(ctx, n, machine, opts)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 	}
-	hostDriverRoot := n.driverRoot
-	if machine == nil {
-		// A real driver's own nvidia-cuda-mps-control, found as the
-		// plugin's --mps-control-binary default finds it.
-		if p, ok := (drivertools.Runner{Root: n.driverRoot}).Path("nvidia-cuda-mps-control"); ok {
-			mpsControl = p
-		}
-		// The chart is rendered with every node's driver root at
-		// <node>/driver, and its admission policy holds MPS server pods
-		// to that hostPath: a real driver's root is linked there (a
-		// hostPath that is a link mounts what it names).
-		if err := os.Symlink(n.driverRoot, n.DriverRoot()); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("node %s: link the driver root: %w", opts.Name, err)
-		}
-		hostDriverRoot = n.DriverRoot()
-	}
+	mpsControl, hostDriverRoot := drv.mpsControl, drv.hostDriverRoot
 	if err := c.createNodeObject(ctx, opts); err != nil {
 		return nil, err
 	}
@@ -278,7 +244,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	}
 	dirs := kubeletDirs{
 		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
-		Devices: devices, HostDevices: hostDevices, DevRoot: devRoot}
+		Devices: drv.devices, HostDevices: drv.hostDevices, DevRoot: drv.devRoot}
 	// A kubelet has a device manager and serves its pod-resources API
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
@@ -576,26 +542,4 @@ func FractionalNode(name, machine string) NodeOptions {
 	return NodeOptions{Name: name, Machine: machine, FractionalGPUs: true,
 		Labels: map[string]string{"gpu.gpudra.dev/fractional": "true"},
 		Taints: []v1.Taint{{Key: "gpu.gpudra.dev/fractional", Value: "true", Effect: v1.TaintEffectNoSchedule}}}
-}
-
-// installMPSControl puts the stand-in nvidia-cuda-mps-control
-// (Options.MPSControlBinary) where a driver install has it, under the
-// node's driver root: MPS server pods run the driver root's own, as the
-// chart's admission policy allows no other. Empty: no MPS.
-func (c *Cluster) installMPSControl(driverRoot string) (string, error) {
-	if c.mpsControl == "" {
-		return "", nil
-	}
-	b, err := os.ReadFile(c.mpsControl)
-	if err != nil {
-		return "", fmt.Errorf("the MPS control stand-in: %w", err)
-	}
-	dst := filepath.Join(driverRoot, sim.BinDir, "nvidia-cuda-mps-control")
-	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	if err := os.WriteFile(dst, b, 0o755); err != nil { //nolint:gosec // an executable
-		return "", fmt.Errorf("install the MPS control stand-in: %w", err)
-	}
-	return dst, nil
 }

@@ -65,9 +65,6 @@ type Config struct {
 	Timing TimingConfig
 	// PodTimeout bounds each wait for pods (default 3 minutes).
 	PodTimeout time.Duration
-	// SkipDeviceClasses leaves the chart's DeviceClasses out: the failure
-	// a run without them must report (tested; never in use otherwise).
-	SkipDeviceClasses bool
 }
 
 const (
@@ -173,19 +170,16 @@ type session struct {
 	cfg     Config
 	cluster *devcluster.Cluster
 	gpu     *gpuUnderTest
-	node    *devcluster.Node
 	inv     *nvdevice.Inventory
 }
 
 // test runs everything that needs the cluster.
 func (s *session) test(ctx context.Context) error {
-	if !s.cfg.SkipDeviceClasses {
-		classes, err := s.cluster.InstallChartDeviceClasses(ctx)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(s.w, "== the chart's DeviceClasses: %v\n", classes)
+	classes, err := s.cluster.InstallChartDeviceClasses(ctx)
+	if err != nil {
+		return err
 	}
+	fmt.Fprintf(s.w, "== the chart's DeviceClasses: %v\n", classes)
 	if _, err := s.cluster.AddNode(ctx, devcluster.NodeOptions{Name: simNode, Machine: "dgx-h100-nomig"}); err != nil {
 		return err
 	}
@@ -194,7 +188,6 @@ func (s *session) test(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.node = node
 	if err := node.WaitForSlices(ctx); err != nil {
 		return fmt.Errorf("node %s publishes no ResourceSlice: %w", GPUNode, err)
 	}
