@@ -91,6 +91,13 @@ type Config struct {
 	// Node is the Node, and the plugin's pool; empty: "bench-node". With
 	// a shared Cluster give each run a node of its own.
 	Node string
+	// Paced makes the benchmark's own requests (creating the claims, the
+	// claim read before each prepare) through the cluster's admin client
+	// and its rate limiter (100 QPS, burst 200), as before issue 34: the
+	// creation spends the burst and each read then waits for a token, which
+	// paces the loop at about 100 prepares a second. False: a client
+	// without a limit, prepares back to back.
+	Paced bool
 }
 
 // Foreign is a DRA driver's kubelet plugin that is not gpudra's. Its Args
@@ -325,9 +332,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// running them back to back.
 	restCfg := rest.CopyConfig(cluster.RESTConfig)
 	restCfg.QPS, restCfg.Burst = -1, 0
-	client, err := kubernetes.NewForConfig(restCfg)
+	unlimited, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return Result{}, err
+	}
+	var client kubernetes.Interface = unlimited
+	if cfg.Paced {
+		client = cluster.Client
 	}
 	node := cfg.node()
 	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

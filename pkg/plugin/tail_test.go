@@ -68,3 +68,13 @@ func TestFailedCDIWriteDropsTheStagedRecord(t *testing.T) {
 	_, ok = preparedOf(t, s, "u1")
 	assert.True(t, ok)
 }
+
+// The start builds the device index, so that the first prepare after a
+// (re)start does not.
+func TestStartBuildsTheDeviceIndex(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	require.NotEmpty(t, s.index)
+	assert.Contains(t, s.index, "gpu-2")
+	assert.NotEmpty(t, s.indexFingerprint)
+}

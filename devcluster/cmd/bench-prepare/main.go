@@ -44,6 +44,7 @@ func main() {
 	flag.IntVar(&rounds, "rounds", 1, "with --example-binary: gpudra/example pairs, interleaved")
 	flag.IntVar(&round, "round", 1, "without --example-binary: the round number --latencies records")
 	flag.StringVar(&latencies, "latencies", "", "append every claim's latencies to this CSV file (plugin,round,claim,prepare_us,unprepare_us,claimread_us)")
+	flag.BoolVar(&cfg.Paced, "paced", false, "the benchmark's own requests through the cluster's admin client (100 QPS, burst 200), as before issue 34: about 100 prepares a second instead of back to back")
 	flag.StringVar(&cfg.Dir, "dir", "", "where the cluster and the plugin keep their files (kept); empty: a temporary directory, removed")
 	chart := devcluster.DefaultChart(".")
 	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
