@@ -49,7 +49,7 @@ var defaultExamples = []string{"single-gpu", "nvlink-pair", "mig", "prioritized-
 func main() {
 	var o options
 	fs := flag.NewFlagSet("devcluster", flag.ExitOnError)
-	fs.StringVar(&o.machines, "machines", "dgx-h100,dgx-h100-nomig", "one simulated GPU node per entry: a builtin machine (dgx-h100 has MIG mode on, dgx-h100-nomig off, h100-pcie, h100-pcie-nvlink, h100-nvlink-fabric) or a spec file; nodes are named dgx-h100-0, dgx-h100-1, ... after the first")
+	fs.StringVar(&o.machines, "machines", "dgx-h100,dgx-h100-nomig", "one simulated GPU node per entry: a builtin machine (dgx-h100 has MIG mode on, dgx-h100-nomig off, h100-pcie, h100-pcie-nvlink, h100-nvlink-fabric, hgx-h200 (MIG on), hgx-h200-nomig) or a spec file; nodes are named dgx-h100-0, dgx-h100-1, ... after the first")
 	fs.BoolVar(&o.fractional, "fractional-node", true, "add h100-fractional-0: one H100 shared through consumable capacity, tainted gpu.gpudra.dev/fractional")
 	fs.StringVar(&o.mpsControl, "mps-control-binary", "hack/fake-nvidia-cuda-mps-control", "what the plugins run as nvidia-cuda-mps-control (a stand-in that records commands)")
 	fs.BoolVar(&o.grove, "grove", true, "install Grove's CRDs and run devcluster's stand-in for the Grove operator (examples/grove)")
