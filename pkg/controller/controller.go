@@ -295,6 +295,13 @@ func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, reco
 	for ctx.Err() == nil {
 		p, changed := paths.current()
 		switch p.Path {
+		case "":
+			// Not decided: discovery has not yet answered. Nothing is
+			// released on "could not tell".
+			select {
+			case <-changed:
+			case <-ctx.Done():
+			}
 		case GangPathGates, GangPathWorkload:
 			gc, err := newGangController(cfg, client, recorder, p)
 			if err != nil {

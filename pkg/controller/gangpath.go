@@ -2,15 +2,16 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/klog/v2"
 
@@ -94,23 +95,42 @@ func decideGangPath(mode string, s served) gangPath {
 	return gangPath{Path: GangPathGates, Reason: "DeviceTaintRules are served: gang pods are gated and allocated whole behind a fence", Grove: s.Grove}
 }
 
-// discover asks the API server what it serves.
-func discover(disc discovery.DiscoveryInterface) served {
+// discover asks the API server what it serves. A group version the
+// server says it does not have (404) is absent; any other failure (a 500,
+// a 429, a timeout, a refused connection) means discovery could not tell,
+// and is returned as an error: "could not tell" is never "absent".
+func discover(disc discovery.DiscoveryInterface) (served, error) {
+	var errs []error
 	has := func(gv schema.GroupVersion, resource string) bool {
 		list, err := disc.ServerResourcesForGroupVersion(gv.String())
-		if err != nil {
+		switch {
+		case apierrors.IsNotFound(err):
+			return false
+		case err != nil:
+			errs = append(errs, fmt.Errorf("discovery of %s: %w", gv, err))
 			return false
 		}
 		return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource })
 	}
-	return served{
+	s := served{
 		PodGroups: has(schema.GroupVersion{Group: "scheduling.k8s.io", Version: "v1beta1"}, "podgroups") &&
 			has(schema.GroupVersion{Group: "scheduling.k8s.io", Version: "v1beta1"}, "workloads"),
 		TaintRules: has(schema.GroupVersion{Group: "resource.k8s.io", Version: "v1"}, "devicetaintrules"),
 		CRDs:       has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuReservations.Resource) && has(gpudrav1.SchemeGroupVersion, gpudrav1.GpuQueues.Resource),
 		Grove:      has(gang.PodGangs.GroupVersion(), gang.PodGangs.Resource),
 	}
+	return s, errors.Join(errs...)
 }
+
+// leaveWorkingPathAfter is how many successful discoveries in a row must
+// agree before a replica leaves a working path (workload or gates): one
+// odd answer, an API server restarting behind a load balancer, must not
+// release or strand a cluster's gangs.
+const leaveWorkingPathAfter = 3
+
+// gangPathRecheck is how soon a replica asks again while its decision is
+// unsettled: discovery failed, or it is counting answers to leave a path.
+var gangPathRecheck = 10 * time.Second
 
 // gangPathWatcher keeps every replica's view of the gang path: the webhook
 // gates gang pods only on the gate path, and the leader runs the gang
@@ -120,10 +140,17 @@ type gangPathWatcher struct {
 	disc   discovery.DiscoveryInterface
 	metric *prometheus.GaugeVec
 
+	failures prometheus.Counter
+
 	mu      sync.Mutex
 	cur     gangPath
 	checked bool
 	changed chan struct{} // closed and replaced at each change
+	// pending is a decision that would leave a working path, and how
+	// many successful discoveries in a row made it.
+	pending      gangPath
+	pendingSeen  int
+	lastDiscover error
 }
 
 func newGangPathWatcher(mode string, disc discovery.DiscoveryInterface, reg prometheus.Registerer) (*gangPathWatcher, error) {
@@ -137,23 +164,51 @@ func newGangPathWatcher(mode string, disc discovery.DiscoveryInterface, reg prom
 	w := &gangPathWatcher{mode: mode, disc: disc, changed: make(chan struct{}),
 		metric: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "gpudra", Subsystem: "gang", Name: "path",
 			Help: "The path that hands gangs to the scheduler on this cluster (1 for the current one): workload, gates, or off."}, []string{"path"})}
+	w.failures = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "gpudra", Subsystem: "gang", Name: "path_discovery_failures_total",
+		Help: "API discovery calls for the gang path that could not tell whether an API is served (the path was kept)."})
 	if reg != nil {
-		if err := reg.Register(w.metric); err != nil {
-			return nil, fmt.Errorf("gang path metric: %w", err)
+		for _, c := range []prometheus.Collector{w.metric, w.failures} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("gang path metric: %w", err)
+			}
 		}
 	}
 	return w, nil
 }
 
-// check asks discovery and records the decision; it logs a change.
+// check asks discovery and records the decision; it logs a change. A
+// discovery that could not tell keeps the last decision (none before the
+// first success), and a working path is left only after
+// leaveWorkingPathAfter successful discoveries in a row agree.
 func (w *gangPathWatcher) check(ctx context.Context) {
-	p := decideGangPath(w.mode, discover(w.disc))
+	logger := klog.FromContext(ctx)
+	s, err := discover(w.disc)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.checked && p == w.cur {
+	w.lastDiscover = err
+	if err != nil {
+		w.failures.Inc()
+		logger.Error(err, "API discovery could not tell what is served: the gang path stays as it was", "path", w.cur.Path, "decided", w.checked)
 		return
 	}
-	klog.FromContext(ctx).Info("Gang path", "path", p.Path, "mode", w.mode, "reason", p.Reason, "grove", p.Grove)
+	p := decideGangPath(w.mode, s)
+	if w.checked && p == w.cur {
+		w.pending, w.pendingSeen = gangPath{}, 0
+		return
+	}
+	if w.checked && p.Path != w.cur.Path && (w.cur.Path == GangPathWorkload || w.cur.Path == GangPathGates) {
+		if p != w.pending {
+			w.pending, w.pendingSeen = p, 0
+		}
+		w.pendingSeen++
+		if w.pendingSeen < leaveWorkingPathAfter {
+			logger.Info("Discovery would leave the gang path; waiting for it to say so again", "path", w.cur.Path, "next", p.Path,
+				"seen", w.pendingSeen, "of", leaveWorkingPathAfter, "reason", p.Reason)
+			return
+		}
+	}
+	w.pending, w.pendingSeen = gangPath{}, 0
+	logger.Info("Gang path", "path", p.Path, "mode", w.mode, "reason", p.Reason, "grove", p.Grove)
 	w.cur, w.checked = p, true
 	for _, path := range gangPaths {
 		v := 0.0
@@ -166,9 +221,28 @@ func (w *gangPathWatcher) check(ctx context.Context) {
 	w.changed = make(chan struct{})
 }
 
-// Run checks at once and then every gangPathCheckEvery until ctx ends.
+// unsettled: the last discovery failed, or a change is being confirmed.
+func (w *gangPathWatcher) unsettled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastDiscover != nil || w.pendingSeen > 0
+}
+
+// Run checks at once and then every gangPathCheckEvery until ctx ends,
+// every gangPathRecheck while unsettled.
 func (w *gangPathWatcher) Run(ctx context.Context) {
-	wait.UntilWithContext(ctx, w.check, gangPathCheckEvery)
+	for {
+		w.check(ctx)
+		every := gangPathCheckEvery
+		if w.unsettled() {
+			every = gangPathRecheck
+		}
+		select {
+		case <-time.After(every):
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // current is the path and a channel closed when it changes.

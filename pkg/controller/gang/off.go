@@ -34,15 +34,16 @@ func ReleaseGated(ctx context.Context, client kubernetes.Interface, recorder eve
 		if !gated(p) || !member(p) {
 			continue
 		}
+		// Announced first: the Event says why before the gate goes.
+		if recorder != nil {
+			recorder.Eventf(p, nil, corev1.EventTypeNormal, ReasonGangsOff, ActionPlan, "gangs are off: %s; released to schedule as a plain pod", truncate(why))
+		}
 		if err := setGangCondition(ctx, client, p, patch); err != nil {
 			errs = append(errs, err)
 		}
 		if err := ungate(ctx, client, p); err != nil {
 			errs = append(errs, err)
 			continue
-		}
-		if recorder != nil {
-			recorder.Eventf(p, nil, corev1.EventTypeNormal, ReasonGangsOff, ActionPlan, "gangs are off: %s; released to schedule as a plain pod", truncate(why))
 		}
 		klog.FromContext(ctx).Info("Released a gang pod: gangs are off", "pod", klog.KObj(p))
 		n++
