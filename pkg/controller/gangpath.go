@@ -185,6 +185,9 @@ func (w *gangPathWatcher) check(ctx context.Context) {
 	s, err := discover(w.disc)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.mode == GangModeOff {
+		err = nil // off needs no answer from discovery
+	}
 	w.lastDiscover = err
 	if err != nil {
 		w.failures.Inc()
