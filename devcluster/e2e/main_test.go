@@ -67,7 +67,11 @@ func run(m *testing.M) int {
 	// Under Node,RBAC, every gpudra component as the chart's
 	// ServiceAccount: the chart's RBAC and admission policies are tested
 	// for real, and a call they forbid fails the test (forbiddenCalls).
-	opts := devcluster.Options{MPSControlBinary: mpsControl, Grove: true, Chart: devcluster.DefaultChart("../..")}
+	opts := devcluster.Options{MPSControlBinary: mpsControl, Grove: true, Chart: devcluster.DefaultChart("../.."),
+		// resource.k8s.io/v1beta1 served, as clusters that still carry
+		// old clients serve it: admission must hold for its shape too
+		// (TestFenceTolerationRefused).
+		APIServerFlags: []string{"--runtime-config=resource.k8s.io/v1beta1=true"}}
 	if err := controlPlaneLimitsFromEnv(&opts); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

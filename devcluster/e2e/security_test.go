@@ -18,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	resourcev1beta1 "k8s.io/api/resource/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -317,6 +318,25 @@ func TestFenceTolerationRefused(t *testing.T) {
 			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: claim("", exact("gpudra.dev/fence")).Spec}}, dry)
 		return err
 	})
+	// A toleration without a key and operator Exists tolerates every
+	// taint, the fence too.
+	refusedWith(t, want, func() error {
+		_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("every-taint", exact("")), dry)
+		return err
+	})
+	// The same claim in v1beta1's shape (tolerations on the request
+	// itself), where that version is served (the suite serves it).
+	refusedWith(t, want, func() error {
+		_, err := cluster.Client.ResourceV1beta1().ResourceClaims(ns).Create(ctx, &resourcev1beta1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "fenced-v1beta1"},
+			Spec: resourcev1beta1.ResourceClaimSpec{Devices: resourcev1beta1.DeviceClaim{Requests: []resourcev1beta1.DeviceRequest{{
+				Name: "gpu", DeviceClassName: "gpu.gpudra.dev",
+				Tolerations: []resourcev1beta1.DeviceToleration{{Key: "gpudra.dev/fence", Operator: resourcev1beta1.DeviceTolerationOpExists}}}}}}}, dry)
+		return err
+	})
 	_, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim("unhealthy-ok", exact("gpu.gpudra.dev/unhealthy")), dry)
 	assert.NoError(t, err, "another toleration")
+	_, err = cluster.Client.ResourceV1beta1().ResourceClaims(ns).Create(ctx, &resourcev1beta1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "plain-v1beta1"},
+		Spec: resourcev1beta1.ResourceClaimSpec{Devices: resourcev1beta1.DeviceClaim{Requests: []resourcev1beta1.DeviceRequest{{
+			Name: "gpu", DeviceClassName: "gpu.gpudra.dev"}}}}}, dry)
+	assert.NoError(t, err, "a v1beta1 claim without the toleration is admitted")
 }
