@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	resourcev1beta1 "k8s.io/api/resource/v1beta1"
@@ -127,6 +128,28 @@ func TestMPSServerPodPinned(t *testing.T) {
 		{"another image", func(p *v1.Pod) { p.Spec.Containers[0].Image = "busybox" }, "from the chart's image"},
 		{"another command", func(p *v1.Pod) { p.Spec.Containers[0].Command = []string{"sh", "-c", "cat /etc/shadow"} }, "from the chart's image"},
 		{"another node", func(p *v1.Pod) { p.Spec.NodeName = "dgx-h100-0" }, "may only create or delete MPS server pods of its own node, not of node 'dgx-h100-0'"},
+		// Issue 35: an image pull Secret the Node authorizer would then
+		// let the node read, and the other pod fields PodServers never sets.
+		{"an image pull Secret", func(p *v1.Pod) {
+			p.Spec.ImagePullSecrets = []v1.LocalObjectReference{{Name: "gpudra-webhook-tls"}}
+		}, "with the fields it sets"},
+		{"a resource claim", func(p *v1.Pod) {
+			claim := "any"
+			p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
+		}, "with the fields it sets"},
+		{"a runtime class", func(p *v1.Pod) {
+			// One that exists: RuntimeClass admission refuses a missing one first.
+			rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-kata"}, Handler: "kata"}
+			if _, err := cluster.Client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+			p.Spec.RuntimeClassName = &rc.Name
+		}, "with the fields it sets"},
+		{"another priority class", func(p *v1.Pod) { p.Spec.PriorityClassName = "system-cluster-critical" }, "with the fields it sets"},
+		{"another owner", func(p *v1.Pod) {
+			p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: "dgx-h100-0", UID: "x"})
+		}, "with the fields it sets"},
+		{"a finalizer", func(p *v1.Pod) { p.Finalizers = []string{"example.com/keep"} }, "with the fields it sets"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := base.DeepCopy()
