@@ -159,6 +159,27 @@ func TestMPSServerPodPinned(t *testing.T) {
 	}
 }
 
+// TestPluginDeletesOnlyMPSServerPods: on its own node and in the release
+// namespace, the plugin may delete its MPS server pods and no other pod (a
+// controller replica on that node, say).
+func TestPluginDeletesOnlyMPSServerPods(t *testing.T) {
+	ctx := context.Background()
+	node := cluster.Node("dgx-h100-1")
+	require.NotNil(t, node)
+	plugin := asServiceAccount(t, devcluster.PluginServiceAccount, node.Name)
+	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "not-an-mps-server", Namespace: devcluster.PluginNamespace,
+		Labels: map[string]string{"app.kubernetes.io/component": "controller"}},
+		Spec: v1.PodSpec{NodeName: node.Name, Containers: []v1.Container{{Name: "c", Image: "x"}}}}
+	_, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).Create(ctx, other, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).Delete(context.Background(), other.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+	refusedWith(t, "may only create or delete MPS server pods (label app.kubernetes.io/component=mps-server), not pod 'not-an-mps-server'", func() error {
+		return plugin.CoreV1().Pods(devcluster.PluginNamespace).Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+	})
+}
+
 // TestControllerPodUpdatesPinned: gpudra-controller, as its ServiceAccount,
 // may lift its own scheduling gate and set its own pod condition, and
 // nothing else a pod patch could do.
