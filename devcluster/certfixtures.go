@@ -40,7 +40,7 @@ func acquireCertFixtures() (release func(), err error) {
 		if err != nil {
 			return nil, fmt.Errorf("a directory for the API server's certificates: %w", err)
 		}
-		fixtures := CertFixtureDir(dir)
+		fixtures := certFixtureDir(dir)
 		if err := os.MkdirAll(fixtures, 0o700); err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, fmt.Errorf("a directory for the API server's certificates: %w", err)
@@ -70,10 +70,10 @@ func acquireCertFixtures() (release func(), err error) {
 	}, nil
 }
 
-// CertFixtureDir is where, under root (TEST_SRCDIR), the API server's test
+// certFixtureDir is where, under root (TEST_SRCDIR), the API server's test
 // harness keeps its certificates: root/<workspace>/<the harness's source
 // directory as compiled in>/testdata.
-func CertFixtureDir(root string) string {
+func certFixtureDir(root string) string {
 	return filepath.Join(root, certFixtureWorkspace, filepath.Dir(testServerSource()), "testdata")
 }
 

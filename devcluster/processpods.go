@@ -159,7 +159,7 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 		// paths: nothing translated.
 		c := processContainer(pod)
 		if c.Privileged {
-			c.Devices = NVIDIADeviceNodes(k.devRoot)
+			c.Devices = nvidiaDeviceNodes(k.devRoot)
 		}
 		id := runcID(pod.UID, c.Name)
 		k.containers[pod.UID] = []string{id}

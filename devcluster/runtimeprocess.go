@@ -31,7 +31,7 @@ type ProcessContainer struct {
 	Privileged bool
 	// Devices are created in a privileged container's /dev: containerd
 	// gives a privileged container every device node of the host; here
-	// the node's NVIDIA ones (NVIDIADeviceNodes), which a real MPS control
+	// the node's NVIDIA ones (nvidiaDeviceNodes), which a real MPS control
 	// daemon opens.
 	Devices []oci.LinuxDevice
 }
@@ -227,10 +227,10 @@ var capabilitiesByBit = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_
 	"CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
 	"CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"}
 
-// NVIDIADeviceNodes are the NVIDIA character devices under root's /dev
+// nvidiaDeviceNodes are the NVIDIA character devices under root's /dev
 // (nvidiactl, nvidia-uvm, nvidia<N>, nvidia-caps/...), as a privileged
 // container gets them, with the paths they have there.
-func NVIDIADeviceNodes(root string) []oci.LinuxDevice {
+func nvidiaDeviceNodes(root string) []oci.LinuxDevice {
 	var out []oci.LinuxDevice
 	for _, pattern := range []string{"dev/nvidia*", "dev/nvidia-caps/*"} {
 		matches, _ := filepath.Glob(filepath.Join(root, pattern))

@@ -29,10 +29,10 @@ const lastErrors = 20
 func (s *session) diagnose(ctx context.Context, failure error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n== diagnostics (gpu-smoke failed: %v)\n", failure)
-	Diagnose(ctx, &b, s.cluster.Client, []string{namespace, devcluster.PluginNamespace}, GPUNode)
+	diagnoseCluster(ctx, &b, s.cluster.Client, []string{namespace, devcluster.PluginNamespace}, GPUNode)
 	if s.cfg.LogFile != "" {
 		fmt.Fprintf(&b, "\n-- the last %d errors in the log (%s):\n", lastErrors, s.cfg.LogFile)
-		errs, err := LastErrors(s.cfg.LogFile, lastErrors)
+		errs, err := lastErrorLines(s.cfg.LogFile, lastErrors)
 		switch {
 		case err != nil:
 			fmt.Fprintf(&b, "   (could not read the log: %v)\n", err)
@@ -48,10 +48,10 @@ func (s *session) diagnose(ctx context.Context, failure error) {
 	_ = s.res.write("diagnostics.txt", b.String())
 }
 
-// Diagnose writes the DeviceClasses, the pods of the namespaces with their
+// diagnoseCluster writes the DeviceClasses, the pods of the namespaces with their
 // conditions and events, the claims with their allocations, and node's
 // ResourceSlices. A read that fails is said, and the rest still written.
-func Diagnose(ctx context.Context, w io.Writer, client kubernetes.Interface, namespaces []string, node string) {
+func diagnoseCluster(ctx context.Context, w io.Writer, client kubernetes.Interface, namespaces []string, node string) {
 	classes, err := client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		fmt.Fprintf(w, "-- DeviceClasses: could not list: %v\n", err)
@@ -147,8 +147,8 @@ func writeClaim(w io.Writer, c *resourceapi.ResourceClaim) {
 	fmt.Fprintf(w, "-- claim %s/%s: allocated %s, reserved for %s\n", c.Namespace, c.Name, orNone(devices), orNone(users))
 }
 
-// LastErrors are the last n error lines (klog's "E" lines) of the log.
-func LastErrors(path string, n int) ([]string, error) {
+// lastErrorLines are the last n error lines (klog's "E" lines) of the log.
+func lastErrorLines(path string, n int) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

@@ -258,12 +258,12 @@ func (s *session) claimedUUIDs(ctx context.Context, name string) ([]string, erro
 	if err != nil {
 		return nil, err
 	}
-	return ClaimedUUIDs(claim, s.inv)
+	return claimedWholeGPUs(claim, s.inv)
 }
 
-// ClaimedUUIDs are the UUIDs of the whole GPUs of the inventory allocated
+// claimedWholeGPUs are the UUIDs of the whole GPUs of the inventory allocated
 // to the claim.
-func ClaimedUUIDs(claim *resourceapi.ResourceClaim, inv *nvdevice.Inventory) ([]string, error) {
+func claimedWholeGPUs(claim *resourceapi.ResourceClaim, inv *nvdevice.Inventory) ([]string, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s is not allocated", claim.Name)
 	}

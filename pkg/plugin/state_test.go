@@ -303,7 +303,10 @@ func TestCrashAtEveryStep(t *testing.T) {
 }
 
 // TestCrashFullGPUAfterCDIWrite: a full-GPU prepare keeps no intent record;
-// the CDI spec a kill leaves behind is removed at the next start.
+// the CDI spec a kill leaves behind is removed at the next start. The
+// completed record, written and synced beside the checkpoint while the spec
+// was written, was staged, not renamed: the start removes it too, and the
+// claim is not prepared.
 func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
 	e := newEnv(t)
 	e.crashAt = func(s string) {
@@ -317,13 +320,18 @@ func TestCrashFullGPUAfterCDIWrite(t *testing.T) {
 		_, _ = prep(s, claim("u1", []string{"gpu-2"}))
 	}()
 	require.Len(t, e.cdiSpecs(), 1)
+	require.Len(t, e.stagedCheckpoints(), 1, "the completed record was staged, not renamed")
 	e.crashAt = nil
 	restarted := e.start()
 	assert.Empty(t, e.cdiSpecs(), "the orphan spec is removed at start")
+	assert.Empty(t, e.stagedCheckpoints(), "the staged record is removed at start")
 	_, ok := preparedOf(t, restarted, "u1")
-	assert.False(t, ok)
+	assert.False(t, ok, "the staged record never became the checkpoint")
 	_, err := prep(restarted, claim("u1", []string{"gpu-2"}))
 	require.NoError(t, err)
+	_, ok = preparedOf(t, restarted, "u1")
+	assert.True(t, ok)
+	assert.Empty(t, e.stagedCheckpoints())
 }
 
 // A whole GPU in MIG mode is useless to CUDA as /dev/nvidia<N> alone: it is
