@@ -96,21 +96,31 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			logger.Error(err, "Writing the claim's device status failed", "claim", klog.KObj(c))
 		}
 	}
-	// No republish, even when a MIG device was created: the slices already
-	// offer every placement and account for the driver's own MIG devices
-	// through the counters, so they do not change (TestManagedMigChangesPublishNothing).
+	// No republish, even when a MIG device was created: the claim was
+	// allocated a published placement, which stays published as it was
+	// (whatever the MIG policy, until released), and the counters account
+	// for the driver's own MIG devices, so the slices do not change
+	// (TestManagedMigChangesPublishNothing).
 	return out, nil
 }
 
 // UnprepareResourceClaims undoes prepares; unknown claims succeed. Like a
-// prepare, destroying the driver's MIG devices changes nothing published.
+// prepare, destroying the driver's MIG devices changes nothing published,
+// except under a MIG policy narrower than all: a MIG device of a profile
+// the policy does not publish was published only while its claim was
+// prepared (the policy was narrowed meanwhile), and is withdrawn now.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
+	destroyedMig := false
 	for _, c := range claims {
 		start := d.metrics.begin(opUnprepare)
-		_, err := d.state.Unprepare(ctx, string(c.UID))
+		destroyed, err := d.state.Unprepare(ctx, string(c.UID))
 		d.metrics.observe(opUnprepare, start, err)
 		out[c.UID] = err
+		destroyedMig = destroyedMig || (destroyed && err == nil)
+	}
+	if destroyedMig && (d.existingMigOnly || !d.migPolicy.PublishesAll()) {
+		d.republish(ctx)
 	}
 	return out, nil
 }

@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -69,4 +71,44 @@ func TestUnpublishedMigGPUs(t *testing.T) {
 			assert.Equal(t, tt.want, unpublishedMigGPUs(inv, res))
 		})
 	}
+}
+
+// TestPreparedMigDeviceStaysPublishedUntilReleased (issue 35): a policy
+// narrowed while a claim holds a MIG device the plugin created (annotation
+// changed, plugin restarted) keeps that device published at its placement;
+// its release withdraws it, and only under such a policy does the unprepare
+// republish (under all the slices do not change, as
+// TestManagedMigChangesPublishNothing checks).
+func TestPreparedMigDeviceStaysPublishedUntilReleased(t *testing.T) {
+	const dev = "gpu-0-mig-3g-40gb-4"
+	e := newEnv(t)
+	ctx := context.Background()
+	d := &Driver{state: e.start(), backend: e.machine, pool: pool, repub: newRepublisher()}
+	out, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claim("u1", []string{dev})})
+	require.NoError(t, err)
+	require.NoError(t, out["u1"].Err)
+
+	d = &Driver{state: e.start(), backend: e.machine, pool: pool, repub: newRepublisher(),
+		migPolicy: slicebuilder.MigPolicy{Profiles: []string{"1g.10gb"}}}
+	assert.True(t, publishedDevices(t, d)[dev], "prepared: published under a policy without its profile")
+
+	errs, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}})
+	require.NoError(t, err)
+	require.NoError(t, errs["u1"])
+	assert.True(t, queuedRepublish(d), "the release republishes")
+	assert.False(t, publishedDevices(t, d)[dev], "released: withdrawn")
+	assert.True(t, publishedDevices(t, d)["gpu-0-mig-1g-10gb-4"], "the policy's placements it overlapped are back")
+}
+
+func publishedDevices(t *testing.T, d *Driver) map[string]bool {
+	t.Helper()
+	res, _, err := d.Resources(context.Background())
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, s := range res.Pools[pool].Slices {
+		for _, dev := range s.Devices {
+			names[dev.Name] = true
+		}
+	}
+	return names
 }

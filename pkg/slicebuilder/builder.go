@@ -34,7 +34,11 @@ const (
 type Options struct {
 	// ManagedMigDevices are the UUIDs of MIG devices the driver created for
 	// claims. They do not hide the placements they overlap: the scheduler
-	// already accounts for them through the counters. Any other existing
+	// already accounts for them through the counters. Each is published at
+	// its placement whatever Mig says (a policy narrowed while its claim is
+	// prepared), as when its claim was allocated: the allocation names it,
+	// and its counters keep the whole GPU and the placements it overlaps
+	// from being handed out until the claim is released. Any other existing
 	// MIG device belongs to someone else and blocks the full GPU and every
 	// placement it overlaps.
 	ManagedMigDevices map[string]bool
@@ -174,10 +178,12 @@ func buildGPU(g *nvdevice.GPU, opts Options) (gpuDevices, error) {
 			for i := len(prof.Placements) - 1; i >= 0; i-- {
 				pl := prof.Placements[i]
 				existing, blocked := placementState(foreign, prof.Name, pl)
-				if blocked || (existing == nil && !policy.publishes(prof.Name)) {
+				if blocked || (existing == nil && !policy.publishes(prof.Name) && !managedAt(g, opts.ManagedMigDevices, prof.Name, pl)) {
 					continue
 				}
-				gd.devices = append(gd.devices, migDevice(g, &prof, pl, existing, opts))
+				// Consumption where there are counters to consume: an
+				// existing foreign device was taken out of the counter set.
+				gd.devices = append(gd.devices, migDevice(g, &prof, pl, existing, existing == nil && partitioned, opts))
 			}
 		}
 	}
@@ -201,6 +207,17 @@ func foreignMigDevices(g *nvdevice.GPU, managed map[string]bool) []nvdevice.MigD
 		}
 	}
 	return out
+}
+
+// managedAt says whether a MIG device the driver created for a claim sits
+// at this placement: published whatever the policy, until released.
+func managedAt(g *nvdevice.GPU, managed map[string]bool, profile string, pl nvdevice.Placement) bool {
+	for _, d := range g.MIG.Devices {
+		if managed[d.UUID] && d.Profile == profile && d.Placement == pl {
+			return true
+		}
+	}
+	return false
 }
 
 // placementState says whether a foreign MIG device sits exactly at this
@@ -315,7 +332,7 @@ func fractionalGPUDevice(name string, attrs map[resourceapi.QualifiedName]resour
 	}
 }
 
-func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement, existing *nvdevice.MigDevice, opts Options) resourceapi.Device {
+func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement, existing *nvdevice.MigDevice, consumes bool, opts Options) resourceapi.Device {
 	name := MigDeviceName(g, prof.Name, pl.Start)
 	attrs := placeAttributes(g)
 	attrs["type"] = str(TypeMIG)
@@ -330,7 +347,7 @@ func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement
 		Capacity:   capacities(prof.MemoryMiB, prof.Engines),
 		Taints:     opts.Taints[name],
 	}
-	if existing == nil { // an existing foreign device was taken out of the counter set
+	if consumes {
 		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
 			CounterSet: CounterSetName(g), Counters: migConsumption(prof.MemoryMiB, pl, prof.Engines),
 		}}

@@ -11,6 +11,10 @@ import (
 // each with its shared counters) is what the scheduler must evaluate on
 // every node for every pod: at 1,000 nodes that costs it seconds per pod
 // once GPUs are held (docs/scale.md). The zero value publishes everything.
+// Whatever the policy, a MIG device the driver created for a claim stays
+// published at its placement until the claim is released
+// (Options.ManagedMigDevices): a policy narrowed meanwhile neither withdraws
+// it nor frees what it holds.
 type MigPolicy struct {
 	// Existing: only MIG devices that exist; none the plugin would create,
 	// and no whole GPU (it would be created as the instance spanning it).
@@ -64,6 +68,12 @@ func (p MigPolicy) String() string {
 		return migPolicyProfiles + strings.Join(p.Profiles, ",")
 	}
 	return MigPolicyAll
+}
+
+// PublishesAll says whether every placement of every profile is published
+// (all, the zero value).
+func (p MigPolicy) PublishesAll() bool {
+	return !p.Existing && len(p.Profiles) == 0
 }
 
 // publishes says whether a placement of the profile that does not exist

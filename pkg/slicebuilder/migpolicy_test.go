@@ -1,11 +1,15 @@
 package slicebuilder
 
 import (
+	"context"
 	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
 func TestParseMigPolicy(t *testing.T) {
@@ -105,4 +109,61 @@ func TestAllocatorUnderMigPolicies(t *testing.T) {
 		runSequence(t, c, seq([]step{{migAsk("1g.10gb+me"), true}, {migAsk("1g.10gb+me"), false}, {gpuAsk(), false},
 			{migAsk("3g.40gb"), true}, {migAsk("3g.40gb"), false}, {migAsk("1g.10gb"), false}}))
 	})
+}
+
+// TestPreparedMigDeviceOutlivesNarrowerPolicy (issue 35): a MIG device the
+// plugin created for a claim stays published at its placement, as it was
+// published when the claim was allocated, under any policy that came in
+// since: the claim's allocation names it, and only through its counters
+// does the scheduler know the whole GPU and the placements it overlaps are
+// taken.
+func TestPreparedMigDeviceOutlivesNarrowerPolicy(t *testing.T) {
+	m, inv := machine(t, oneGPUMig, "node-a")
+	mig, err := m.CreateMigDevice(context.Background(), nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "3g.40gb", Start: 4})
+	require.NoError(t, err)
+	inv, err = m.Inventory(context.Background())
+	require.NoError(t, err)
+	managed := map[string]bool{mig.UUID: true}
+	const prepared = "gpu-0-mig-3g-40gb-4"
+	asAllocated := devicesByName(build(t, inv, "node-a", Options{ManagedMigDevices: managed}))[prepared]
+	require.NotEmpty(t, asAllocated.ConsumesCounters, "under all the placement consumes its counters")
+
+	t.Run("profiles without its profile", func(t *testing.T) {
+		opts := Options{ManagedMigDevices: managed, Mig: MigPolicy{Profiles: []string{"1g.10gb"}}}
+		byName := devicesByName(build(t, inv, "node-a", opts))
+		if got, ok := byName[prepared]; assert.True(t, ok, "the prepared 3g.40gb is still published at its placement") {
+			assert.Equal(t, asAllocated, got, "published as when the claim was allocated: no uuid, the same counters")
+		}
+		assert.NotContains(t, byName, "gpu-0-mig-3g-40gb-0", "no other 3g.40gb placement")
+		assert.Contains(t, byName, "gpu-0", "the whole GPU stays, blocked by the counters")
+
+		// The scheduler, with the prepared claim's device allocated: neither
+		// the whole GPU nor a placement overlapping it is handed out.
+		c := newCluster(t, oneGPUMig, Options{})
+		c.slices = nil
+		for _, s := range build(t, inv, "node-a", opts) {
+			c.slices = append(c.slices, s.DeepCopy())
+		}
+		c.allocated.Insert(structured.MakeDeviceID(DriverName, "node-a", prepared))
+		runSequence(t, c, seq([]step{{gpuAsk(), false}},
+			repeat(4, step{migAsk("1g.10gb"), true}), []step{{migAsk("1g.10gb"), false}}))
+	})
+	for _, tc := range []struct {
+		name string
+		opts Options
+	}{
+		{"existing", Options{ManagedMigDevices: managed, Mig: MigPolicy{Existing: true}}},
+		{"DynamicMIG off", Options{ManagedMigDevices: managed, ExistingMigOnly: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := build(t, inv, "node-a", tc.opts)
+			for _, s := range out {
+				assert.Empty(t, s.Spec.SharedCounters, "no counter set")
+			}
+			got, ok := devicesByName(out)[prepared]
+			require.True(t, ok, "the prepared 3g.40gb is still published at its placement")
+			assert.Empty(t, got.ConsumesCounters, "no counters to consume")
+			assert.Equal(t, []string{prepared}, deviceNames(allDevices(out)), "nothing else: no whole GPU, no placement to create")
+		})
+	}
 }
