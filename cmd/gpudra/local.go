@@ -36,7 +36,7 @@ type localFlags struct {
 
 func (f *localFlags) register(fs *pflag.FlagSet) {
 	f.backend.register(fs)
-	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate)")
+	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate; every group member can change any record in it: ownership is advisory)")
 	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", local.DefaultPluginDataDir, "the kubelet plugin's state: where it exists, gpudra local refuses")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "nvidia-cuda-mps-control", "nvidia-cuda-mps-control for --share mps: a name, looked for under --driver-root in "+strings.Join(drivertools.ToolDirs, ", ")+" (the first binary, else the first script), a path under the driver root, or an absolute path outside it")
 }
@@ -67,7 +67,9 @@ func (f *localFlags) open(ctx context.Context) (*local.Local, error) {
 	// clients (sharing.ProcessServers, gpudra without Kubernetes).
 	mps := &sharing.ProcessServers{Root: filepath.Join(f.stateDir, "mps"),
 		Control: sharing.ExecMPSControl{Runner: drivertools.Runner{Root: f.backend.driverRoot}, Path: f.mpsControl}}
-	l, err := local.Open(local.Config{StateDir: f.stateDir, Machine: m, MIG: backend, Closer: backend.Close, MPS: mps})
+	// The plugin's mark is checked again under the node lock, before every
+	// change: the check above only refuses early.
+	l, err := local.Open(local.Config{StateDir: f.stateDir, Machine: m, MIG: backend, Closer: backend.Close, MPS: mps, PluginDataDir: f.pluginDataDir})
 	if err != nil {
 		_ = backend.Close()
 	}
@@ -162,6 +164,18 @@ func newLocalCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "local",
 		Short: "Share this machine's GPUs without Kubernetes: allocate, run, queue (docs/local.md)",
+		Long: `Share this machine's GPUs without Kubernetes: allocate, run, queue (docs/local.md).
+
+Ownership is advisory, for colleagues who trust each other. Whoever may
+write the state directory (its owner and its group) may allocate, and the
+commands refuse to release or withdraw another user's request. But the state
+is one group-writable file: a group member can edit it and drop or change
+anyone's allocation, and a command grants every waiting request it finds,
+whoever asked, with its own user's rights (it creates the MIG devices and
+starts the MPS daemons of others' requests). A grant that fails fails the
+request with its error (run, allocate and ps show it). Nothing isolates a
+process from the GPUs it was not given. Where users do not trust each other,
+use the cluster (the DRA kubelet plugin).`,
 	}
 	cmd.AddCommand(newLocalRunCommand(), newLocalAllocateCommand(), newLocalReleaseCommand(), newLocalPsCommand(),
 		newLocalDrainCommand(true), newLocalDrainCommand(false), newLocalReserveCommand(), newLocalPolicyCommand())
@@ -427,6 +441,9 @@ func printPs(w io.Writer, rows []local.PsRow, output string) error {
 		state := r.State
 		if r.Position > 0 {
 			state = fmt.Sprintf("waiting (%d)", r.Position)
+		}
+		if r.Error != "" {
+			state = "failed: " + r.Error
 		}
 		devices := strings.Join(r.UUIDs, ",")
 		if devices == "" {

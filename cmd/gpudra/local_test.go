@@ -159,7 +159,7 @@ func TestLocalUsersAndTheStateDirectory(t *testing.T) {
 
 	// Shared with the group (setgid, as docs/local.md says to do).
 	require.NoError(t, os.Chown(state, 0, nobody))
-	require.NoError(t, os.Chmod(state, 0o2775))
+	require.NoError(t, os.Chmod(state, os.ModeSetgid|0o775))
 	for _, f := range []string{"state.json", "state.lock"} {
 		require.NoError(t, os.Chown(filepath.Join(state, f), 0, nobody))
 	}

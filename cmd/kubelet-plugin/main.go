@@ -87,8 +87,8 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return err
 	}
 	// gpudra local hands out the same GPUs without Kubernetes: one or the
-	// other owns them (docs/local.md).
-	if err := local.CheckNoAllocations(f.localStateDir); err != nil {
+	// other owns them (docs/local.md): marked and checked under its lock.
+	if err := local.ClaimForPlugin(ctx, f.localStateDir, f.pluginDataDir); err != nil {
 		return err
 	}
 	if f.mode == modeDevicePlugin {

@@ -3,7 +3,10 @@
 // the scheduler's own structured allocator over the slices the kubelet
 // plugin would publish, the queue policies of the gang controller, and the
 // plugin's node lock and crash-safe writer for its state. What it hands
-// out is a convention (CUDA_VISIBLE_DEVICES), not isolation.
+// out is a convention (CUDA_VISIBLE_DEVICES), not isolation, and who owns
+// what is advisory: the state is one group-writable directory, every
+// command acts with its own user's rights, and any group member can edit
+// the state (docs/local.md, "Who may do what").
 package local
 
 import (
@@ -12,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +29,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/controller/queue"
 	"github.com/gpudra/gpudra/pkg/nodelock"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
@@ -50,6 +55,13 @@ type Config struct {
 	// MPS runs the MPS control daemons of MPS allocations (one per GPU,
 	// under the state directory); nil: MPS requests are refused.
 	MPS *sharing.ProcessServers
+	// BootID is this boot's /proc/sys/kernel/random/boot_id: a holder
+	// recorded in another boot is gone. Empty: read from ProcRoot.
+	BootID string
+	// PluginDataDir, when set, is the kubelet plugin's state: every change
+	// is refused, under the node lock, while the plugin has marked it
+	// (CheckNoPlugin, ClaimForPlugin).
+	PluginDataDir string
 }
 
 // Local is one machine's local allocations.
@@ -59,7 +71,8 @@ type Local struct {
 }
 
 // Open opens the state directory, creating it. Its permissions decide who
-// may allocate: whoever can write it.
+// may allocate: whoever can write it, who can also change any record in
+// it (ownership is advisory).
 func Open(cfg Config) (*Local, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
@@ -70,6 +83,10 @@ func Open(cfg Config) (*Local, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.BootID == "" {
+		// Unreadable: holders are told apart by pid and start time only.
+		cfg.BootID, _ = checkpoint.BootID(cfg.ProcRoot)
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o775); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
@@ -77,14 +94,44 @@ func Open(cfg Config) (*Local, error) {
 		return nil, fmt.Errorf("state directory %s: not writable by you: its owner and group decide who may allocate GPUs on this machine (ask to be added to its group)", cfg.StateDir)
 	}
 	lockPath := filepath.Join(cfg.StateDir, lockFile)
+	if err := createGroupFile(lockPath); err != nil {
+		return nil, err
+	}
 	lock, err := nodelock.OpenMode(lockPath, 0o664)
 	if err != nil {
 		return nil, err
 	}
-	// Whoever made it: the group's users open it too, whatever the umask
-	// (fails, harmlessly, for anyone but its owner).
-	_ = os.Chmod(lockPath, 0o664)
 	return &Local{cfg: cfg, lock: lock}, nil
+}
+
+// createGroupFile creates the empty file at path, unless it exists,
+// readable and writable by its group whatever the umask: made aside with
+// its mode, then linked into place, so that another user's first command
+// never finds it before its chmod (a plain create-then-chmod leaves it
+// 0644 for that instant).
+func createGroupFile(path string) error {
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	err = tmp.Chmod(0o664)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		// Another command's link won the race: its file is as good.
+		if err = os.Link(tmp.Name(), path); errors.Is(err, fs.ErrExist) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return nil
 }
 
 // Close releases the lock file (and the backend, Config.Closer).
@@ -110,6 +157,17 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 		return nil, err
 	}
 	defer l.lock.Unlock()
+	// The kubelet plugin marks the machine, then checks this state, under
+	// this same lock (ClaimForPlugin): checked here, under the lock, the
+	// two never both pass.
+	if l.cfg.PluginDataDir != "" {
+		if err := CheckNoPlugin(l.cfg.PluginDataDir); err != nil {
+			return nil, err
+		}
+	}
+	if testHookLocalChecked != nil {
+		testHookLocalChecked()
+	}
 	logger := klog.FromContext(ctx)
 	now := l.cfg.Now()
 	s, err := loadState(l.cfg.StateDir, now)
@@ -126,7 +184,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 		return nil, err
 	}
 	before := slices.Clone(s.Allocations)
-	freed, left := s.reap(l.cfg.ProcRoot, now)
+	freed, left := s.reap(l.cfg.ProcRoot, l.cfg.BootID, now)
 	for _, a := range freed {
 		logger.Info("Freed the allocation of a holder that is gone or expired", "name", a.Name, "user", a.User, "pid", a.Holder.PID)
 	}
@@ -242,12 +300,12 @@ func (l *Local) round(ctx context.Context, s *State, now time.Time) {
 				continue
 			}
 			if err := l.createMIG(ctx, &a); err != nil {
-				klog.FromContext(ctx).Error(err, "Grant a waiting request", "name", w.Name)
+				s.fail(ctx, w.Name, err)
 				continue
 			}
 		}
 		if err := l.startMPS(ctx, &a); err != nil {
-			klog.FromContext(ctx).Error(err, "Grant a waiting request", "name", w.Name)
+			s.fail(ctx, w.Name, err)
 			l.destroyMIG(ctx, a)
 			continue
 		}
@@ -256,8 +314,30 @@ func (l *Local) round(ctx context.Context, s *State, now time.Time) {
 	}
 }
 
-// order is the waiters in the machine's policy order; users stand in for
-// namespaces (FairShare shares between users).
+// fail records that granting the named waiter failed: the request fails
+// with err, seen by its requester (Poll, Acquire) and by ps, and is not
+// tried again, whoever's command ran the round.
+func (s *State) fail(ctx context.Context, name string, err error) {
+	klog.FromContext(ctx).Error(err, "Granting a waiting request failed: the request fails", "name", name)
+	for i := range s.Waiters {
+		if s.Waiters[i].Name == name {
+			s.Waiters[i].Error = err.Error()
+		}
+	}
+}
+
+// GrantFailedError says granting a request failed; the request is no
+// longer waiting.
+type GrantFailedError struct {
+	Name, Err string
+}
+
+func (e *GrantFailedError) Error() string {
+	return fmt.Sprintf("request %s failed: granting it failed: %s", e.Name, e.Err)
+}
+
+// order is the waiters in the machine's policy order, failed ones left
+// out; users stand in for namespaces (FairShare shares between users).
 func (l *Local) order(s *State, now time.Time) []Waiter {
 	policy := queue.Policy{Name: v1alpha1.QueuePolicy(s.Policy), AgingPerMinute: 1, DefaultShare: 1}
 	if policy.Name == "" {
@@ -270,6 +350,9 @@ func (l *Local) order(s *State, now time.Time) []Waiter {
 	byKey := map[string]Waiter{}
 	items := make([]queue.Item, 0, len(s.Waiters))
 	for _, w := range s.Waiters {
+		if w.Error != "" {
+			continue
+		}
 		byKey[w.Name] = w
 		items = append(items, queue.Item{Key: w.Name, Namespace: w.User, Priority: w.Priority, QueuedAt: w.QueuedAt,
 			Duration: w.Duration, Devices: requestedDevices(w.Request)})
@@ -363,6 +446,11 @@ func (l *Local) Poll(ctx context.Context, name string) (Status, error) {
 			return st, nil
 		}
 	}
+	for _, w := range s.Waiters {
+		if w.Name == name && w.Error != "" {
+			return st, &GrantFailedError{Name: name, Err: w.Error}
+		}
+	}
 	for i, w := range l.order(s, l.cfg.Now()) {
 		if w.Name == name {
 			st.Position = i + 1
@@ -373,7 +461,8 @@ func (l *Local) Poll(ctx context.Context, name string) (Status, error) {
 }
 
 // Acquire enqueues r and waits until it holds devices; progress gets the
-// queue position while it waits. If ctx ends first, r leaves the queue.
+// queue position while it waits. If ctx ends first, r leaves the queue. A
+// grant that fails (GrantFailedError) fails it, and withdraws it.
 func (l *Local) Acquire(ctx context.Context, r Request, progress func(position int)) (Allocation, error) {
 	if err := l.Enqueue(ctx, r); err != nil {
 		return Allocation{}, err
@@ -383,6 +472,11 @@ func (l *Local) Acquire(ctx context.Context, r Request, progress func(position i
 		st, err := l.Poll(ctx, r.Name)
 		if err == nil && st.Allocation != nil {
 			return *st.Allocation, nil
+		}
+		var failed *GrantFailedError
+		if errors.As(err, &failed) {
+			_ = l.Release(context.WithoutCancel(ctx), r.Name, r.User)
+			return Allocation{}, err
 		}
 		if err == nil && st.Position != last && progress != nil {
 			progress(st.Position)

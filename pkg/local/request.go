@@ -3,8 +3,6 @@ package local
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -114,7 +112,9 @@ func Env(a Allocation) []string {
 type PsRow struct {
 	Name  string `json:"name"`
 	User  string `json:"user"`
-	State string `json:"state"` // Allocated, Reserved or Waiting
+	State string `json:"state"` // Allocated, Reserved, Waiting or Failed
+	// Error is why a Failed request's grant failed.
+	Error string `json:"error,omitempty"`
 	// UUIDs are the devices held.
 	UUIDs   []string `json:"uuids,omitempty"`
 	Devices []string `json:"devices,omitempty"`
@@ -131,7 +131,8 @@ type PsRow struct {
 	Expires        *time.Time `json:"expires,omitempty"`
 }
 
-// Ps lists the holders, then the waiters in queue order; capacity is the
+// Ps lists the holders, then the waiters in queue order, then the failed
+// requests that their requesters have not yet seen; capacity is the
 // machine's whole devices (for the start estimates; 0: none given).
 func Ps(s *State, order []Waiter, now time.Time, capacity int) []PsRow {
 	var rows []PsRow
@@ -152,6 +153,12 @@ func Ps(s *State, order []Waiter, now time.Time, capacity int) []PsRow {
 		rows = append(rows, PsRow{Name: w.Name, User: w.User, State: "Waiting", Asks: fmt.Sprintf("%d device(s)", requestedDevices(w.Request)),
 			Position: i + 1, PID: w.Holder.PID, Since: w.QueuedAt, Age: now.Sub(w.QueuedAt).Round(time.Second).String(),
 			EstimatedStart: starts[i]})
+	}
+	for _, w := range s.Waiters {
+		if w.Error != "" {
+			rows = append(rows, PsRow{Name: w.Name, User: w.User, State: "Failed", Error: w.Error, Asks: fmt.Sprintf("%d device(s)", requestedDevices(w.Request)),
+				PID: w.Holder.PID, Since: w.QueuedAt, Age: now.Sub(w.QueuedAt).Round(time.Second).String()})
+		}
 	}
 	return rows
 }
@@ -209,41 +216,4 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// DefaultPluginDataDir is the kubelet plugin's state directory.
-const DefaultPluginDataDir = "/var/lib/kubelet/plugins/gpu.gpudra.dev"
-
-// CheckNoPlugin refuses where gpudra's kubelet plugin keeps state: it
-// hands the same GPUs to the cluster.
-func CheckNoPlugin(pluginDataDir string) error {
-	for _, f := range []string{"checkpoint.json", "state.lock"} {
-		p := filepath.Join(pluginDataDir, f)
-		if _, err := os.Stat(p); err == nil {
-			return fmt.Errorf("gpudra's kubelet plugin manages this machine's GPUs (its state: %s): gpudra local would hand out the same GPUs; use the cluster, or remove the plugin and its state first", p)
-		}
-	}
-	return nil
-}
-
-// CheckNoAllocations refuses while gpudra local holds or queues anything
-// in stateDir: the kubelet plugin must not start then. It reads the state
-// without the lock and does not free dead holders (the plugin's container
-// cannot see the holders' processes): gpudra local ps does.
-func CheckNoAllocations(stateDir string) error {
-	b, err := os.ReadFile(filepath.Join(stateDir, stateFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("gpudra local state %s: %w", stateDir, err)
-	}
-	var s State
-	if err := yaml.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("gpudra local state %s is unreadable (%v): run gpudra local ps to rebuild it, or remove it", stateDir, err)
-	}
-	if n := len(s.Allocations) + len(s.Waiters); n > 0 {
-		return fmt.Errorf("gpudra local holds or queues %d request(s) on this machine (%s): release them (gpudra local ps, gpudra local release) before the kubelet plugin takes the GPUs", n, filepath.Join(stateDir, stateFile))
-	}
-	return nil
 }

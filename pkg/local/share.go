@@ -4,17 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/mpsserver"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
@@ -79,13 +83,27 @@ func (l *Local) startMPS(ctx context.Context, a *Allocation) error {
 		return errors.New("this machine runs no MPS control daemon (no --mps-control-binary)")
 	}
 	server := l.mpsServer(a.Devices[0].UUID)
-	if _, err := l.cfg.MPS.Ensure(ctx, server); err != nil {
+	if err := groupDirs(filepath.Dir(server.Dir), server.Dir, server.PipeDir(), filepath.Join(server.Dir, mpsserver.LogSubdir)); err != nil {
 		return fmt.Errorf("MPS server for %s: %w", a.Devices[0].UUID, err)
+	}
+	// The daemon runs as whoever's command starts it, for every group
+	// member's clients: what it creates (its pipes, its log) is
+	// group-writable, and so are the files recorded beside it, which the
+	// next group member to start a daemon there rewrites. The umask is the
+	// process's: gpudra local is one command per process.
+	old := unix.Umask(0o002)
+	started, err := l.cfg.MPS.Ensure(ctx, server)
+	unix.Umask(old)
+	if err != nil {
+		return fmt.Errorf("MPS server for %s: %w", a.Devices[0].UUID, err)
+	}
+	if started {
+		groupFiles(server.Dir)
 	}
 	// Its clients start at once: wait until it answers, as the kubelet
 	// plugin does before it hands a claim to a container.
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		last = l.cfg.MPS.Control.Command(ctx, server.Config().Env(), "get_server_list")
 		return last == nil, nil
 	})
@@ -94,6 +112,49 @@ func (l *Local) startMPS(ctx context.Context, a *Allocation) error {
 	}
 	a.MPSDir = server.Dir
 	return nil
+}
+
+// groupDirs creates the directories, each in the one before, group-writable
+// and setgid (as the state directory is), whatever the umask: every group
+// member's command writes and removes in them. One that exists is made so
+// by its owner; anyone else finds it as its owner left it, and fails on it
+// with its own error.
+func groupDirs(dirs ...string) error {
+	const mode = 0o775 | os.ModeSetgid
+	for _, d := range dirs {
+		err := os.Mkdir(d, mode)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if err == nil {
+			// The group of the directory above (the state directory's),
+			// also where that one is not setgid: the creator is in it.
+			if up, err := os.Stat(filepath.Dir(d)); err == nil {
+				_ = os.Chown(d, -1, int(up.Sys().(*syscall.Stat_t).Gid))
+			}
+		}
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&mode != mode {
+			if err := os.Chmod(d, fi.Mode().Perm()|mode); err != nil {
+				return fmt.Errorf("%s is not group-writable (mode %v) and cannot be made so: %w", d, fi.Mode(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// groupFiles makes the files directly in dir group-writable (those of
+// this process's user).
+func groupFiles(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			_ = os.Chmod(filepath.Join(dir, e.Name()), 0o664)
+		}
+	}
 }
 
 func (l *Local) mpsServer(uuid string) sharing.MPSServer {

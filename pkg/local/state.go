@@ -23,12 +23,18 @@ const (
 	lockFile  = "state.lock"
 )
 
-// Holder is the process an allocation or a wait belongs to: its pid and
-// the kernel's start time of that pid, so that a later process reusing the
-// pid is not taken for it. A zero PID is held until released.
+// Holder is the process an allocation or a wait belongs to: its pid, the
+// kernel's start time of that pid, and the boot it ran in, so that a later
+// process reusing the pid, in this boot or after a reboot (where start
+// times begin again), is not taken for it. A zero PID is held until
+// released.
 type Holder struct {
 	PID       int    `json:"pid,omitempty"`
 	StartTime uint64 `json:"startTime,omitempty"`
+	// BootID is /proc/sys/kernel/random/boot_id when the holder was
+	// recorded; "" (a state written before it was recorded) is not
+	// compared.
+	BootID string `json:"bootID,omitempty"`
 }
 
 // Request is what a user asks for: the devices part of a ResourceClaim
@@ -88,6 +94,11 @@ type Allocation struct {
 type Waiter struct {
 	Request
 	QueuedAt time.Time `json:"queuedAt"`
+	// Error is why granting it failed (a MIG device or an MPS daemon that
+	// could not be made): the request has failed, is not tried again, and
+	// stays until its requester has seen the error (Acquire withdraws it)
+	// or its holder is gone.
+	Error string `json:"error,omitempty"`
 }
 
 // State is everything in the state directory.
@@ -151,30 +162,37 @@ func saveState(dir string, s *State) error {
 }
 
 // alive says whether the holder's process still runs (and is the same
-// process). A holder without a pid lives until released.
-func (h Holder) alive(procRoot string) bool {
+// process): recorded in this boot (bootID, "" when unknown), and its pid's
+// start time unchanged. A holder without a pid lives until released.
+func (h Holder) alive(procRoot, bootID string) bool {
 	if h.PID == 0 {
 		return true
+	}
+	if h.BootID != "" && bootID != "" && h.BootID != bootID {
+		return false
 	}
 	ps, err := sharing.ReadProcessStart(procRoot, h.PID)
 	return err == nil && !ps.Zombie && ps.StartTime == h.StartTime
 }
 
-// HolderOf is the holder identity of a running process.
+// HolderOf is the holder identity of a running process, in the boot that
+// procRoot's sys/kernel/random/boot_id names (none recorded where it
+// cannot be read).
 func HolderOf(procRoot string, pid int) (Holder, error) {
 	ps, err := sharing.ReadProcessStart(procRoot, pid)
 	if err != nil {
 		return Holder{}, fmt.Errorf("process %d: %w", pid, err)
 	}
-	return Holder{PID: pid, StartTime: ps.StartTime}, nil
+	boot, _ := checkpoint.BootID(procRoot)
+	return Holder{PID: pid, StartTime: ps.StartTime, BootID: boot}, nil
 }
 
 // reap drops allocations and waiters whose process is gone, and
 // allocations past their expiry; it returns what it dropped.
-func (s *State) reap(procRoot string, now time.Time) (freed []Allocation, left []Waiter) {
+func (s *State) reap(procRoot, bootID string, now time.Time) (freed []Allocation, left []Waiter) {
 	var keep []Allocation
 	for _, a := range s.Allocations {
-		if !a.Holder.alive(procRoot) || (a.Expires != nil && !now.Before(*a.Expires)) || a.incompleteMIG() {
+		if !a.Holder.alive(procRoot, bootID) || (a.Expires != nil && !now.Before(*a.Expires)) || a.incompleteMIG() {
 			freed = append(freed, a)
 			continue
 		}
@@ -183,7 +201,7 @@ func (s *State) reap(procRoot string, now time.Time) (freed []Allocation, left [
 	s.Allocations = keep
 	var waiting []Waiter
 	for _, w := range s.Waiters {
-		if !w.Holder.alive(procRoot) {
+		if !w.Holder.alive(procRoot, bootID) {
 			left = append(left, w)
 			continue
 		}

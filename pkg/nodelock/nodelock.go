@@ -40,6 +40,17 @@ func OpenMode(path string, mode os.FileMode) (*Lock, error) {
 	return &Lock{file: f}, nil
 }
 
+// OpenReadOnly opens an existing lock file read-only (a flock needs no
+// write access): the kubelet plugin takes gpudra local's lock through a
+// read-only mount. A missing file is an error that wraps os.ErrNotExist.
+func OpenReadOnly(path string) (*Lock, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("node state lock %s: %w", path, err)
+	}
+	return &Lock{file: f}, nil
+}
+
 // Lock waits for the node-wide lock until ctx ends. The wait polls a
 // non-blocking flock: a blocking one cannot be cancelled.
 func (l *Lock) Lock(ctx context.Context) error {
