@@ -8,17 +8,21 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
@@ -83,6 +87,9 @@ type controllers struct {
 	gangMode   string
 	generation int
 	down       bool
+	// discoveryOutage is the group version ("resource.k8s.io/v1") whose
+	// discovery every replica's client is refused with a 503 (empty: none).
+	discoveryOutage string
 	// conns are the open front connections: an outage ends them too, or
 	// the API server would go on using its kept-alive connections.
 	conns map[net.Conn]struct{}
@@ -115,7 +122,35 @@ func (c *Cluster) startGpudraController(ctx context.Context) error {
 			return err
 		}
 	}
-	return c.WaitForWebhook(ctx, 30*time.Second)
+	if err := c.WaitForWebhook(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	return c.waitGangPathDecided(ctx)
+}
+
+// waitGangPathDecided waits until the replicas' webhook admits a gang pod
+// (a server-side dry run): until a replica's API discovery has answered, it
+// refuses gang pods ("cannot tell yet"), as a real rollout's first seconds
+// would. It does not wait during a discovery outage the caller made.
+func (c *Cluster) waitGangPathDecided(ctx context.Context) error {
+	c.gpudra.mu.Lock()
+	outage := c.gpudra.discoveryOutage
+	c.gpudra.mu.Unlock()
+	if outage != "" {
+		return nil
+	}
+	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "gang-path-probe-", Namespace: metav1.NamespaceDefault,
+		Labels: map[string]string{gpudraapi.LabelGang: "gang-path-probe"}, Annotations: map[string]string{gpudraapi.AnnotationGangSize: "1"}},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "probe"}}}}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil || !strings.Contains(last.Error(), "cannot tell yet"), nil
+	})
+	if err != nil {
+		return fmt.Errorf("gpudra-controller's gang path not decided: %w (last answer: %v)", err, last)
+	}
+	return nil
 }
 
 // StartController starts one more replica under the given name.
@@ -132,6 +167,7 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 		return nil, err
 	}
 	rc.QPS, rc.Burst = 20, 30
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return discoveryOutage{next: rt, c: c.gpudra} })
 	c.gpudra.mu.Lock()
 	gangMode := c.gpudra.gangMode
 	c.gpudra.mu.Unlock()
@@ -205,7 +241,40 @@ func (c *Cluster) SetGangMode(ctx context.Context, mode string) error {
 			return err
 		}
 	}
-	return c.WaitForWebhook(ctx, 30*time.Second)
+	if err := c.WaitForWebhook(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	return c.waitGangPathDecided(ctx)
+}
+
+// SetDiscoveryOutage makes every replica's API discovery of the group
+// version (for example "resource.k8s.io/v1") fail with 503 Service
+// Unavailable, as an API server restart or an overloaded aggregation layer
+// does, until it is called with "". Every other request goes through.
+func (c *Cluster) SetDiscoveryOutage(groupVersion string) {
+	c.gpudra.mu.Lock()
+	defer c.gpudra.mu.Unlock()
+	c.gpudra.discoveryOutage = groupVersion
+}
+
+// discoveryOutage answers the discovery of the group version in outage
+// with a 503.
+type discoveryOutage struct {
+	next http.RoundTripper
+	c    *controllers
+}
+
+func (d discoveryOutage) RoundTrip(req *http.Request) (*http.Response, error) {
+	d.c.mu.Lock()
+	gv := d.c.discoveryOutage
+	d.c.mu.Unlock()
+	if gv != "" && req.Method == http.MethodGet && strings.TrimSuffix(req.URL.Path, "/") == "/apis/"+gv {
+		body := `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"devcluster: discovery outage","reason":"ServiceUnavailable","code":503}`
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Status: "503 Service Unavailable", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{"Content-Type": []string{"application/json"}}, Body: io.NopCloser(strings.NewReader(body)),
+			ContentLength: int64(len(body)), Request: req}, nil
+	}
+	return d.next.RoundTrip(req)
 }
 
 // SetWebhookDown makes the webhook unreachable (every connection refused

@@ -151,9 +151,10 @@ func TestChartInstallAndNodeIsolation(t *testing.T) {
 				require.NoError(t, dryRunCreate(ctx, o), "%s %s", o.GetKind(), o.GetName())
 				continue
 			}
-			// The gang gate policy exempts its own release's controller
-			// only: applied, it would stop devcluster's from lifting gates.
-			if strings.HasSuffix(o.GetName(), "-gang-gate") {
+			// The gang gate and gang PodGroup policies exempt their own
+			// release's controller only: applied, they would stop
+			// devcluster's from lifting gates and creating PodGroups.
+			if strings.HasSuffix(o.GetName(), "-gang-gate") || strings.HasSuffix(o.GetName(), "-gang-podgroups") {
 				require.NoError(t, dryRunCreate(ctx, o), "%s %s", o.GetKind(), o.GetName())
 				continue
 			}

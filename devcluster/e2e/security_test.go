@@ -222,6 +222,11 @@ func TestControllerPodUpdatesPinned(t *testing.T) {
 	refusedWith(t, "may only set its own pod condition", func() error {
 		return statusPatch(map[string]any{"podIP": "10.0.0.66", "podIPs": []map[string]string{{"ip": "10.0.0.66"}}})
 	})
+	// Every PodStatus field but conditions, not only those it used to
+	// list (internal/chartpolicy holds the list complete).
+	refusedWith(t, "may only set its own pod condition", func() error {
+		return statusPatch(map[string]any{"startTime": "2020-01-01T00:00:00Z"})
+	})
 
 	// What it does: lift its gate, leave the other; set its condition.
 	require.NoError(t, patch(map[string]any{"op": "replace", "path": "/spec/schedulingGates", "value": []map[string]string{{"name": otherGate}}}))

@@ -185,6 +185,9 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 				return paths.Path()
 			}
+			if paths != nil {
+				handler.GangMembers = watchGangMembers(ctx, client)
+			}
 			if err := webhook.Serve(ctx, l, certs, handler); err != nil {
 				cancel(err)
 			}

@@ -255,12 +255,11 @@ func (w *gangPathWatcher) current() (gangPath, <-chan struct{}) {
 	return w.cur, w.changed
 }
 
-// Path is the current path, for the webhook: before the first check it is
-// off, so that no pod is gated or grouped that nobody would hand over.
+// Path is the current path, for the webhook: "" until discovery has
+// answered once, and the webhook then refuses gang pods with the reason
+// (webhook.Handler): admitted unchanged they would schedule outside their
+// gangs, and gated they might wait on a path nobody runs.
 func (w *gangPathWatcher) Path() string {
 	p, _ := w.current()
-	if p.Path == "" {
-		return GangPathOff
-	}
 	return p.Path
 }

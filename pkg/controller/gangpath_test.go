@@ -62,7 +62,7 @@ func TestGangPathWatcher(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	w, err := newGangPathWatcher("", disc, reg)
 	require.NoError(t, err)
-	assert.Equal(t, GangPathOff, w.Path(), "nothing is gated before the first check")
+	assert.Equal(t, "", w.Path(), "undecided before the first check: the webhook refuses gang pods")
 	w.check(ctx)
 	p, changed := w.current()
 	assert.Equal(t, GangPathOff, p.Path)

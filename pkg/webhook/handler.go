@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -42,9 +43,14 @@ const maxBody = 4 << 20
 type Handler struct {
 	requests *prometheus.CounterVec
 	// GangPath is the gang path now: GangPathGates or GangPathWorkload
-	// (see Mutate). nil, or any other answer: every pod passes unchanged,
-	// so that no pod is gated or grouped that nothing would hand over.
+	// (see Mutate); "" while undecided (a new gang pod is refused with the
+	// reason: refuseUndecided). nil, or any other answer: every pod passes
+	// unchanged, so that no pod is gated or grouped that nothing would hand
+	// over.
 	GangPath func() string
+	// GangMembers lists a gang's existing pods, so that a gang pod whose
+	// priority differs from theirs is refused (MutateGang); nil: no check.
+	GangMembers GangMembers
 }
 
 // NewHandler returns the webhook's handler; reg (nil: none) receives
@@ -83,8 +89,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			path = h.GangPath()
 		}
 		answer = allow
+		if h.GangPath != nil && path == "" {
+			answer = refuseUndecided
+		}
 		if path == GangPathGates || path == GangPathWorkload {
-			answer = func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse { return Mutate(req, path) }
+			answer = func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+				return MutateGang(req, path, h.GangMembers)
+			}
 		}
 	}
 	resp := answer(review.Request)
@@ -98,6 +109,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := json.NewEncoder(w).Encode(&review); err != nil {
 		logger.Error(err, "Write admission response")
 	}
+}
+
+// refuseUndecided answers for a replica whose gang path is not decided yet
+// (API discovery has not answered it since it started): a new gang pod is
+// refused with the reason, since admitted unchanged it would schedule
+// outside its gang; "could not tell" is never "absent" (issue 35, item 1).
+// Its creator (a Job, Grove, a person) creates it again. Other pods pass.
+func refuseUndecided(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Operation != admissionv1.Create || req.Resource.Resource != "pods" {
+		return resp
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil || !IsGangPod(&pod) {
+		return resp
+	}
+	resp.Allowed = false
+	resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
+		Message: fmt.Sprintf("gang pod %s: gpudra's controller cannot tell yet whether its gang path is served (API discovery has not answered it); "+
+			"refused rather than admitted outside its gang: create it again", PodGroupName(&pod))}
+	return resp
 }
 
 // Review answers one admission request. Objects of resources it does not

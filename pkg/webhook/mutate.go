@@ -64,6 +64,13 @@ type PatchOperation struct {
 // Volcano) get their gangs from it, and a pod bound to a node skips
 // scheduling (the API server refuses gates on it).
 func Mutate(req *admissionv1.AdmissionRequest, path string) *admissionv1.AdmissionResponse {
+	return MutateGang(req, path, nil)
+}
+
+// MutateGang is Mutate that also refuses, on either path, a gang pod whose
+// priority differs from that of its gang's existing pods, which members
+// lists (nil: no such check).
+func MutateGang(req *admissionv1.AdmissionRequest, path string, members GangMembers) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	gvr := metav1.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource}
 	if req.Operation != admissionv1.Create || gvr != metav1.GroupVersionResource(Pods) {
@@ -83,6 +90,11 @@ func Mutate(req *admissionv1.AdmissionRequest, path string) *admissionv1.Admissi
 		patch, errs = GatePod(&pod)
 	case GangPathWorkload:
 		patch, errs = GroupPod(&pod)
+	}
+	if len(errs) == 0 && members != nil && (path == GangPathGates || path == GangPathWorkload) && IsGangPod(&pod) {
+		if err := checkGangPriority(&pod, req.Namespace, members); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		resp.Allowed = false

@@ -261,3 +261,28 @@ func TestConfigurationOwnResources(t *testing.T) {
 	}
 	assert.NotEmpty(t, byName["resourceclaims.gpu.gpudra.dev"].MatchConditions)
 }
+
+// TestHandlerRefusesGangPodsUndecided: a replica whose gang path is not
+// decided (API discovery has not answered it since it started) refuses a
+// new gang pod with the reason, rather than admit it unchanged, which would
+// schedule it outside its gang (issue 35, item 1); other pods pass.
+func TestHandlerRefusesGangPodsUndecided(t *testing.T) {
+	h := NewHandler(nil)
+	h.GangPath = func() string { return "" }
+	post := func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Request: req})
+		require.NoError(t, err)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(body)))
+		var out admissionv1.AdmissionReview
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
+		return out.Response
+	}
+	resp := post(podRequest(admissionv1.Create, gangPod(nil, nil)))
+	require.False(t, resp.Allowed, "a gang pod is not admitted outside its gang")
+	assert.Equal(t, int32(http.StatusServiceUnavailable), resp.Result.Code)
+	assert.Contains(t, resp.Result.Message, "cannot tell yet")
+	plain := gangPod(nil, nil)
+	plain.Labels = nil
+	assert.True(t, post(podRequest(admissionv1.Create, plain)).Allowed, "a pod of no gang passes")
+}

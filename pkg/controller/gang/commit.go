@@ -53,16 +53,24 @@ type committer struct {
 	// way. Lifted at once, the scheduler could choose a device whose
 	// allocation it has not seen yet. Only the round goroutine uses it.
 	kept map[string]*keptFence
-	// written are the claims this controller allocated, by UID, with when:
-	// the double-allocation repair takes back only its own.
-	written map[types.UID]time.Time
+	// written are the claims this controller allocated, by UID, with when
+	// and for which item: the double-allocation repair (repair.go) prefers
+	// to take back its own unused writes, whose items plan again, and
+	// never a released gang's.
+	written map[types.UID]writtenClaim
 	// binding says which pod, if any, kube-scheduler is binding to one of
 	// the nodes with claims it has not written yet (nil: none is asked).
 	binding func(nodes []string) string
 }
 
-// repairWindow is how long after writing a claim the controller looks for
-// a device allocated twice through it (repair.go).
+// writtenClaim is one claim allocation this controller wrote.
+type writtenClaim struct {
+	at time.Time
+	// item is the key of the reservation or gang it was written for.
+	item string
+}
+
+// repairWindow is how long the controller remembers a claim it wrote.
 const repairWindow = 10 * time.Minute
 
 // keptFence is a fence kept after its plan was written.
@@ -165,6 +173,8 @@ func fenceSubject(r *resourceapi.DeviceTaintRule) string {
 type commitPlan struct {
 	result allocator.Result
 	create sets.Set[string]
+	// item is the key of the reservation or gang the plan is for.
+	item string
 }
 
 // commit writes one plan (commitAll of one).
@@ -265,7 +275,7 @@ func (c *committer) commitAll(ctx context.Context, plans []commitPlan, counters 
 			written = true
 			admitted = append(admitted, mine...)
 			// Kept until the informer shows the writes (liftKept).
-			c.keep(fences, p.result)
+			c.keep(fences, p.result, p.item)
 		}
 	}
 	return errs
@@ -273,12 +283,12 @@ func (c *committer) commitAll(ctx context.Context, plans []commitPlan, counters 
 
 // keep records a written plan's fences (and its claims as this
 // controller's own).
-func (c *committer) keep(fences []string, plan allocator.Result) {
+func (c *committer) keep(fences []string, plan allocator.Result, item string) {
 	if c.kept == nil {
 		c.kept = map[string]*keptFence{}
 	}
 	if c.written == nil {
-		c.written = map[types.UID]time.Time{}
+		c.written = map[types.UID]writtenClaim{}
 	}
 	now := time.Now()
 	var claims []string
@@ -293,14 +303,14 @@ func (c *committer) keep(fences []string, plan allocator.Result) {
 		}
 		k.claims = append(k.claims, claims...)
 	}
-	for uid, at := range c.written {
-		if now.Sub(at) > repairWindow {
+	for uid, w := range c.written {
+		if now.Sub(w.at) > repairWindow {
 			delete(c.written, uid)
 		}
 	}
 	for _, a := range plan.Allocations {
 		if a.Claim.UID != "" {
-			c.written[a.Claim.UID] = now
+			c.written[a.Claim.UID] = writtenClaim{at: now, item: item}
 		}
 	}
 }

@@ -33,6 +33,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -107,6 +108,9 @@ type Controller struct {
 	// handed holds, per gang key, the plan of a gang handed to
 	// kube-scheduler (Workload API path) until its claims are allocated.
 	handed map[string]handed
+	// fresh are the claims (namespace/name) allocated since the last
+	// round's double-allocation repair looked (repair.go).
+	fresh sets.Set[string]
 	// verdicts remembers, per item, whether it could ever fit.
 	verdicts map[string]verdict
 	// counter keeps the per-class device counts from the informers' events.
@@ -216,7 +220,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := podInf.AddIndexers(cache.Indexers{gateIndex: gangIndex, nominatedIndex: nominatedNode}); err != nil {
 		return fmt.Errorf("gang controller: pod index: %w", err)
 	}
-	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation}); err != nil {
+	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices}); err != nil {
 		return fmt.Errorf("gang controller: claim index: %w", err)
 	}
 	sliceInf := typed.Resource().V1().ResourceSlices().Informer()
@@ -253,6 +257,22 @@ func (c *Controller) Run(ctx context.Context) error {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return fmt.Errorf("gang controller: event handler: %w", err)
 		}
+	}
+	if _, err := claimInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if cl, ok := obj.(*resourceapi.ResourceClaim); ok {
+				c.noteAllocation(nil, cl)
+			}
+		},
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*resourceapi.ResourceClaim)
+			n, ok2 := cur.(*resourceapi.ResourceClaim)
+			if ok1 && ok2 {
+				c.noteAllocation(o, n)
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("gang controller: event handler: %w", err)
 	}
 	// Claims and slices change with every pod of the cluster: while idle
 	// they only make the counts stale.
@@ -313,7 +333,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		case <-c.trigger:
 		case <-ticker.C:
-			if c.idleTick() {
+			if c.idleTick(ctx) {
 				continue
 			}
 		}

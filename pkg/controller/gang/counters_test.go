@@ -3,15 +3,12 @@ package gang
 import (
 	"context"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -93,36 +90,6 @@ func TestFencesFor(t *testing.T) {
 	other := deviceRef{allocator.DriverName, "n1", "gpu-0"}
 	assert.Equal(t, []string{"device n0/gpu-0", "device n0/gpu-1", "device n1/gpu-0"}, names(fencesFor([]deviceRef{ref("gpu-0"), ref("gpu-1"), other})))
 	assert.Equal(t, []string{"pool n0", "device n1/gpu-0"}, names(fencesFor([]deviceRef{ref("gpu-0"), ref("gpu-1"), ref("gpu-2"), other})))
-}
-
-// TestRoundRepairsADoubleAllocation: a device is in two claims, one the
-// scheduler's (reserved for its pod), one this controller wrote and no pod
-// uses yet. The round takes its own back (planned again), counts it, and
-// leaves the scheduler's. One that is in use already is left, and counted
-// as unrepaired.
-func TestRoundRepairsADoubleAllocation(t *testing.T) {
-	theirs := allocatedClaim("theirs", "gpu-0")
-	theirs.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "uid-p"}}
-	ours := allocatedClaim("ours", "gpu-0")
-	h := newRoundHarness(t, theirs, ours)
-	h.c.committer.written = map[types.UID]time.Time{ours.UID: t0}
-	require.NoError(t, h.round(t))
-	got, err := h.client.ResourceV1().ResourceClaims("ns").Get(context.Background(), "ours", metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Nil(t, got.Status.Allocation, "this controller's allocation taken back")
-	got, err = h.client.ResourceV1().ResourceClaims("ns").Get(context.Background(), "theirs", metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.NotNil(t, got.Status.Allocation, "the scheduler's stays")
-	assert.Equal(t, 1.0, testutil.ToFloat64(h.c.metrics.doubles.WithLabelValues("repaired")))
-
-	// Both in use: nothing to take back.
-	inUse := allocatedClaim("ours-in-use", "gpu-1")
-	inUse.Status.ReservedFor = theirs.Status.ReservedFor
-	other := allocatedClaim("other", "gpu-1")
-	h = newRoundHarness(t, inUse, other)
-	h.c.committer.written = map[types.UID]time.Time{inUse.UID: t0}
-	require.NoError(t, h.round(t))
-	assert.Equal(t, 1.0, testutil.ToFloat64(h.c.metrics.doubles.WithLabelValues("unrepaired")))
 }
 
 // TestFindDoubleAllocationsByCounters: a whole GPU and a MIG placement of

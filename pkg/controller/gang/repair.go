@@ -1,21 +1,33 @@
 package gang
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
 
 // ReasonDoubleAllocation is the Event reason when a device was found in two
-// claims and this controller took its own allocation back.
+// claims and the allocation nobody used was taken back.
 const ReasonDoubleAllocation = "DoubleAllocationRepaired"
+
+// ReasonDoubleAllocationUnrepaired is the Event reason when a device is in
+// two claims and neither could be taken back.
+const ReasonDoubleAllocationUnrepaired = "DoubleAllocationUnrepaired"
 
 // doubleAllocation is a device (or a counter) that allocated claims hold
 // beyond what it has.
@@ -33,14 +45,7 @@ func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counte
 	bySet := map[counterSet][]deviceRef{}
 	holders := map[counterSet][]*resourceapi.ResourceClaim{}
 	for _, cl := range claims {
-		if cl.Status.Allocation == nil {
-			continue
-		}
-		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.ShareID != nil || ptr.Deref(r.AdminAccess, false) {
-				continue
-			}
-			d := deviceRef{r.Driver, r.Pool, r.Device}
+		for _, d := range exclusiveDevices(cl) {
 			if !slices.Contains(byDevice[d], cl) {
 				byDevice[d] = append(byDevice[d], cl)
 			}
@@ -76,60 +81,396 @@ func findDoubleAllocations(claims []*resourceapi.ResourceClaim, counters *counte
 	return out
 }
 
-// repairDoubleAllocations finds devices that this controller and the
-// scheduler both allocated (the fence makes it rare, not impossible: a
-// scheduler whose informer had not seen the fence) and takes back this
-// controller's own allocation when no pod uses it yet, so that the item is
-// planned again: a bounded, visible event (a metric, a Warning Event, a log
-// line) instead of a pod stuck in ContainerCreating on the plugin's refusal.
-//
-// Only devices that one of its own recent writes holds are looked at: the
-// scheduler alone keeps its own allocations apart, and a round with no
-// recent write of this controller does no work that grows with the
-// cluster here.
+// exclusiveDevices are the devices a claim's allocation holds alone (not
+// shared by ID, not admin access).
+func exclusiveDevices(cl *resourceapi.ResourceClaim) []deviceRef {
+	if cl.Status.Allocation == nil {
+		return nil
+	}
+	var out []deviceRef
+	for _, r := range cl.Status.Allocation.Devices.Results {
+		if r.ShareID != nil || ptr.Deref(r.AdminAccess, false) {
+			continue
+		}
+		out = append(out, deviceRef{r.Driver, r.Pool, r.Device})
+	}
+	return out
+}
+
+// deviceIndex indexes allocated claims by each device they hold alone, so
+// that the claims next to a newly allocated one are found without a list.
+const deviceIndex = "device"
+
+func (d deviceRef) key() string { return d.driver + "/" + d.pool + "/" + d.device }
+
+func claimDevices(obj any) ([]string, error) {
+	cl, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok {
+		return nil, nil
+	}
+	var out []string
+	for _, d := range exclusiveDevices(cl) {
+		out = append(out, d.key())
+	}
+	return out, nil
+}
+
+// noteAllocation is the claim informer's update hook: a claim whose
+// allocation appeared or changed, by whoever wrote it (this controller or
+// kube-scheduler), is looked at by the next round's repair. Only those:
+// two allocations collide when the second is written, so a round's repair
+// costs the claims allocated since the last one, not the cluster's.
+func (c *Controller) noteAllocation(old, cur *resourceapi.ResourceClaim) {
+	if cur == nil || cur.Status.Allocation == nil {
+		return
+	}
+	if old != nil && old.Status.Allocation != nil && slices.Equal(exclusiveDevices(old), exclusiveDevices(cur)) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fresh == nil {
+		c.fresh = sets.New[string]()
+	}
+	c.fresh.Insert(cur.Namespace + "/" + cur.Name)
+}
+
+// takeFresh returns and forgets the claims allocated since the last repair.
+func (c *Controller) takeFresh() sets.Set[string] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.fresh
+	c.fresh = nil
+	return out
+}
+
+// freshPools are the pools (driver/pool) of the claims allocated since the
+// last repair.
+func (c *Controller) freshPools() sets.Set[string] {
+	c.mu.Lock()
+	keys := c.fresh.UnsortedList()
+	c.mu.Unlock()
+	pools := sets.New[string]()
+	for _, key := range keys {
+		if cl := c.claim(splitKey(key)); cl != nil {
+			for _, d := range exclusiveDevices(cl) {
+				pools.Insert(d.driver + "/" + d.pool)
+			}
+		}
+	}
+	return pools
+}
+
+// use says how far a claim's allocation is from being taken back.
+type use int
+
+const (
+	// useNone: no consumer; taking it back costs nothing.
+	useNone use = iota
+	// useReserved: reserved for pods none of which is bound yet (the
+	// scheduler wrote it at PreBind and binds next, or its pods stay
+	// Pending on a device that is not theirs).
+	useReserved
+	// useInUse: reserved for a bound pod (the kubelet prepares it, or did),
+	// for a consumer this controller cannot see, or a pod it does not know.
+	useInUse
+)
+
+// reservedUnboundGrace: an allocation reserved for pods none of which is
+// bound is taken back only this long after it was written, so that a
+// binding in flight (PreBind wrote it, Bind comes next) is never cut.
+const reservedUnboundGrace = 30 * time.Second
+
+// claimUse says how a claim is used, from the pod informer.
+func (c *Controller) claimUse(cl *resourceapi.ResourceClaim) use {
+	if len(cl.Status.ReservedFor) == 0 {
+		return useNone
+	}
+	for _, r := range cl.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			return useInUse
+		}
+		obj, ok, err := c.pods.GetByKey(cl.Namespace + "/" + r.Name)
+		if err != nil || !ok || obj.(*corev1.Pod).UID != r.UID || obj.(*corev1.Pod).Spec.NodeName != "" {
+			return useInUse
+		}
+	}
+	return useReserved
+}
+
+// claimFacts is what the repair knows of one claim of a collision.
+type claimFacts struct {
+	claim *resourceapi.ResourceClaim
+	use   use
+	// written: this controller wrote the allocation from its plan; item is
+	// that plan's item (a reservation's or a gang's key).
+	written bool
+	item    string
+	// released: the claim's gang was let go (its gates lifted): taking the
+	// allocation back would let kube-scheduler allocate it anywhere,
+	// outside the gang's NVLink plan.
+	released bool
+}
+
+// repairDecision is what to do about one collision: which claim keeps the
+// device, which allocations are taken back, and why the others cannot be.
+type repairDecision struct {
+	keep     *resourceapi.ResourceClaim
+	takeBack []claimFacts
+	// unrepaired says why a claim that collides keeps its allocation; retry
+	// says to look again next round (a reservation still in its grace).
+	unrepaired []string
+	retry      bool
+}
+
+// keepRank orders the claims of a collision by how much taking their
+// allocation back would cost: a claim in use keeps its device, then a
+// released gang's (its plan), then one reserved for pods, then one nobody
+// planned with, and last this controller's own unused write, which its item
+// plans again.
+func keepRank(f claimFacts) int {
+	switch {
+	case f.use == useInUse:
+		return 4
+	case f.released:
+		return 3
+	case f.use == useReserved:
+		return 2
+	case !f.written:
+		return 1
+	}
+	return 0
+}
+
+// decideRepair decides one collision: the claim with the highest keepRank
+// (then the oldest allocation, then the name) keeps the device; every other
+// one that nobody uses, that no released gang planned with, and whose
+// reservation for unbound pods is past its grace is taken back.
+func decideRepair(claims []claimFacts, now time.Time) repairDecision {
+	claims = slices.Clone(claims)
+	slices.SortStableFunc(claims, func(a, b claimFacts) int {
+		if r := cmp.Compare(keepRank(b), keepRank(a)); r != 0 {
+			return r
+		}
+		if r := allocatedAt(a.claim).Compare(allocatedAt(b.claim)); r != 0 {
+			return r
+		}
+		return strings.Compare(a.claim.Namespace+"/"+a.claim.Name, b.claim.Namespace+"/"+b.claim.Name)
+	})
+	d := repairDecision{keep: claims[0].claim}
+	for _, f := range claims[1:] {
+		name := f.claim.Namespace + "/" + f.claim.Name
+		switch {
+		case f.use == useInUse:
+			d.unrepaired = append(d.unrepaired, name+" is in use")
+		case f.released:
+			d.unrepaired = append(d.unrepaired, name+" belongs to a gang already released on its plan")
+		case f.use == useReserved && now.Sub(allocatedAt(f.claim)) < reservedUnboundGrace:
+			d.retry = true
+		default:
+			d.takeBack = append(d.takeBack, f)
+		}
+	}
+	return d
+}
+
+func allocatedAt(cl *resourceapi.ResourceClaim) time.Time {
+	if a := cl.Status.Allocation; a != nil && a.AllocationTimestamp != nil {
+		return a.AllocationTimestamp.Time
+	}
+	return cl.CreationTimestamp.Time
+}
+
+// repairDoubleAllocations finds devices that two allocated claims hold (the
+// fence makes it rare on the gate path, not impossible: a scheduler whose
+// informer had not seen the fence; kube-scheduler alone did it on the
+// Workload API path, kubernetes/kubernetes#140053) among the claims
+// allocated since the last round, and takes back the allocation nobody
+// uses (decideRepair): a bounded, visible event (a metric, a Warning Event,
+// a log line) instead of pods stuck Pending or in ContainerCreating on the
+// plugin's refusal. A reservation whose claim was taken back is queued
+// again and planned anew.
 func (c *Controller) repairDoubleAllocations(ctx context.Context, snap *snapshot) error {
-	if len(c.committer.written) == 0 {
+	fresh := c.takeFresh()
+	if fresh.Len() == 0 {
 		return nil
 	}
 	counters := snap.counters()
-	var claims []*resourceapi.ResourceClaim
-	for _, o := range c.claims.List() {
-		claims = append(claims, o.(*resourceapi.ResourceClaim))
-	}
-	mine := func(cl *resourceapi.ResourceClaim) bool {
-		_, ok := c.committer.written[cl.UID]
-		return ok
-	}
-	var errs []error
-	for _, d := range findDoubleAllocations(claims, counters, mine) {
-		var ours *resourceapi.ResourceClaim
-		for _, cl := range d.claims {
-			if _, mine := c.committer.written[cl.UID]; mine && len(cl.Status.ReservedFor) == 0 {
-				ours = cl
-				break
+	// The fresh claims and every claim holding one of their devices, or a
+	// device that shares a counter with one.
+	near := map[string]*resourceapi.ResourceClaim{}
+	for key := range fresh {
+		cl := c.claim(splitKey(key))
+		if cl == nil {
+			continue
+		}
+		devices := exclusiveDevices(cl)
+		if counters != nil {
+			devices = append(devices, counters.siblings(devices)...)
+		}
+		for _, d := range devices {
+			objs, _ := c.claims.ByIndex(deviceIndex, d.key())
+			for _, o := range objs {
+				other := o.(*resourceapi.ResourceClaim)
+				near[other.Namespace+"/"+other.Name] = other
 			}
 		}
+	}
+	claims := make([]*resourceapi.ResourceClaim, 0, len(near))
+	for _, key := range sortedKeys(near) {
+		claims = append(claims, near[key])
+	}
+	involves := func(cl *resourceapi.ResourceClaim) bool { return fresh.Has(cl.Namespace + "/" + cl.Name) }
+	var errs []error
+	now := c.opts.Now()
+	for _, d := range findDoubleAllocations(claims, counters, involves) {
+		var facts []claimFacts
 		var names []string
 		for _, cl := range d.claims {
+			w, written := c.committer.written[cl.UID]
+			facts = append(facts, claimFacts{claim: cl, use: c.claimUse(cl), written: written, item: w.item,
+				released: written && strings.HasPrefix(w.item, KindGang+"/")})
 			names = append(names, cl.Namespace+"/"+cl.Name)
 		}
-		if ours == nil {
+		dec := decideRepair(facts, now)
+		if dec.retry {
+			for _, cl := range d.claims {
+				c.noteAllocation(nil, cl)
+			}
+		}
+		for _, why := range dec.unrepaired {
 			c.metrics.doubles.WithLabelValues("unrepaired").Inc()
-			klog.FromContext(ctx).Error(nil, "Device allocated twice; this controller's claim is in use already", "what", d.what, "claims", names)
+			msg := fmt.Sprintf("%s is allocated to claims %s; kept by %s/%s; not taken back: %s", d.what, strings.Join(names, ", "), dec.keep.Namespace, dec.keep.Name, why)
+			klog.FromContext(ctx).Error(nil, "Device allocated twice and not repaired", "what", d.what, "claims", names, "why", why)
+			c.recordClaim(dec.keep, corev1.EventTypeWarning, ReasonDoubleAllocationUnrepaired, msg)
+		}
+		for _, f := range dec.takeBack {
+			if err := c.takeBackAllocation(ctx, f.claim); err != nil {
+				errs = append(errs, fmt.Errorf("take back claim %s/%s allocated twice (%s): %w", f.claim.Namespace, f.claim.Name, d.what, err))
+				c.noteAllocation(nil, f.claim) // looked at again next round
+				continue
+			}
+			delete(c.committer.written, f.claim.UID)
+			c.metrics.doubles.WithLabelValues("repaired").Inc()
+			msg := fmt.Sprintf("%s was allocated to claims %s; took back the allocation of %s/%s, which nobody used, and left %s/%s's", d.what,
+				strings.Join(names, ", "), f.claim.Namespace, f.claim.Name, dec.keep.Namespace, dec.keep.Name)
+			klog.FromContext(ctx).Info("Repaired a double allocation", "what", d.what, "claims", names, "takenBack", klog.KObj(f.claim), "kept", klog.KObj(dec.keep))
+			c.recordClaim(f.claim, corev1.EventTypeWarning, ReasonDoubleAllocation, msg)
+			errs = append(errs, c.requeueReservation(ctx, f, d.what))
+			c.kick()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func splitKey(key string) (namespace, name string) {
+	namespace, name, _ = strings.Cut(key, "/")
+	return namespace, name
+}
+
+func (c *Controller) recordClaim(cl *resourceapi.ResourceClaim, typ, reason, msg string) {
+	if c.opts.Recorder != nil {
+		c.opts.Recorder.Eventf(cl, nil, typ, reason, ActionPlan, "%s", truncate(msg))
+	}
+}
+
+// takeBackAllocation clears a claim's allocation, and its reservation for
+// pods that are not bound, if the API server's copy still holds what the
+// informer showed: a claim reserved for a bound pod meanwhile is left.
+func (c *Controller) takeBackAllocation(ctx context.Context, seen *resourceapi.ResourceClaim) error {
+	claims := c.opts.Client.ResourceV1().ResourceClaims(seen.Namespace)
+	cur, err := claims.Get(ctx, seen.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if cur.UID != seen.UID || !slices.Equal(exclusiveDevices(cur), exclusiveDevices(seen)) {
+		return nil // changed meanwhile: not the allocation that collided
+	}
+	if len(cur.Status.ReservedFor) > 0 && c.claimUse(cur) != useReserved {
+		return fmt.Errorf("claim %s/%s is in use now", cur.Namespace, cur.Name)
+	}
+	cur.Status.Allocation, cur.Status.ReservedFor = nil, nil
+	_, err = claims.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	return err
+}
+
+func requeuedKey(namespace, name string) string { return "requeued/" + namespace + "/" + name }
+
+// reservation is a GpuReservation from the informer, or nil.
+func (c *Controller) reservation(namespace, name string) *gpudrav1.GpuReservation {
+	obj, ok, err := c.reservations.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	r, err := gpudrav1.FromUnstructured[gpudrav1.GpuReservation](obj.(*unstructured.Unstructured))
+	if err != nil {
+		return nil
+	}
+	r.Default()
+	return r
+}
+
+// requeueReservation puts a held reservation whose claim was taken back in
+// its queue again, where it keeps its place (QueuedAt) and is planned anew
+// in the next round; before, it stayed Held holding nothing until its TTL.
+func (c *Controller) requeueReservation(ctx context.Context, f claimFacts, what string) error {
+	name := f.claim.Labels[gpudrav1.LabelReservation]
+	if name == "" {
+		return nil
+	}
+	r := c.reservation(f.claim.Namespace, name)
+	if r == nil || !ownedBy(f.claim, r) || r.Status.Phase != gpudrav1.ReservationHeld {
+		return nil
+	}
+	c.remember(requeuedKey(r.Namespace, r.Name))
+	return c.setReservationStatus(ctx, r, func(st *gpudrav1.GpuReservationStatus) {
+		st.Phase, st.Reason = gpudrav1.ReservationQueued, gpudrav1.ReasonWaitingForDevices
+		st.Message = fmt.Sprintf("%s was allocated twice; claim %s was taken back and the reservation is planned again", what, f.claim.Name)
+		if st.QueuedAt == nil {
+			st.QueuedAt = ptr.To(r.CreationTimestamp)
+		}
+		st.HeldAt, st.ExpiresAt, st.Claims, st.Devices, st.Nodes, st.NVLinkDomains = nil, nil, nil, 0, nil, nil
+	})
+}
+
+// halfWrittenGang lists the claims of a gang still to be planned (some of
+// its claims are not allocated) that hold an allocation this controller
+// wrote for it and that no pod uses.
+func (c *Controller) halfWrittenGang(g *Gang) []*resourceapi.ResourceClaim {
+	seen := sets.New[string]()
+	var out []*resourceapi.ResourceClaim
+	for _, p := range g.Pods {
+		cls, err := c.podClaims(p)
+		if err != nil {
 			continue
 		}
-		if err := c.committer.unwrite(ctx, ours, false); err != nil {
-			errs = append(errs, fmt.Errorf("take back claim %s/%s allocated twice (%s): %w", ours.Namespace, ours.Name, d.what, err))
+		for _, cl := range cls {
+			key := cl.Namespace + "/" + cl.Name
+			if seen.Has(key) || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) > 0 {
+				continue
+			}
+			seen.Insert(key)
+			if w, ok := c.committer.written[cl.UID]; ok && w.item == KindGang+"/"+g.Key {
+				out = append(out, cl)
+			}
+		}
+	}
+	return out
+}
+
+// takeBackGang clears the allocations of a half-written gang's claims.
+func (c *Controller) takeBackGang(ctx context.Context, g *Gang, claims []*resourceapi.ResourceClaim) error {
+	var errs []error
+	for _, cl := range claims {
+		if err := c.committer.unwrite(ctx, cl, false); err != nil {
+			errs = append(errs, fmt.Errorf("take back claim %s/%s of half-written gang %s: %w", cl.Namespace, cl.Name, g.Key, err))
 			continue
 		}
-		delete(c.committer.written, ours.UID)
-		c.metrics.doubles.WithLabelValues("repaired").Inc()
-		msg := fmt.Sprintf("%s was allocated to claims %s; took back this controller's allocation of %s/%s, which is planned again", d.what, strings.Join(names, ", "), ours.Namespace, ours.Name)
-		klog.FromContext(ctx).Info("Repaired a double allocation", "what", d.what, "claims", names, "takenBack", klog.KObj(ours))
-		if c.opts.Recorder != nil {
-			c.opts.Recorder.Eventf(ours, nil, corev1.EventTypeWarning, ReasonDoubleAllocation, ActionPlan, "%s", truncate(msg))
-		}
-		c.kick()
+		delete(c.committer.written, cl.UID)
+		klog.FromContext(ctx).Info("Took back the allocation of a half-written gang", "gang", g.Key, "claim", klog.KObj(cl))
 	}
 	return errors.Join(errs...)
 }

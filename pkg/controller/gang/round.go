@@ -94,6 +94,9 @@ func (c *Controller) round(ctx context.Context) error {
 		case gpudrav1.ReservationFailed:
 			continue
 		case gpudrav1.ReservationHeld, gpudrav1.ReservationConsumed, gpudrav1.ReservationExpired:
+			if r.Status.Phase == gpudrav1.ReservationHeld && c.isRecent(requeuedKey(r.Namespace, r.Name)) {
+				continue // queued again by the repair; the informer has not caught up
+			}
 			claims := c.reservationClaimsOf(r)
 			for _, cl := range claims {
 				heldClaims.Insert(cl.Namespace + "/" + cl.Name)
@@ -192,6 +195,17 @@ func (c *Controller) round(ctx context.Context) error {
 			errs = append(errs, c.admitGang(ctx, g))
 			continue
 		}
+		if half := c.halfWrittenGang(g); len(half) > 0 {
+			// Some of its claims hold this controller's writes, others
+			// none (a hand-off that failed after the shared claims were
+			// written, a leader that stopped between writes): planned
+			// around them, the gang could leave its NVLink domain. They
+			// are taken back and the whole gang is planned anew, as a
+			// half-written reservation is.
+			errs = append(errs, c.takeBackGang(ctx, g, half))
+			c.kick()
+			continue
+		}
 		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
 		it.Item = queue.Item{Key: KindGang + "/" + g.Key, Namespace: g.Namespace, Priority: g.Priority, QueuedAt: g.QueuedAt,
 			Duration: g.Duration, Devices: demand(groups, nil)}
@@ -218,8 +232,8 @@ const idleResync = 5 * time.Minute
 
 // settled says that nothing this controller did lately needs a later round:
 // no write the informers may not show yet, no gang handed to kube-scheduler
-// and not bound, no fence kept, no claim written in the repair's window, no
-// Workload left to sweep.
+// and not bound, no fence kept, no new allocation the repair has not looked
+// at, no Workload left to sweep.
 func (c *Controller) settled(now time.Time) bool {
 	c.mu.Lock()
 	for k, t := range c.recent {
@@ -232,10 +246,11 @@ func (c *Controller) settled(now time.Time) bool {
 	if !quiet || len(c.committer.kept) > 0 {
 		return false
 	}
-	for _, at := range c.committer.written {
-		if now.Sub(at) <= repairWindow {
-			return false
-		}
+	c.mu.Lock()
+	fresh := c.fresh.Len()
+	c.mu.Unlock()
+	if fresh > 0 {
+		return false // allocations the repair has not looked at
 	}
 	if c.podGroups != nil {
 		for _, obj := range c.podGroups.List() {
@@ -248,11 +263,23 @@ func (c *Controller) settled(now time.Time) bool {
 }
 
 // idleTick is what a tick does while the controller is idle: at most the
-// per-class gauges, when a claim or slice changed. It reports false when a
-// round is due instead.
-func (c *Controller) idleTick() bool {
+// per-class gauges, when a claim or slice changed, and the double-allocation
+// repair of the claims allocated since the last tick, with the slices of
+// their pools only. It reports false when a round is due instead.
+func (c *Controller) idleTick(ctx context.Context) bool {
 	if !c.idle.Load() || c.opts.Now().Sub(c.lastRound) >= idleResync {
 		return false
+	}
+	if pools := c.freshPools(); len(pools) > 0 {
+		snap := &snapshot{}
+		for _, o := range c.slices.List() {
+			if sl := o.(*resourceapi.ResourceSlice); pools.Has(sl.Spec.Driver + "/" + sl.Spec.Pool.Name) {
+				snap.slices = append(snap.slices, sl)
+			}
+		}
+		if err := c.repairDoubleAllocations(ctx, snap); err != nil {
+			klog.FromContext(ctx).Error(err, "Repair of double allocations failed; trying again")
+		}
 	}
 	if c.countsStale.Swap(false) {
 		// Idle means no reservation: no claim is held.

@@ -29,6 +29,8 @@ import (
 type roundHarness struct {
 	c      *Controller
 	client *fake.Clientset
+	// dynamic, when set (withReservations), holds the GpuReservations.
+	dynamic *dynamicfake.FakeDynamicClient
 }
 
 func newRoundHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
@@ -37,7 +39,7 @@ func newRoundHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
 	c, err := New(Options{Client: client, Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Now: func() time.Time { return t0 }})
 	require.NoError(t, err)
 	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gateIndex: gangIndex, nominatedIndex: nominatedNode})
-	c.claims = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{reservationIndex: claimReservation})
+	c.claims = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices})
 	c.slices, c.classes, c.nodes = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
 	c.reservations, c.queues = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
 	return &roundHarness{c: c, client: client}
@@ -58,9 +60,23 @@ func (h *roundHarness) round(t *testing.T) error {
 	require.NoError(t, err)
 	objs = nil
 	for i := range claims.Items {
-		objs = append(objs, &claims.Items[i])
+		cl := &claims.Items[i]
+		objs = append(objs, cl)
+		// The informer's update hook.
+		old, _, _ := h.c.claims.GetByKey(cl.Namespace + "/" + cl.Name)
+		prev, _ := old.(*resourceapi.ResourceClaim)
+		h.c.noteAllocation(prev, cl)
 	}
 	require.NoError(t, h.c.claims.Replace(objs, ""))
+	if h.dynamic != nil {
+		list, err := h.dynamic.Resource(gpudrav1.GpuReservations).Namespace("").List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		objs = nil
+		for i := range list.Items {
+			objs = append(objs, &list.Items[i])
+		}
+		require.NoError(t, h.c.reservations.Replace(objs, ""))
+	}
 	_, ctx = ktesting.NewTestContext(t)
 	return h.c.round(ctx)
 }
@@ -256,10 +272,10 @@ func TestIdleRounds(t *testing.T) {
 	assert.False(t, triggered(), "a claim or slice event runs no round while idle")
 	assert.True(t, h.c.countsStale.Load(), "but makes the counts stale")
 	now = now.Add(time.Second)
-	assert.True(t, h.c.idleTick(), "a tick is skipped; the stale gauges are set from the counter, without a round")
+	assert.True(t, h.c.idleTick(ctx), "a tick is skipped; the stale gauges are set from the counter, without a round")
 	assert.False(t, h.c.countsStale.Load())
 	now = now.Add(idleResync)
-	assert.False(t, h.c.idleTick(), "a round is due at the resync")
+	assert.False(t, h.c.idleTick(ctx), "a round is due at the resync")
 
 	// A gang waiting for its second pod keeps the controller busy.
 	_, err := h.client.CoreV1().Pods("ns").Create(ctx, plain("a", "g", "2"), metav1.CreateOptions{})
@@ -268,7 +284,7 @@ func TestIdleRounds(t *testing.T) {
 	assert.False(t, h.c.idle.Load(), "a gang waits")
 	h.c.softKick()
 	assert.True(t, triggered(), "events run rounds while busy")
-	assert.False(t, h.c.idleTick())
+	assert.False(t, h.c.idleTick(ctx))
 
 	// Its own recent write keeps it busy until the informers caught up.
 	require.NoError(t, h.client.CoreV1().Pods("ns").Delete(ctx, "a", metav1.DeleteOptions{}))

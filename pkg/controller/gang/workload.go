@@ -118,6 +118,33 @@ func topologyKey(result *allocator.Result) string {
 	return ""
 }
 
+// sharedAllocations are the planned allocations of the claims that two or
+// more of the gang's pods name (spec.resourceClaims[].resourceClaimName).
+// kube-scheduler allocates such a claim at the PreBind of whichever pod of
+// the PodGroup gets there first; with several pods of one PodGroup on one
+// claim it failed with "got allocated elsewhere in the meantime" and then
+// gave one device to two claims (kubernetes/kubernetes#140053; issue 35,
+// item 0). gpudra writes these from its plan, behind the fence, before it
+// hands the PodGroup over, so that kube-scheduler allocates only claims
+// that one pod of the gang uses.
+func sharedAllocations(g *Gang, result allocator.Result) allocator.Result {
+	users := map[string]int{}
+	for _, p := range g.Pods {
+		for _, rc := range p.Spec.ResourceClaims {
+			if rc.ResourceClaimName != nil {
+				users[p.Namespace+"/"+*rc.ResourceClaimName]++
+			}
+		}
+	}
+	out := allocator.Result{Nodes: result.Nodes, NVLinkDomains: result.NVLinkDomains}
+	for _, a := range result.Allocations {
+		if users[a.Claim.Namespace+"/"+a.Claim.Name] > 1 {
+			out.Allocations = append(out.Allocations, a)
+		}
+	}
+	return out
+}
+
 // handOff creates the gang's Workload, with one gang template, and its
 // PodGroup, which the pods name; topology, when not empty, is the
 // PodGroup's topology constraint (an API server without the alpha gate
@@ -153,6 +180,13 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	created, err := api.Workloads(g.Namespace).Create(ctx, wl, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		created, err = api.Workloads(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{})
+		if err == nil && created.Labels[gpudrav1.LabelGang] != g.Name {
+			// Adopt only what gpudra made: kube-scheduler takes a PodGroup by
+			// name, and one made by someone else would hand the gang over on
+			// terms gpudra did not set.
+			return fmt.Errorf("gang %s: Workload %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
+				g.Key, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("gang %s: Workload: %w", g.Key, err)
@@ -169,7 +203,15 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 			PriorityClassName:     priorityClass,
 		},
 	}
-	if _, err := api.PodGroups(g.Namespace).Create(ctx, group, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	_, err = api.PodGroups(g.Namespace).Create(ctx, group, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		var have *schedulingv1beta1.PodGroup
+		if have, err = api.PodGroups(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{}); err == nil && have.Labels[gpudrav1.LabelGang] != g.Name {
+			return fmt.Errorf("gang %s: PodGroup %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
+				g.Key, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("gang %s: PodGroup: %w", g.Key, err)
 	}
 	c.remember(podGroupKey(g.Namespace, g.Name))

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,6 +44,14 @@ func newWorkloadHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
 	h := newRoundHarness(t, objs...)
 	h.c.opts.Path = PathWorkload
 	h.c.podGroups = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	h.addTwoGPUNode(t)
+	return h
+}
+
+// addTwoGPUNode adds node n0 with two whole GPUs, and the gpu.gpudra.dev
+// class, to the informer stand-ins.
+func (h *roundHarness) addTwoGPUNode(t *testing.T) {
+	t.Helper()
 	gpu := func(name string) resourceapi.Device {
 		return resourceapi.Device{Name: name, Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": {StringValue: ptr.To("gpu")}}}
 	}
@@ -52,7 +61,6 @@ func newWorkloadHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
 	require.NoError(t, h.c.classes.Add(&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu.gpudra.dev"}, Spec: resourceapi.DeviceClassSpec{
 		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.gpudra.dev"].type == "gpu"`}}}}}))
 	require.NoError(t, h.c.nodes.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n0", Labels: map[string]string{"kubernetes.io/hostname": "n0"}}}))
-	return h
 }
 
 // syncPodGroups fills the PodGroup informer stand-in from the fake API.
@@ -129,13 +137,25 @@ func TestWorkloadPathHandsOverInQueueOrder(t *testing.T) {
 // creates the PodGroup; before it existed the gang's pods would wait for
 // ever.
 func TestWorkloadPathFinishesAHalfWrittenHandOff(t *testing.T) {
-	wl := &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns", UID: "uid-wl"}}
+	wl := &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns", UID: "uid-wl", Labels: map[string]string{gpudrav1.LabelGang: "g"}}}
 	h := newWorkloadHarness(t, grouped(plain("a", "g", "2", "ca")), grouped(plain("b", "g", "2", "cb")),
 		oneGPUClaim("ca"), oneGPUClaim("cb"), wl)
 	require.NoError(t, h.round(t))
 	pg, err := h.client.SchedulingV1beta1().PodGroups("ns").Get(context.Background(), "g", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, types.UID("uid-wl"), metav1.GetControllerOf(pg).UID, "owned by the Workload that was there")
+
+	// A Workload of the gang's name that gpudra did not make (no label) is
+	// not adopted: the gang is not handed over on somebody else's terms.
+	foreign := wl.DeepCopy()
+	foreign.Labels = nil
+	h = newWorkloadHarness(t, grouped(plain("a", "g", "2", "ca")), grouped(plain("b", "g", "2", "cb")),
+		oneGPUClaim("ca"), oneGPUClaim("cb"), foreign)
+	err = h.round(t)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not gpudra's")
+	_, err = h.client.SchedulingV1beta1().PodGroups("ns").Get(context.Background(), "g", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "no PodGroup for a Workload gpudra did not make")
 }
 
 // TestWorkloadPathLeavesOtherPods: a gang pod that names somebody else's
