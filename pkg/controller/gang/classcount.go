@@ -47,6 +47,10 @@ type classCounter struct {
 	counts map[string]*classCount
 }
 
+// classCount is how many devices of one DeviceClass are free, held by a
+// reservation's claim not in use, or allocated otherwise (classCounter).
+type classCount struct{ free, held, allocated int }
+
 type devKey struct{ driver, pool, device string }
 type setKey struct{ driver, pool, set string }
 
@@ -430,4 +434,33 @@ func (c *classCounter) handlers(ctx context.Context) (slice, class, claim cache.
 		},
 	}
 	return slice, class, claim
+}
+
+// matches evaluates a class's CEL selectors on a device; an expression
+// that does not compile or fails matches nothing.
+func matches(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceClass, driver string, d resourceapi.Device) bool {
+	for _, sel := range class.Spec.Selectors {
+		if sel.CEL == nil {
+			continue
+		}
+		res := cache.GetOrCompile(sel.CEL.Expression)
+		if res.Error != nil {
+			return false
+		}
+		ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: d.AllowMultipleAllocations})
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// countClasses sets the per-class device gauges from the counter.
+func (c *Controller) countClasses(heldClaims sets.Set[string]) {
+	c.counter.setHeld(heldClaims)
+	for class, cnt := range c.counter.snapshot() {
+		c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
+		c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
+		c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
+	}
 }

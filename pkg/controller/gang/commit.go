@@ -2,9 +2,6 @@ package gang
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,17 +17,17 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/allocator"
 )
 
-// FenceTaintKey is the key of the device taint that fences devices while
-// the controller writes their allocation; LabelFence marks the
-// DeviceTaintRules so that leftovers of a crashed leader are found.
-const (
-	FenceTaintKey = gpudrav1.GroupName + "/fence"
-	LabelFence    = gpudrav1.GroupName + "/fence"
-)
+// The fence-and-write hand-off: the controller writes a plan's claim
+// allocations itself. It serves every reservation, every gang on the gate
+// path (released after by lifting its gates, gates.go), and the claims that
+// several pods of a Workload API gang share (workload.go). The scheduler
+// allocates too, so the devices are fenced first (fence.go), checked free,
+// and written; a gang's writes are checked once more before its gates go
+// (checkBeforeRelease). Whatever still ends up allocated twice is repaired
+// (repair.go).
 
 // ErrConflict says that a planned device was taken before its allocation
 // was written; nothing was written and the item is planned again.
@@ -72,99 +69,6 @@ type writtenClaim struct {
 
 // repairWindow is how long the controller remembers a claim it wrote.
 const repairWindow = 10 * time.Minute
-
-// keptFence is a fence kept after its plan was written.
-type keptFence struct {
-	// claims are the written claims (namespace/name) whose allocation the
-	// informer must show before the fence goes.
-	claims []string
-	since  time.Time
-}
-
-// keptFenceMax bounds how long a fence is kept waiting for the informer.
-const keptFenceMax = 30 * time.Second
-
-// deviceRef names one allocated device.
-type deviceRef struct{ driver, pool, device string }
-
-func planDevices(plan allocator.Result) []deviceRef {
-	var out []deviceRef
-	for _, a := range plan.Allocations {
-		for _, r := range a.Result.Devices.Results {
-			if ptr.Deref(r.AdminAccess, false) || r.ShareID != nil {
-				continue // not exclusive: nothing to fence
-			}
-			out = append(out, deviceRef{r.Driver, r.Pool, r.Device})
-		}
-	}
-	return out
-}
-
-// fenceName is a DeviceTaintRule's name: stable per device (device "" for
-// a whole pool), so that a second fence of the same devices (two rounds
-// racing after a leader change) collides instead of stacking.
-func fenceName(d deviceRef) string {
-	sum := sha256.Sum256([]byte(d.driver + "/" + d.pool + "/" + d.device))
-	if d.device == "" {
-		return "gpudra-fence-pool-" + hex.EncodeToString(sum[:8])
-	}
-	return "gpudra-fence-" + hex.EncodeToString(sum[:8])
-}
-
-// maxDeviceFencesPerPool: a plan that would fence more devices of one pool
-// fences the whole pool with one DeviceTaintRule instead. Fences are API
-// writes at the controller's client rate (20/s): a gang of 8 x 8 GPUs took
-// 64 creates and 64 deletes, seconds in the critical path
-// (BenchmarkGang8x8GPUs). The pool's other devices are kept from the
-// scheduler only until the plan's writes are seen.
-const maxDeviceFencesPerPool = 2
-
-// fencesFor returns the DeviceTaintRules that fence the devices: one per
-// device, or one per pool where a pool has more than maxDeviceFencesPerPool.
-func fencesFor(devices []deviceRef) []*resourceapi.DeviceTaintRule {
-	type poolKey struct{ driver, pool string }
-	byPool := map[poolKey][]deviceRef{}
-	var order []poolKey
-	for _, d := range devices {
-		k := poolKey{d.driver, d.pool}
-		if _, ok := byPool[k]; !ok {
-			order = append(order, k)
-		}
-		byPool[k] = append(byPool[k], d)
-	}
-	var out []*resourceapi.DeviceTaintRule
-	rule := func(d deviceRef) *resourceapi.DeviceTaintRule {
-		sel := &resourceapi.DeviceTaintSelector{Driver: ptr.To(d.driver), Pool: ptr.To(d.pool)}
-		if d.device != "" {
-			sel.Device = ptr.To(d.device)
-		}
-		return &resourceapi.DeviceTaintRule{
-			ObjectMeta: metav1.ObjectMeta{Name: fenceName(d), Labels: map[string]string{LabelFence: "true"}},
-			Spec: resourceapi.DeviceTaintRuleSpec{DeviceSelector: sel,
-				Taint: resourceapi.DeviceTaint{Key: FenceTaintKey, Value: "allocating", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
-		}
-	}
-	for _, k := range order {
-		ds := byPool[k]
-		if len(ds) > maxDeviceFencesPerPool {
-			out = append(out, rule(deviceRef{driver: k.driver, pool: k.pool}))
-			continue
-		}
-		for _, d := range ds {
-			out = append(out, rule(d))
-		}
-	}
-	return out
-}
-
-// fenceSubject says what a fence covers, for errors.
-func fenceSubject(r *resourceapi.DeviceTaintRule) string {
-	sel := r.Spec.DeviceSelector
-	if sel.Device == nil {
-		return "pool " + ptr.Deref(sel.Pool, "")
-	}
-	return "device " + ptr.Deref(sel.Pool, "") + "/" + *sel.Device
-}
 
 // commitPlan is one plan of a batch: its allocations, and which of its
 // claims do not exist yet (a reservation's: they are created first, with the
@@ -315,41 +219,6 @@ func (c *committer) keep(fences []string, plan allocator.Result, item string) {
 	}
 }
 
-// liftKept lifts the kept fences whose claims the informer shows allocated
-// (allocated says so; a claim gone counts), or that were kept too long.
-func (c *committer) liftKept(ctx context.Context, allocated func(key string) bool) {
-	var lift []string
-	for name, k := range c.kept {
-		done := time.Since(k.since) > keptFenceMax
-		if !done {
-			done = true
-			for _, key := range k.claims {
-				if !allocated(key) {
-					done = false
-					break
-				}
-			}
-		}
-		if done {
-			lift = append(lift, name)
-			delete(c.kept, name)
-		}
-	}
-	c.lift(ctx, lift...)
-}
-
-// lift deletes fences.
-func (c *committer) lift(ctx context.Context, names ...string) {
-	for _, name := range names {
-		if c.kept[name] != nil {
-			continue // another written plan still waits on it
-		}
-		if err := c.client.ResourceV1().DeviceTaintRules().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			klog.FromContext(ctx).Error(err, "Lift device fence", "deviceTaintRule", name)
-		}
-	}
-}
-
 // unwrite takes back one written allocation: a claim it created is
 // deleted (the claim controller clears its allocation and finalizer), an
 // existing one gets its allocation cleared.
@@ -445,64 +314,102 @@ func (c *committer) write(ctx context.Context, a allocator.ClaimAllocation, crea
 	return nil
 }
 
-// ungate removes gpudra's scheduling gate from a pod with a JSON patch
-// that tests the gates first, so that a concurrent change (Grove lifting
-// its own gate) is not lost; on such a change it reads the pod again.
-func ungate(ctx context.Context, client kubernetes.Interface, p *corev1.Pod) error {
-	for attempt := 0; ; attempt++ {
-		if !gated(p) {
-			return nil
+// checkBeforeRelease looks again, one settle after the writes, for a device
+// of a gang just written (on the Workload API path: its shared claims) that
+// another claim holds too (kube-scheduler decided before the fence reached
+// it and wrote at PreBind after the check), before the gang's gates are
+// lifted: released, its pods would let kube-scheduler allocate a cleared
+// claim anywhere, outside the gang's NVLink plan. Such a gang's writes are
+// taken back and it is planned again (its result becomes ErrConflict).
+// Reservations are left to the round's repair, which queues them again.
+func (c *Controller) checkBeforeRelease(ctx context.Context, writes []*admission, plans []commitPlan, results []error, counters *counterIndex) {
+	mine := map[string]int{} // claim namespace/name -> index into writes
+	for i, a := range writes {
+		if results[i] != nil || a.it.kind != KindGang {
+			continue
 		}
-		var gates []corev1.PodSchedulingGate
-		for _, g := range p.Spec.SchedulingGates {
-			if g.Name != gpudrav1.SchedulingGate {
-				gates = append(gates, g)
+		for _, al := range plans[i].result.Allocations {
+			mine[al.Claim.Namespace+"/"+al.Claim.Name] = i
+		}
+	}
+	if len(mine) == 0 {
+		return
+	}
+	if c.committer.settle > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.committer.settle):
+		}
+	}
+	list, err := c.opts.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		// Could not tell: the round's repair looks at these claims again
+		// (they are fresh), and a released gang's is reported.
+		klog.FromContext(ctx).Error(err, "Check a gang's claims before lifting its gates")
+		return
+	}
+	claims := make([]*resourceapi.ResourceClaim, 0, len(list.Items))
+	for i := range list.Items {
+		claims = append(claims, &list.Items[i])
+	}
+	involves := func(cl *resourceapi.ResourceClaim) bool { _, ok := mine[cl.Namespace+"/"+cl.Name]; return ok }
+	for _, d := range findDoubleAllocations(claims, counters, involves) {
+		for _, cl := range d.claims {
+			i, ok := mine[cl.Namespace+"/"+cl.Name]
+			if !ok || results[i] != nil {
+				continue
 			}
-		}
-		if gates == nil {
-			gates = []corev1.PodSchedulingGate{}
-		}
-		patch, err := json.Marshal([]map[string]any{
-			{"op": "test", "path": "/spec/schedulingGates", "value": p.Spec.SchedulingGates},
-			{"op": "replace", "path": "/spec/schedulingGates", "value": gates},
-		})
-		if err != nil {
-			return err
-		}
-		_, err = client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
-		switch {
-		case err == nil || apierrors.IsNotFound(err):
-			return nil
-		case (apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)) && attempt < 3:
-			// The test failed: the gates changed meanwhile.
-			fresh, gerr := client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(gerr) {
-				return nil
+			results[i] = fmt.Errorf("%s is in another claim too, found before the gates were lifted: %w", d.what, ErrConflict)
+			for _, al := range plans[i].result.Allocations {
+				if err := c.committer.unwrite(context.WithoutCancel(ctx), al.Claim, false); err != nil {
+					results[i] = fmt.Errorf("%s is in another claim too, and taking back claim %s/%s failed: %w", d.what, al.Claim.Namespace, al.Claim.Name, err)
+				}
+				delete(c.committer.written, al.Claim.UID)
 			}
-			if gerr != nil {
-				return fmt.Errorf("lift the gang gate of pod %s/%s: %w", p.Namespace, p.Name, gerr)
-			}
-			p = fresh
-		default:
-			return fmt.Errorf("lift the gang gate of pod %s/%s: %w", p.Namespace, p.Name, err)
+			c.metrics.doubles.WithLabelValues("repaired").Inc()
+			klog.FromContext(ctx).Info("Took back a gang's writes before releasing it: a device is allocated twice", "gang", writes[i].it.Key, "what", d.what)
+			c.recordGang(writes[i].it.gang, corev1.EventTypeWarning, ReasonDoubleAllocation,
+				fmt.Sprintf("gang %s: %s was allocated to another claim too; took back the gang's allocations before lifting its gates, and planning again", writes[i].it.gang.Name, d.what))
 		}
 	}
 }
 
-// sweepFences deletes fences older than maxAge: a leader that died between
-// fencing and lifting leaves them behind.
-func sweepFences(ctx context.Context, client kubernetes.Interface, now time.Time, maxAge time.Duration) error {
-	list, err := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: LabelFence + "=true"})
-	if err != nil {
-		return fmt.Errorf("list device fences: %w", err)
+// nominatedIndex indexes pods not bound yet by the node kube-scheduler
+// nominated for them.
+const nominatedIndex = "nominated"
+
+func nominatedNode(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.NodeName != "" || p.Status.NominatedNodeName == "" {
+		return nil, nil
 	}
-	for _, r := range list.Items {
-		if now.Sub(r.CreationTimestamp.Time) < maxAge {
+	return []string{p.Status.NominatedNodeName}, nil
+}
+
+// binding names a pod kube-scheduler is binding to one of the nodes (it
+// nominated the node, the pod is not bound yet) whose claims it has not all
+// written yet, or "" when there is none.
+func (c *Controller) binding(nodes []string) string {
+	var pods []any
+	for _, n := range nodes {
+		objs, _ := c.pods.ByIndex(nominatedIndex, n)
+		pods = append(pods, objs...)
+	}
+	for _, o := range pods {
+		p := o.(*corev1.Pod)
+		if !member(p) {
 			continue
 		}
-		if err := client.ResourceV1().DeviceTaintRules().Delete(ctx, r.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete stale device fence %s: %w", r.Name, err)
+		cls, err := claimsOfPod(p, c.claim, nil)
+		if err != nil {
+			return p.Namespace + "/" + p.Name // a claim not even made yet
+		}
+		for _, cl := range cls {
+			if cl.Status.Allocation == nil {
+				return p.Namespace + "/" + p.Name
+			}
 		}
 	}
-	return nil
+	return ""
 }

@@ -2,13 +2,51 @@ package gang
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
+
+// gpudra's gang condition on pods: what it says (gangConditionPatch), and
+// the writer that sets it off the round goroutine.
+
+// PodConditionGang is the condition gpudra sets on a gang pod: False with
+// the reason it waits, while it waits; True with the reason it was handed
+// over (ReasonGangAllocated on the gate path, ReasonPodGroupCreated on the
+// Workload API path).
+const PodConditionGang corev1.PodConditionType = gpudrav1.GroupName + "/GangAllocated"
+
+// gangConditionPatch is the status patch that sets gpudra's pod condition:
+// a strategic merge of one condition, by type, that leaves the others.
+func gangConditionPatch(status corev1.ConditionStatus, reason, message string) []byte {
+	cond := map[string]any{"type": PodConditionGang, "status": status, "reason": reason, "message": truncate(message),
+		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339)}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	return patch
+}
+
+// setGangCondition applies a gangConditionPatch to a pod; a pod gone is no
+// error.
+func setGangCondition(ctx context.Context, client kubernetes.Interface, p *corev1.Pod, patch []byte) error {
+	_, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("set gang condition of pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return nil
+}
+
+// conditionWorkers write pod conditions in parallel, at the client's rate.
+const conditionWorkers = 4
 
 // conditionWriter writes gpudra's gang condition to pods off the round
 // goroutine. The round says what each pod's condition should be; workers

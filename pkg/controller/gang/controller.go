@@ -7,7 +7,9 @@
 //   - a gang's devices (a Grove PodGang, or plain pods labelled
 //     gpudra.dev/gang with a gang-size) in the pods' own claims, after which
 //     it lifts the scheduling gate that the admission webhook put on the
-//     pods, so that the scheduler binds each pod where its devices are.
+//     pods, so that the scheduler binds each pod where its devices are; or,
+//     on the Workload API path (Options.Path), it hands the gang to
+//     kube-scheduler as a PodGroup.
 //
 // Waiting items are ordered per GpuQueue (FCFS, Priority with aging,
 // FairShare, ShortestJobFirst) and planned strictly in order. The scheduler
@@ -17,13 +19,30 @@
 // The controller works in rounds: one goroutine, triggered by changes and
 // a short period, plans every waiting item in queue order. That keeps the
 // queue's order and the all-or-nothing writes simple to reason about.
+//
+// A reader can follow one part at a time:
+//
+//   - the core, shared by both paths: round.go (the round and idling),
+//     reservations.go and gangs.go (collecting the waiting items),
+//     queues.go (ordering and planning each queue), plan.go (the snapshot
+//     and whether an item fits), admit.go (handing each admitted item to
+//     its path), status.go and conditions.go (what the controller reports);
+//   - the fence-and-write hand-off: commit.go (fence, check, write),
+//     fence.go (the DeviceTaintRules), gates.go (lifting the gates of a
+//     written gang: the gate path), and beside it repair.go (devices
+//     allocated twice, half-written plans);
+//   - the Workload API hand-off: workload.go;
+//   - Grove's schema: grove.go;
+//   - recent.go (the controller's own writes the informers may not show
+//     yet), classcount.go and counters.go (per-class device counts, shared
+//     counters), metrics.go, transform.go (what the informers keep), off.go
+//     (releasing gated pods when gangs are off).
 package gang
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,8 +50,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -47,8 +64,20 @@ import (
 	"github.com/gpudra/gpudra/pkg/allocator"
 )
 
-// PodGangs is Grove's PodGang resource.
-var PodGangs = schema.GroupVersionResource{Group: "scheduler.grove.io", Version: "v1alpha1", Resource: "podgangs"}
+// Paths: how a gang that its queue lets go is handed to the scheduler.
+// Everything before that (collecting gangs, queues, planning, statuses) is
+// one core for both.
+const (
+	// PathGates: the controller allocates the gang's claims itself behind a
+	// DeviceTaintRule fence (commit.go) and lifts the pods' scheduling gate
+	// (gates.go).
+	PathGates = "gates"
+	// PathWorkload: the controller creates the gang's Workload and gang
+	// PodGroup; kube-scheduler places all of its pods, and allocates their
+	// claims, or none (workload.go). No fence and no claim write, except
+	// for the claims that several of its pods share.
+	PathWorkload = "workload"
+)
 
 // Options are what the controller needs.
 type Options struct {
@@ -100,10 +129,11 @@ type Controller struct {
 	// reported holds, per gang or reservation key, the last message
 	// reported, so that Events are recorded when it changes only.
 	reported map[string]string
-	// recent holds the items (by key) and pods (by UID) this controller
-	// allocated or released in the last recentTTL: the informers lag
-	// behind its own writes, and a round must not plan or report them
-	// again from a stale view.
+	// recent holds this controller's own writes of the last recentTTL, by
+	// kind-prefixed key (recent.go: items admitted, gates lifted,
+	// PodGroups made, reservations re-queued): the informers lag behind
+	// them, and a round must not plan, release or report them again from a
+	// stale view.
 	recent map[string]time.Time
 	// handed holds, per gang key, the plan of a gang handed to
 	// kube-scheduler (Workload API path) until its claims are allocated.
@@ -169,46 +199,6 @@ func New(opts Options) (*Controller, error) {
 	}, nil
 }
 
-// gateIndex indexes gang pods by gang key, gated or not.
-const gateIndex = "gang"
-
-func gangIndex(obj any) ([]string, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok || !member(p) {
-		return nil, nil
-	}
-	if name, _ := gangKey(p); name != "" {
-		return []string{p.Namespace + "/" + name}, nil
-	}
-	return nil, nil
-}
-
-// nominatedIndex indexes pods not bound yet by the node kube-scheduler
-// nominated for them.
-const nominatedIndex = "nominated"
-
-func nominatedNode(obj any) ([]string, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok || p.Spec.NodeName != "" || p.Status.NominatedNodeName == "" {
-		return nil, nil
-	}
-	return []string{p.Status.NominatedNodeName}, nil
-}
-
-// reservationIndex indexes claims by the reservation that holds them.
-const reservationIndex = "reservation"
-
-func claimReservation(obj any) ([]string, error) {
-	c, ok := obj.(*resourceapi.ResourceClaim)
-	if !ok {
-		return nil, nil
-	}
-	if r := c.Labels[gpudrav1.LabelReservation]; r != "" {
-		return []string{c.Namespace + "/" + r}, nil
-	}
-	return nil, nil
-}
-
 // Run watches until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("gang")
@@ -217,7 +207,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	dyn := dynamicinformer.NewDynamicSharedInformerFactory(c.opts.Dynamic, 0)
 	podInf := typed.Core().V1().Pods().Informer()
 	claimInf := typed.Resource().V1().ResourceClaims().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{gateIndex: gangIndex, nominatedIndex: nominatedNode}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode}); err != nil {
 		return fmt.Errorf("gang controller: pod index: %w", err)
 	}
 	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices}); err != nil {
@@ -290,11 +280,12 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("gang controller: event handler: %w", err)
 		}
 	}
-	// Pods: only waiting ones, and pods that stop using claims (softly), matter.
+	// Pods: only those waiting on gpudra, and pods that stop using claims
+	// (softly), matter.
 	podKick := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
 		switch {
-		case ok && c.waits(p):
+		case ok && c.waitsOnGpudra(p):
 			c.kick()
 		case ok && len(p.Spec.ResourceClaims) > 0:
 			c.softKick()
@@ -346,9 +337,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// conditionWorkers write pod conditions in parallel, at the client's rate.
-const conditionWorkers = 4
-
 // softKick is a change that needs a round only while the controller is not
 // idle; it always makes the per-class counts stale.
 func (c *Controller) softKick() {
@@ -364,155 +352,4 @@ func (c *Controller) kick() {
 	case c.trigger <- struct{}{}:
 	default:
 	}
-}
-
-func (c *Controller) claim(namespace, name string) *resourceapi.ResourceClaim {
-	obj, ok, err := c.claims.GetByKey(namespace + "/" + name)
-	if err != nil || !ok {
-		return nil
-	}
-	return obj.(*resourceapi.ResourceClaim)
-}
-
-// podClaims are a pod's claims. On the Workload API path a claim still to
-// be made from a template is planned from the template: the claim
-// controller makes it only once the pod's PodGroup exists.
-func (c *Controller) podClaims(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error) {
-	var template func(namespace, name string) *resourceapi.ResourceClaimTemplate
-	if c.opts.Path == PathWorkload {
-		template = c.template
-	}
-	return claimsOfPod(p, c.claim, template)
-}
-
-func (c *Controller) template(namespace, name string) *resourceapi.ResourceClaimTemplate {
-	if c.templates == nil {
-		return nil
-	}
-	obj, ok, err := c.templates.GetByKey(namespace + "/" + name)
-	if err != nil || !ok {
-		return nil
-	}
-	return obj.(*resourceapi.ResourceClaimTemplate)
-}
-
-func (c *Controller) podGang(namespace, name string) *unstructured.Unstructured {
-	if c.podGangs == nil {
-		return nil
-	}
-	obj, ok, err := c.podGangs.GetByKey(namespace + "/" + name)
-	if err != nil || !ok {
-		return nil
-	}
-	return obj.(*unstructured.Unstructured)
-}
-
-// snapshot reads the informers.
-func (c *Controller) snapshot() *snapshot {
-	s := &snapshot{}
-	for _, o := range c.slices.List() {
-		s.slices = append(s.slices, o.(*resourceapi.ResourceSlice))
-	}
-	for _, o := range c.classes.List() {
-		s.classes = append(s.classes, o.(*resourceapi.DeviceClass))
-	}
-	for _, o := range c.nodes.List() {
-		s.nodes = append(s.nodes, o.(*corev1.Node))
-	}
-	for _, o := range c.claims.List() {
-		if cl := o.(*resourceapi.ResourceClaim); cl.Status.Allocation != nil {
-			s.allocated = append(s.allocated, cl)
-		}
-	}
-	s.allocated = append(s.allocated, c.handedClaims(func(namespace, name string) bool {
-		obj, ok, err := c.pods.GetByKey(namespace + "/" + name)
-		return err != nil || !ok || obj.(*corev1.Pod).Spec.NodeName != ""
-	})...)
-	return s
-}
-
-// recentTTL bounds how long the informers may lag behind the
-// controller's own writes.
-const recentTTL = 30 * time.Second
-
-// remember records a key (an item, or a pod UID) as just written.
-func (c *Controller) remember(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.recent[key] = c.opts.Now()
-}
-
-// isRecent says whether key was written within recentTTL, and forgets
-// older entries.
-func (c *Controller) isRecent(key string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.opts.Now()
-	for k, t := range c.recent {
-		if now.Sub(t) > recentTTL {
-			delete(c.recent, k)
-		}
-	}
-	_, ok := c.recent[key]
-	return ok
-}
-
-// gangPods are the members of the gangs that have a pod waiting on gpudra,
-// waiting or not.
-func (c *Controller) gangPods() []*corev1.Pod {
-	var out []*corev1.Pod
-	for _, key := range c.pods.ListIndexFuncValues(gateIndex) {
-		objs, _ := c.pods.ByIndex(gateIndex, key)
-		if !slices.ContainsFunc(objs, func(o any) bool { return c.waits(o.(*corev1.Pod)) }) {
-			continue
-		}
-		for _, o := range objs {
-			out = append(out, o.(*corev1.Pod))
-		}
-	}
-	return out
-}
-
-// binding names a pod kube-scheduler is binding to one of the nodes (it
-// nominated the node, the pod is not bound yet) whose claims it has not all
-// written yet, or "" when there is none.
-func (c *Controller) binding(nodes []string) string {
-	var pods []any
-	for _, n := range nodes {
-		objs, _ := c.pods.ByIndex(nominatedIndex, n)
-		pods = append(pods, objs...)
-	}
-	for _, o := range pods {
-		p := o.(*corev1.Pod)
-		if !member(p) {
-			continue
-		}
-		cls, err := claimsOfPod(p, c.claim, nil)
-		if err != nil {
-			return p.Namespace + "/" + p.Name // a claim not even made yet
-		}
-		for _, cl := range cls {
-			if cl.Status.Allocation == nil {
-				return p.Namespace + "/" + p.Name
-			}
-		}
-	}
-	return ""
-}
-
-// released says whether this controller just lifted the pod's gate (the
-// informer has not seen it yet).
-func (c *Controller) released(p *corev1.Pod) bool { return c.isRecent("pod/" + string(p.UID)) }
-
-// reservationClaimsOf are the claims holding a reservation.
-func (c *Controller) reservationClaimsOf(r *gpudrav1.GpuReservation) []*resourceapi.ResourceClaim {
-	objs, _ := c.claims.ByIndex(reservationIndex, r.Namespace+"/"+r.Name)
-	out := make([]*resourceapi.ResourceClaim, 0, len(objs))
-	for _, o := range objs {
-		cl := o.(*resourceapi.ResourceClaim)
-		if ownedBy(cl, r) {
-			out = append(out, cl)
-		}
-	}
-	return out
 }

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,12 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
-	"github.com/gpudra/gpudra/pkg/webhook"
+	"github.com/gpudra/gpudra/pkg/controller/queue"
 )
 
-// LabelPodGang is the label Grove puts on the pods of a PodGang; the
-// webhook, which holds such pods at creation, owns the name.
-const LabelPodGang = webhook.LabelGrovePodGang
+// Collecting gangs, the core's first step for both paths: the pods of every
+// gang with a member still waiting on gpudra (waitsOnGpudra) are grouped
+// into Gangs, and a complete one becomes a queue item. Grove's PodGang is
+// read in grove.go; the claims a pod names are resolved here.
 
 // Gang is the pods of one gang, whether enough of them exist to plan, and
 // which still wait on gpudra to be handed to the scheduler.
@@ -34,13 +36,14 @@ type Gang struct {
 	// for a pod a Job or Grove recreated, the gang looked incomplete for
 	// ever.
 	Pods []*corev1.Pod
-	// Waiting are the members that still wait on gpudra: on the gate
-	// path those that carry its gate, on the Workload API path those
-	// whose PodGroup does not exist yet.
+	// Waiting are the members that still wait on gpudra (waitsOnGpudra):
+	// on the gate path those that carry its gate, on the Workload API path
+	// those whose PodGroup does not exist yet.
 	Waiting []*corev1.Pod
-	// Admitted: a member was released already (its gate lifted). The
-	// gang was admitted once; its waiting members are released at once,
-	// whatever happened in between (a failed lift, a recreated pod).
+	// Admitted: a member no longer waits on gpudra (its gate was lifted,
+	// or its PodGroup made). The gang was admitted once; its waiting
+	// members are handed over at once, whatever happened in between (a
+	// failed lift, a recreated pod).
 	Admitted bool
 	// Missing says what the gang waits for before it can be planned
 	// ("2 of 4 pods", "the claims of pod a"); empty: ready.
@@ -52,11 +55,6 @@ type Gang struct {
 	Priority int32
 	QueuedAt time.Time
 	Duration *time.Duration
-}
-
-// gated says whether the pod carries gpudra's gate.
-func gated(p *corev1.Pod) bool {
-	return slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate })
 }
 
 // member says whether the pod counts as a member of its gang: it has not
@@ -76,39 +74,112 @@ func gangKey(p *corev1.Pod) (name string, grove bool) {
 	return "", false
 }
 
-// podGangGroups reads a Grove PodGang's spec.podgroups: each group's pod
-// names and minReplicas.
-type podGroup struct {
-	name        string
-	pods        []string
-	minReplicas int64
+// waitsOnGpudra says whether a gang pod still waits on gpudra to be handed
+// to the scheduler. It is the one question the core asks each path about a
+// pod, and it means one thing per path:
+//
+//   - gate path (stillGated, gates.go): the pod carries gpudra's
+//     scheduling gate, and this controller did not just lift it;
+//   - Workload API path (awaitsPodGroup, workload.go): the pod names its
+//     gang's PodGroup (the webhook set spec.schedulingGroup), which does
+//     not exist yet and was not just made. A pod that names another
+//     scheduling group belongs to somebody else's PodGroup.
+//
+// A gang with such a member is collected each round (gangPods); its members
+// that no longer wait make it Admitted. An event about such a pod runs a
+// round (Run); one about another pod is a soft kick at most.
+func (c *Controller) waitsOnGpudra(p *corev1.Pod) bool {
+	if c.opts.Path == PathWorkload {
+		return c.awaitsPodGroup(p)
+	}
+	return c.stillGated(p)
 }
 
-func podGangGroups(pg *unstructured.Unstructured) ([]podGroup, error) {
-	raw, _, err := unstructured.NestedSlice(pg.Object, "spec", "podgroups")
-	if err != nil {
-		return nil, fmt.Errorf("PodGang %s/%s: spec.podgroups: %w", pg.GetNamespace(), pg.GetName(), err)
+// gangMemberIndex indexes every gang member pod (member: not ended, not
+// being deleted) by its gang's key, whether it still waits on gpudra or
+// not.
+const gangMemberIndex = "gang"
+
+// memberGang is gangMemberIndex's index function: the key
+// ("<namespace>/<gang name>") of a member pod's gang.
+func memberGang(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || !member(p) {
+		return nil, nil
 	}
-	var out []podGroup
-	for i, r := range raw {
-		m, ok := r.(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("PodGang %s/%s: spec.podgroups[%d] is not an object", pg.GetNamespace(), pg.GetName(), i)
+	if name, _ := gangKey(p); name != "" {
+		return []string{p.Namespace + "/" + name}, nil
+	}
+	return nil, nil
+}
+
+// gangPods are the members of the gangs that have a pod waiting on gpudra,
+// waiting or not.
+func (c *Controller) gangPods() []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, key := range c.pods.ListIndexFuncValues(gangMemberIndex) {
+		objs, _ := c.pods.ByIndex(gangMemberIndex, key)
+		if !slices.ContainsFunc(objs, func(o any) bool { return c.waitsOnGpudra(o.(*corev1.Pod)) }) {
+			continue
 		}
-		g := podGroup{}
-		g.name, _, _ = unstructured.NestedString(m, "name")
-		g.minReplicas, _, _ = unstructured.NestedInt64(m, "minReplicas")
-		refs, _, _ := unstructured.NestedSlice(m, "podReferences")
-		for _, ref := range refs {
-			if rm, ok := ref.(map[string]any); ok {
-				if n, _, _ := unstructured.NestedString(rm, "name"); n != "" {
-					g.pods = append(g.pods, n)
-				}
+		for _, o := range objs {
+			out = append(out, o.(*corev1.Pod))
+		}
+	}
+	return out
+}
+
+// gangItems collects the gangs with a member waiting on gpudra: a complete
+// one that needs planning becomes an item; one admitted before, or with
+// nothing left to allocate, is handed over at once (admitGang); a
+// half-written one is taken back to be planned whole; the others are told
+// what they wait for. found says whether there was any such gang.
+func (c *Controller) gangItems(ctx context.Context, snap *snapshot) (items []*item, found bool, errs []error) {
+	for _, g := range collectGangs(c.gangPods(), c.waitsOnGpudra, c.podGang, c.podClaims) {
+		found = true
+		if g.Admitted {
+			// Released before: its remaining waiting members go now (a
+			// gate lift that failed, a pod recreated by its owner).
+			errs = append(errs, c.admitGang(ctx, g))
+			continue
+		}
+		if g.Missing != "" {
+			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+g.Missing)
+			continue
+		}
+		groups, err := gangGroups(g, snap.nodes, c.podClaims)
+		if err != nil {
+			c.reportGang(ctx, g, ReasonWaitingForPods, "waiting for "+err.Error())
+			continue
+		}
+		if len(groups) == 0 {
+			// Everything is allocated (a round stopped between writing and
+			// lifting the gates, or the pods use held claims only).
+			errs = append(errs, c.admitGang(ctx, g))
+			continue
+		}
+		if half := c.halfWrittenGang(g); len(half) > 0 {
+			// Some of its claims hold this controller's writes, others
+			// none (a hand-off that failed after the shared claims were
+			// written, a leader that stopped between writes): planned
+			// around them, the gang could leave its NVLink domain. They
+			// are taken back and the whole gang is planned anew, as a
+			// half-written reservation is.
+			errs = append(errs, c.takeBackGang(ctx, g, half))
+			c.kick()
+			continue
+		}
+		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
+		it.Item = queue.Item{Key: KindGang + "/" + g.Key, Namespace: g.Namespace, Priority: g.Priority, QueuedAt: g.QueuedAt,
+			Duration: g.Duration, Devices: demand(groups, nil)}
+		for _, grp := range groups {
+			for _, cl := range grp.Claims {
+				it.classes = append(it.classes, requestClasses(cl)...)
 			}
 		}
-		out = append(out, g)
+		items = append(items, it)
 	}
-	return out, nil
+	return items, found, errs
 }
 
 // collectGangs groups gang pods into gangs, keeps those with a waiting
@@ -116,12 +187,10 @@ func podGangGroups(pg *unstructured.Unstructured) ([]podGroup, error) {
 // planned: for plain pods, the gang-size annotation's number of members
 // exist; for Grove, the PodGang exists and each of its groups has at least
 // minReplicas members. In both cases every member's claims must exist.
-// waits says whether a member still waits on gpudra (nil: it carries the
-// gate; the controller also counts a pod whose gate lift the informer has
-// not shown yet as released, and on the Workload API path asks whether the
-// gang's PodGroup exists); podGangs looks up a PodGang (nil when
-// absent); claims a claim.
-func collectGangs(pods []*corev1.Pod, waits func(*corev1.Pod) bool, podGangs func(namespace, name string) *unstructured.Unstructured,
+// waiting says whether a member still waits on gpudra (nil: it carries the
+// gate; the controller passes waitsOnGpudra); podGangs looks up a PodGang
+// (nil when absent); claims a pod's claims.
+func collectGangs(pods []*corev1.Pod, waiting func(*corev1.Pod) bool, podGangs func(namespace, name string) *unstructured.Unstructured,
 	claims podClaims) []*Gang {
 	byKey := map[string]*Gang{}
 	for _, p := range pods {
@@ -139,10 +208,10 @@ func collectGangs(pods []*corev1.Pod, waits func(*corev1.Pod) bool, podGangs fun
 			byKey[key] = g
 		}
 		g.Pods = append(g.Pods, p)
-		if waits == nil {
-			waits = gated
+		if waiting == nil {
+			waiting = gated
 		}
-		if waits(p) {
+		if waiting(p) {
 			g.Waiting = append(g.Waiting, p)
 		} else {
 			g.Admitted = true
@@ -181,43 +250,22 @@ func collectGangs(pods []*corev1.Pod, waits func(*corev1.Pod) bool, podGangs fun
 	return out
 }
 
+// missingPods says which members a gang waits for before it can be
+// planned ("" when none): for plain pods, as many as the gang-size
+// annotation says; for Grove, per group of its PodGang (grove.go).
 func (g *Gang) missingPods(podGangs func(namespace, name string) *unstructured.Unstructured) string {
-	if !g.Grove {
-		raw := g.Pods[0].Annotations[gpudrav1.AnnotationGangSize]
-		size, err := strconv.Atoi(raw)
-		if err != nil || size < 1 {
-			return fmt.Sprintf("a valid %s annotation (got %q)", gpudrav1.AnnotationGangSize, raw)
-		}
-		if len(g.Pods) < size {
-			return fmt.Sprintf("%d of %d pods exist", len(g.Pods), size)
-		}
-		return ""
+	if g.Grove {
+		return g.missingPodGangPods(podGangs(g.Namespace, g.Name))
 	}
-	pg := podGangs(g.Namespace, g.Name)
-	if pg == nil {
-		return "its PodGang " + g.Name
+	raw := g.Pods[0].Annotations[gpudrav1.AnnotationGangSize]
+	size, err := strconv.Atoi(raw)
+	if err != nil || size < 1 {
+		return fmt.Sprintf("a valid %s annotation (got %q)", gpudrav1.AnnotationGangSize, raw)
 	}
-	groups, err := podGangGroups(pg)
-	if err != nil {
-		return err.Error()
+	if len(g.Pods) < size {
+		return fmt.Sprintf("%d of %d pods exist", len(g.Pods), size)
 	}
-	present := map[string]bool{}
-	for _, p := range g.Pods {
-		present[p.Name] = true
-	}
-	var missing []string
-	for _, grp := range groups {
-		n := 0
-		for _, name := range grp.pods {
-			if present[name] {
-				n++
-			}
-		}
-		if int64(n) < grp.minReplicas {
-			missing = append(missing, fmt.Sprintf("group %s: %d of %d pods", grp.name, n, grp.minReplicas))
-		}
-	}
-	return strings.Join(missing, "; ")
+	return ""
 }
 
 func (g *Gang) missingClaims(claims podClaims) string {
@@ -240,6 +288,17 @@ func claimsByName(claim func(namespace, name string) *resourceapi.ResourceClaim)
 	return func(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error) {
 		return claimsOfPod(p, claim, nil)
 	}
+}
+
+// podClaims are a pod's claims. On the Workload API path a claim still to
+// be made from a template is planned from the template: the claim
+// controller makes it only once the pod's PodGroup exists.
+func (c *Controller) podClaims(p *corev1.Pod) ([]*resourceapi.ResourceClaim, error) {
+	var template func(namespace, name string) *resourceapi.ResourceClaimTemplate
+	if c.opts.Path == PathWorkload {
+		template = c.template
+	}
+	return claimsOfPod(p, c.claim, template)
 }
 
 // claimsOfPod resolves a pod's claims. template, when not nil, stands in

@@ -1,13 +1,10 @@
 package gang
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/cel"
 )
 
 // metrics of the gang and reservation controller. Gauges are set from each
@@ -117,27 +114,4 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]er
 		*errs = append(*errs, err)
 	}
 	return c
-}
-
-// classCount is how many devices of one DeviceClass are free, held by a
-// reservation's claim not in use, or allocated otherwise (classCounter).
-type classCount struct{ free, held, allocated int }
-
-// matches evaluates a class's CEL selectors on a device; an expression
-// that does not compile or fails matches nothing.
-func matches(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceClass, driver string, d resourceapi.Device) bool {
-	for _, sel := range class.Spec.Selectors {
-		if sel.CEL == nil {
-			continue
-		}
-		res := cache.GetOrCompile(sel.CEL.Expression)
-		if res.Error != nil {
-			return false
-		}
-		ok, _, err := res.DeviceMatches(ctx, cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: d.AllowMultipleAllocations})
-		if err != nil || !ok {
-			return false
-		}
-	}
-	return true
 }

@@ -1,10 +1,13 @@
 package gang
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -14,8 +17,13 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/allocator"
 )
+
+// Planning, the core's third step for both paths: the round's snapshot of
+// the cluster, and whether one item fits now (plan), with the allocator; a
+// gang's pods become allocator groups here.
 
 // snapshot is the cluster as one round sees it. allocated grows as the
 // round allocates, since the informers lag behind the round's own writes.
@@ -92,6 +100,87 @@ func (s *snapshot) domainOf(pool, device string) string {
 		}
 	}
 	return s.domains[pool+"/"+device]
+}
+
+// input builds the allocator's input for one item over the snapshot.
+func (s *snapshot) input(strategy allocator.Strategy, claims []*resourceapi.ResourceClaim, groups []allocator.Group, empty bool) allocator.Input {
+	in := allocator.Input{Claims: claims, Groups: groups, Slices: s.slices, Classes: s.classes, Nodes: s.nodes, Strategy: strategy}
+	if !empty {
+		in.Allocated = s.allocated
+	}
+	return in
+}
+
+// snapshot reads the informers; the claims of gangs handed to
+// kube-scheduler and not bound yet count as allocated as planned
+// (handedClaims, workload.go).
+func (c *Controller) snapshot() *snapshot {
+	s := &snapshot{}
+	for _, o := range c.slices.List() {
+		s.slices = append(s.slices, o.(*resourceapi.ResourceSlice))
+	}
+	for _, o := range c.classes.List() {
+		s.classes = append(s.classes, o.(*resourceapi.DeviceClass))
+	}
+	for _, o := range c.nodes.List() {
+		s.nodes = append(s.nodes, o.(*corev1.Node))
+	}
+	for _, o := range c.claims.List() {
+		if cl := o.(*resourceapi.ResourceClaim); cl.Status.Allocation != nil {
+			s.allocated = append(s.allocated, cl)
+		}
+	}
+	s.allocated = append(s.allocated, c.handedClaims(func(namespace, name string) bool {
+		obj, ok, err := c.pods.GetByKey(namespace + "/" + name)
+		return err != nil || !ok || obj.(*corev1.Pod).Spec.NodeName != ""
+	})...)
+	return s
+}
+
+// claim is a ResourceClaim from the informer, or nil.
+func (c *Controller) claim(namespace, name string) *resourceapi.ResourceClaim {
+	obj, ok, err := c.claims.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	return obj.(*resourceapi.ResourceClaim)
+}
+
+// plan decides whether one item fits now. An item that fits is returned as
+// an admission, its devices counted as used for the rest of the round.
+func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot) (outcome, *admission, error) {
+	if c.handsOff(it) {
+		if msg := priorityConflict(it.gang); msg != "" {
+			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}, nil, nil
+		}
+	}
+	start := time.Now()
+	result, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, false))
+	c.metrics.planSeconds.Observe(time.Since(start).Seconds())
+	if err == nil && it.sameDomain && len(result.NVLinkDomains) > 1 {
+		err = &allocator.NotFitError{Unit: it.Key, Devices: it.Devices}
+		err = fmt.Errorf("the free devices span %d NVLink domains (%v), one is required: %w", len(result.NVLinkDomains), result.NVLinkDomains, err)
+	}
+	var nf *allocator.NotFitError
+	switch {
+	case errors.As(err, &nf):
+		// Would it fit on an empty cluster? If not, waiting cannot help.
+		if msg := c.unsatisfiable(ctx, it, snap); msg != "" {
+			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}, nil, nil
+		}
+		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err)}, nil, nil
+	case err != nil:
+		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, nil, fmt.Errorf("plan %s: %w", it.Key, err)
+	}
+	// The informers lag (and on the Workload API path the scheduler has not
+	// allocated yet): what was just planned counts as used for the rest of
+	// the round.
+	for _, a := range result.Allocations {
+		cl := a.Claim.DeepCopy()
+		cl.Status.Allocation = a.Result.DeepCopy()
+		snap.allocated = append(snap.allocated, cl)
+	}
+	return outcome{reason: gpudrav1.ReasonAllocated}, &admission{it: it, result: result}, nil
 }
 
 // gangGroups turns a gang's pods into allocator groups: the pods that
@@ -267,13 +356,4 @@ func demand(groups []allocator.Group, claims []*resourceapi.ResourceClaim) int64
 		n += allocator.ClaimDemand(c)
 	}
 	return n
-}
-
-// input builds the allocator's input for one item over the snapshot.
-func (s *snapshot) input(strategy allocator.Strategy, claims []*resourceapi.ResourceClaim, groups []allocator.Group, empty bool) allocator.Input {
-	in := allocator.Input{Claims: claims, Groups: groups, Slices: s.slices, Classes: s.classes, Nodes: s.nodes, Strategy: strategy}
-	if !empty {
-		in.Allocated = s.allocated
-	}
-	return in
 }

@@ -21,7 +21,7 @@ import (
 // sixth GPU, nodes filled in order, so that the 90 nodes left whole come
 // last), and one gang of 8 pods with 8 whole GPUs each, one group per pod.
 //
-// The controller's plan through its snapshot (admit.go); make bench-scale
+// The controller's plan through its snapshot (plan.go); make bench-scale
 // times the same step (devcluster/scalebench/gangplan.go).
 func BenchmarkPlanGang64GPUs1000MigNodes10000Claims(b *testing.B) {
 	const nodes, claims, pods, gpus = 1000, 10000, 8, 8

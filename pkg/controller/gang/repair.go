@@ -13,13 +13,18 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
+
+// The double-allocation repair, beside the fence-and-write hand-off and on
+// both paths: a device that two claims hold, whoever wrote them, is found
+// among the claims allocated since the last look and the allocation nobody
+// uses is taken back (its item planned again); a gang left half written is
+// taken back to be planned whole (a reservation: takeBack, reservations.go).
 
 // ReasonDoubleAllocation is the Event reason when a device was found in two
 // claims and the allocation nobody used was taken back.
@@ -368,12 +373,6 @@ func splitKey(key string) (namespace, name string) {
 	return namespace, name
 }
 
-func (c *Controller) recordClaim(cl *resourceapi.ResourceClaim, typ, reason, msg string) {
-	if c.opts.Recorder != nil {
-		c.opts.Recorder.Eventf(cl, nil, typ, reason, ActionPlan, "%s", truncate(msg))
-	}
-}
-
 // takeBackAllocation clears a claim's allocation, and its reservation for
 // pods that are not bound, if the API server's copy still holds what the
 // informer showed: a claim reserved for a bound pod meanwhile is left.
@@ -397,22 +396,6 @@ func (c *Controller) takeBackAllocation(ctx context.Context, seen *resourceapi.R
 	return err
 }
 
-func requeuedKey(namespace, name string) string { return "requeued/" + namespace + "/" + name }
-
-// reservation is a GpuReservation from the informer, or nil.
-func (c *Controller) reservation(namespace, name string) *gpudrav1.GpuReservation {
-	obj, ok, err := c.reservations.GetByKey(namespace + "/" + name)
-	if err != nil || !ok {
-		return nil
-	}
-	r, err := gpudrav1.FromUnstructured[gpudrav1.GpuReservation](obj.(*unstructured.Unstructured))
-	if err != nil {
-		return nil
-	}
-	r.Default()
-	return r
-}
-
 // requeueReservation puts a held reservation whose claim was taken back in
 // its queue again, where it keeps its place (QueuedAt) and is planned anew
 // in the next round; before, it stayed Held holding nothing until its TTL.
@@ -425,7 +408,7 @@ func (c *Controller) requeueReservation(ctx context.Context, f claimFacts, what 
 	if r == nil || !ownedBy(f.claim, r) || r.Status.Phase != gpudrav1.ReservationHeld {
 		return nil
 	}
-	c.remember(requeuedKey(r.Namespace, r.Name))
+	c.rememberRequeued(r.Namespace, r.Name)
 	return c.setReservationStatus(ctx, r, func(st *gpudrav1.GpuReservationStatus) {
 		st.Phase, st.Reason = gpudrav1.ReservationQueued, gpudrav1.ReasonWaitingForDevices
 		st.Message = fmt.Sprintf("%s was allocated twice; claim %s was taken back and the reservation is planned again", what, f.claim.Name)

@@ -38,7 +38,7 @@ func newRoundHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
 	client := fake.NewClientset(objs...)
 	c, err := New(Options{Client: client, Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Now: func() time.Time { return t0 }})
 	require.NoError(t, err)
-	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gateIndex: gangIndex, nominatedIndex: nominatedNode})
+	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode})
 	c.claims = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices})
 	c.slices, c.classes, c.nodes = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
 	c.reservations, c.queues = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
@@ -288,7 +288,7 @@ func TestIdleRounds(t *testing.T) {
 
 	// Its own recent write keeps it busy until the informers caught up.
 	require.NoError(t, h.client.CoreV1().Pods("ns").Delete(ctx, "a", metav1.DeleteOptions{}))
-	h.c.remember("Gang/ns/g")
+	h.c.rememberAdmitted("Gang/ns/g")
 	require.NoError(t, h.round(t))
 	assert.False(t, h.c.idle.Load(), "a recent write")
 	now = now.Add(recentTTL + time.Second)

@@ -18,20 +18,16 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/allocator"
+	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
-// Paths: how a gang that its queue lets go is handed to the scheduler.
-// Everything before that (collecting gangs, queues, planning, statuses) is
-// one core for both.
-const (
-	// PathGates: the controller allocates the gang's claims itself behind a
-	// DeviceTaintRule fence (commit.go) and lifts the pods' scheduling gate.
-	PathGates = "gates"
-	// PathWorkload: the controller creates the gang's Workload and gang
-	// PodGroup; kube-scheduler places all of its pods, and allocates their
-	// claims, or none. No fence, no claim write.
-	PathWorkload = "workload"
-)
+// The Workload API hand-off (PathWorkload): a gang that its queue lets go is
+// handed to kube-scheduler as a Workload and a gang PodGroup that its pods
+// name; kube-scheduler places all of its pods, and allocates their claims,
+// or none. gpudra writes only the claims that several of the gang's pods
+// share (sharedAllocations), from its plan and behind the fence (commit.go),
+// before the PodGroup exists. Until the pods are bound, the gang's plan
+// counts as allocated (handed), and Workloads of gangs that ended are swept.
 
 // podGroupTemplate names the one PodGroup template of a gang's Workload.
 const podGroupTemplate = "gang"
@@ -45,25 +41,21 @@ const ReasonPodGroupCreated = "PodGroupCreated"
 // again keeps it).
 const workloadSweepAge = time.Minute
 
-// waits says whether a gang pod still waits on gpudra. On the gate path: it
-// carries the gate, and this controller did not just lift it. On the
-// Workload API path: it names its gang's PodGroup (the webhook set
-// spec.schedulingGroup), which does not exist yet. A pod that names
-// another scheduling group belongs to somebody else's PodGroup.
-func (c *Controller) waits(p *corev1.Pod) bool {
-	if c.opts.Path != PathWorkload {
-		return gated(p) && !c.released(p)
-	}
+// awaitsPodGroup is waitsOnGpudra on the Workload API path: the pod names
+// its gang's PodGroup (the webhook set spec.schedulingGroup), which does
+// not exist yet and which this controller did not just make. A pod that
+// names another scheduling group belongs to somebody else's PodGroup.
+func (c *Controller) awaitsPodGroup(p *corev1.Pod) bool {
 	name, _ := gangKey(p)
 	sg := p.Spec.SchedulingGroup
 	if name == "" || sg == nil || sg.PodGroupName == nil || *sg.PodGroupName != name {
 		return false
 	}
-	return c.podGroup(p.Namespace, name) == nil && !c.isRecent(podGroupKey(p.Namespace, name))
+	return c.podGroup(p.Namespace, name) == nil && !c.podGroupJustMade(p.Namespace, name)
 }
 
-func podGroupKey(namespace, name string) string { return "podgroup/" + namespace + "/" + name }
-
+// podGroup is a PodGroup from the informer; nil when absent or off this
+// path.
 func (c *Controller) podGroup(namespace, name string) *schedulingv1beta1.PodGroup {
 	if c.podGroups == nil {
 		return nil
@@ -75,9 +67,42 @@ func (c *Controller) podGroup(namespace, name string) *schedulingv1beta1.PodGrou
 	return obj.(*schedulingv1beta1.PodGroup)
 }
 
+// template is a ResourceClaimTemplate from the informer; nil when absent or
+// off this path (podClaims plans a claim not made yet from it).
+func (c *Controller) template(namespace, name string) *resourceapi.ResourceClaimTemplate {
+	if c.templates == nil {
+		return nil
+	}
+	obj, ok, err := c.templates.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	return obj.(*resourceapi.ResourceClaimTemplate)
+}
+
+// priorityConflict says why kube-scheduler would place no pod of the gang
+// as one PodGroup: its pods differ in priority ("all pods in a single pod
+// group should have the same priority"); "" when they agree. The webhook
+// refuses such a pod, but two made at once can both pass its view, and pods
+// made before it checked are there: such a gang is not handed over, and
+// says why, instead of waiting for ever on the scheduler.
+func priorityConflict(g *Gang) string {
+	if g == nil || len(g.Pods) < 2 {
+		return ""
+	}
+	for _, p := range g.Pods[1:] {
+		if webhook.PodPriority(p) != webhook.PodPriority(g.Pods[0]) {
+			return fmt.Sprintf("gang %s: its pods' priorities differ (%s of pod %s, %s of pod %s); kube-scheduler places no pod of a "+
+				"PodGroup whose pods' priorities differ: give every pod of the gang one PriorityClass (docs/gangs.md)",
+				g.Name, webhook.DescribePriority(g.Pods[0]), g.Pods[0].Name, webhook.DescribePriority(p), p.Name)
+		}
+	}
+	return ""
+}
+
 // minCount is how many of a gang's pods kube-scheduler must place together:
 // a plain gang's gpudra.dev/gang-size; for a Grove PodGang the sum of its
-// groups' minReplicas, in one PodGroup, so that the cliques land together
+// groups' minReplicas (podGangMinCount), in one PodGroup, so that the cliques land together
 // (PodGroups per clique would need CompositePodGroups, alpha in 1.37, to be
 // all or nothing across cliques).
 func minCount(g *Gang, podGang *unstructured.Unstructured) (int32, error) {
@@ -88,18 +113,7 @@ func minCount(g *Gang, podGang *unstructured.Unstructured) (int32, error) {
 		}
 		return int32(n), nil
 	}
-	if podGang == nil {
-		return 0, fmt.Errorf("gang %s: its PodGang is gone", g.Key)
-	}
-	groups, err := podGangGroups(podGang)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	for _, grp := range groups {
-		n += max(grp.minReplicas, 1)
-	}
-	return int32(n), nil
+	return podGangMinCount(g, podGang)
 }
 
 // TopologyKeyNode is the topology constraint of a gang planned on one node:
@@ -145,6 +159,17 @@ func sharedAllocations(g *Gang, result allocator.Result) allocator.Result {
 	return out
 }
 
+// handOffAdmitted hands an admitted gang to kube-scheduler as a PodGroup
+// (Workload API path) and records it.
+func (c *Controller) handOffAdmitted(ctx context.Context, a *admission, now time.Time) error {
+	if err := c.handOff(ctx, a.it.gang, topologyKey(&a.result)); err != nil {
+		c.reportGang(ctx, a.it.gang, gpudrav1.ReasonWaitingForDevices, err.Error())
+		return err
+	}
+	c.rememberHanded(a.it.Key, a.it.gang, a.result)
+	return c.admitted(ctx, a, now)
+}
+
 // handOff creates the gang's Workload, with one gang template, and its
 // PodGroup, which the pods name; topology, when not empty, is the
 // PodGroup's topology constraint (an API server without the alpha gate
@@ -172,9 +197,7 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 			Name: podGroupTemplate, SchedulingPolicy: policy, SchedulingConstraints: constraints, PriorityClassName: priorityClass}}},
 	}
 	if g.Grove && pg != nil {
-		// Deleted with its PodGang.
-		wl.OwnerReferences = []metav1.OwnerReference{{APIVersion: PodGangs.GroupVersion().String(), Kind: "PodGang", Name: pg.GetName(), UID: pg.GetUID()}}
-		wl.Spec.ControllerRef = &schedulingv1beta1.TypedLocalObjectReference{APIGroup: PodGangs.Group, Kind: "PodGang", Name: pg.GetName()}
+		ownedByPodGang(wl, pg) // deleted with its PodGang
 	}
 	api := c.opts.Client.SchedulingV1beta1()
 	created, err := api.Workloads(g.Namespace).Create(ctx, wl, metav1.CreateOptions{})
@@ -214,7 +237,7 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	if err != nil {
 		return fmt.Errorf("gang %s: PodGroup: %w", g.Key, err)
 	}
-	c.remember(podGroupKey(g.Namespace, g.Name))
+	c.rememberPodGroup(g.Namespace, g.Name)
 	klog.FromContext(ctx).V(2).Info("Handed to kube-scheduler", "gang", g.Key, "podGroup", g.Name, "minCount", n, "topology", topology)
 	return nil
 }
@@ -266,7 +289,7 @@ func (c *Controller) sweepWorkloads(ctx context.Context) error {
 		if name == "" || c.opts.Now().Sub(pg.CreationTimestamp.Time) < workloadSweepAge {
 			continue
 		}
-		if members, _ := c.pods.ByIndex(gateIndex, pg.Namespace+"/"+name); len(members) > 0 {
+		if members, _ := c.pods.ByIndex(gangMemberIndex, pg.Namespace+"/"+name); len(members) > 0 {
 			continue
 		}
 		owner := metav1.GetControllerOf(pg)

@@ -165,11 +165,11 @@ func TestWorkloadPathLeavesOtherPods(t *testing.T) {
 	own := grouped(plain("a", "g", "1", "ca"))
 	other := grouped(plain("b", "g", "1", "cb"))
 	other.Spec.SchedulingGroup.PodGroupName = ptr.To("users-own")
-	assert.True(t, h.c.waits(own))
-	assert.False(t, h.c.waits(other))
-	assert.False(t, h.c.waits(plain("c", "g", "1", "cc")), "a gated pod without a scheduling group")
+	assert.True(t, h.c.waitsOnGpudra(own))
+	assert.False(t, h.c.waitsOnGpudra(other))
+	assert.False(t, h.c.waitsOnGpudra(plain("c", "g", "1", "cc")), "a gated pod without a scheduling group")
 	require.NoError(t, h.c.podGroups.Add(&schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns"}}))
-	assert.False(t, h.c.waits(own), "its PodGroup exists: handed over")
+	assert.False(t, h.c.waitsOnGpudra(own), "its PodGroup exists: handed over")
 }
 
 func gangCond(t *testing.T, p *corev1.Pod) corev1.PodCondition {
