@@ -10,20 +10,23 @@ import (
 // metrics of the gang and reservation controller. Gauges are set from each
 // round's state, so they never drift from what the statuses say.
 type metrics struct {
-	queueLength   *prometheus.GaugeVec
-	queueDevices  *prometheus.GaugeVec
-	waitSeconds   *prometheus.HistogramVec
-	held          prometheus.Gauge
-	consumed      prometheus.Gauge
-	expired       prometheus.Counter
-	admitted      *prometheus.CounterVec
-	conflicts     prometheus.Counter
-	doubles       *prometheus.CounterVec
-	planSeconds   prometheus.Histogram
-	roundSeconds  prometheus.Histogram
-	devices       *prometheus.GaugeVec
-	waitingDemand *prometheus.GaugeVec
-	unsatisfiable *prometheus.GaugeVec
+	queueLength  *prometheus.GaugeVec
+	queueDevices *prometheus.GaugeVec
+	waitSeconds  *prometheus.HistogramVec
+	held         prometheus.Gauge
+	consumed     prometheus.Gauge
+	expired      prometheus.Counter
+	admitted     *prometheus.CounterVec
+	conflicts    prometheus.Counter
+	doubles      *prometheus.CounterVec
+	// handOffsNotPlaced counts gangs handed to kube-scheduler that it did
+	// not place within schedulerActGrace, by reason.
+	handOffsNotPlaced *prometheus.CounterVec
+	planSeconds       prometheus.Histogram
+	roundSeconds      prometheus.Histogram
+	devices           *prometheus.GaugeVec
+	waitingDemand     *prometheus.GaugeVec
+	unsatisfiable     *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -52,8 +55,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		doubles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpudra_gang_double_allocations_total",
-			Help: "Devices found allocated twice (by this controller and the scheduler), by outcome: repaired (this controller's unused allocation taken back and planned again) or unrepaired.",
+			Help: "Devices found allocated to two claims (whoever wrote them), by outcome: repaired (the allocation nobody used taken back) or unrepaired.",
 		}, []string{"outcome"}),
+		handOffsNotPlaced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpudra_gang_handoffs_not_placed_total",
+			Help: "Gangs handed to kube-scheduler as PodGroups that it had not placed 30 s later, by reason: SchedulerNotActing (nothing happened) or PodGroupUnschedulable.",
+		}, []string{"reason"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpudra_gang_fence_conflicts_total", Help: "Plans dropped because a device was taken between planning and writing (planned again).",
 		}),
@@ -90,6 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.admitted = register(reg, m.admitted, &errs)
 	m.conflicts = register(reg, m.conflicts, &errs)
 	m.doubles = register(reg, m.doubles, &errs)
+	m.handOffsNotPlaced = register(reg, m.handOffsNotPlaced, &errs)
 	m.planSeconds = register(reg, m.planSeconds, &errs)
 	m.roundSeconds = register(reg, m.roundSeconds, &errs)
 	m.devices = register(reg, m.devices, &errs)

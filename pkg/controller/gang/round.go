@@ -57,6 +57,9 @@ func (c *Controller) round(ctx context.Context) error {
 	errs = append(errs, gerrs...)
 
 	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
+	if c.opts.Path == PathWorkload {
+		c.checkHandedOff(ctx)
+	}
 	errs = append(errs, c.sweepWorkloads(ctx))
 	// Kept from events: setting the gauges costs the classes, not the devices.
 	c.countsStale.Store(false)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
@@ -320,6 +322,10 @@ type handed struct {
 	at     time.Time
 	claims []*resourceapi.ResourceClaim
 	pods   []*corev1.Pod
+	// namespace and name are the gang's, its PodGroup's; checked: whether
+	// kube-scheduler acting on it was looked at (checkHandedOff).
+	namespace, name string
+	checked         bool
 }
 
 // rememberHanded keeps a handed-off gang's plan: until the scheduler has
@@ -327,7 +333,7 @@ type handed struct {
 // the devices count as used, so that the items behind it in the queue are
 // not handed the same devices, which would undo the queue's order.
 func (c *Controller) rememberHanded(key string, g *Gang, result allocator.Result) {
-	h := handed{at: c.opts.Now(), pods: g.Pods}
+	h := handed{at: c.opts.Now(), pods: g.Pods, namespace: g.Namespace, name: g.Name}
 	for _, a := range result.Allocations {
 		cl := a.Claim.DeepCopy()
 		cl.Status.Allocation = a.Result.DeepCopy()
@@ -361,4 +367,87 @@ func (c *Controller) handedClaims(bound func(namespace, name string) bool) []*re
 		out = append(out, h.claims...)
 	}
 	return out
+}
+
+// schedulerActGrace is how long kube-scheduler is given to act on a
+// PodGroup gpudra created before the gang says it did not.
+const schedulerActGrace = 30 * time.Second
+
+// podGroupScheduled is the PodGroup condition kube-scheduler sets when it
+// decided about the group (True: placed; False: why not).
+const podGroupScheduled = "PodGroupInitiallyScheduled"
+
+// ReasonSchedulerNotActing and ReasonPodGroupUnschedulable are the gang
+// condition's reasons when, after a hand-off, kube-scheduler did nothing
+// with the PodGroup, or said it cannot place it.
+const (
+	ReasonSchedulerNotActing    = "SchedulerNotActing"
+	ReasonPodGroupUnschedulable = "PodGroupUnschedulable"
+)
+
+// checkHandedOff looks, once per hand-off and schedulerActGrace after it,
+// at whether kube-scheduler acted on the gang's PodGroup: the Workload API
+// path is chosen from API discovery alone, and a kube-scheduler without
+// the GenericWorkload gate or its GangScheduling plugin (or the pods of
+// another scheduler) leaves the gang Pending with nothing said. A PodGroup
+// kube-scheduler marked unschedulable has its reason copied onto the
+// gang's pods. A gang with a pod bound, or one kube-scheduler tried to
+// schedule, was acted on.
+func (c *Controller) checkHandedOff(ctx context.Context) {
+	now := c.opts.Now()
+	var due []handed
+	c.mu.Lock()
+	for key, h := range c.handed {
+		if !h.checked && now.Sub(h.at) >= schedulerActGrace {
+			h.checked = true
+			c.handed[key] = h
+			due = append(due, h)
+		}
+	}
+	c.mu.Unlock()
+	for _, h := range due {
+		pods := make([]*corev1.Pod, 0, len(h.pods))
+		tried := false
+		for _, p := range h.pods {
+			obj, ok, err := c.pods.GetByKey(p.Namespace + "/" + p.Name)
+			if err != nil || !ok {
+				continue
+			}
+			cur := obj.(*corev1.Pod)
+			pods = append(pods, cur)
+			tried = tried || cur.Spec.NodeName != "" || slices.ContainsFunc(cur.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodScheduled
+			})
+		}
+		if len(pods) == 0 {
+			continue
+		}
+		var reason, msg string
+		pg := c.podGroup(h.namespace, h.name)
+		var cond *metav1.Condition
+		if pg != nil {
+			cond = meta.FindStatusCondition(pg.Status.Conditions, podGroupScheduled)
+		}
+		switch {
+		case cond != nil && cond.Status == metav1.ConditionFalse:
+			reason = ReasonPodGroupUnschedulable
+			msg = fmt.Sprintf("kube-scheduler cannot place PodGroup %s: %s: %s", h.name, cond.Reason, cond.Message)
+		case cond == nil && !tried:
+			reason = ReasonSchedulerNotActing
+			msg = fmt.Sprintf("kube-scheduler has not acted on PodGroup %s in %s (no %s condition, no pod tried): check that kube-scheduler "+
+				"runs with the GenericWorkload feature gate and its GangScheduling plugin, and that the pods use it (schedulerName); "+
+				"or set gangs.mode: gates (docs/gangs.md)", h.name, now.Sub(h.at).Round(time.Second), podGroupScheduled)
+		default:
+			continue
+		}
+		c.metrics.handOffsNotPlaced.WithLabelValues(reason).Inc()
+		klog.FromContext(ctx).Info("A gang handed to kube-scheduler is not placed", "gang", klog.KRef(h.namespace, h.name), "reason", reason, "message", msg)
+		c.recordGang(&Gang{Pods: pods}, corev1.EventTypeWarning, reason, fmt.Sprintf("gang %s: %s", h.name, msg))
+		patch := gangConditionPatch(corev1.ConditionFalse, reason, msg)
+		for _, p := range pods {
+			if err := c.conditions.set(ctx, p, patch); err != nil {
+				klog.FromContext(ctx).Error(err, "Set gang condition", "pod", klog.KObj(p))
+			}
+		}
+	}
 }
