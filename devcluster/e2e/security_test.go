@@ -95,9 +95,23 @@ func TestMPSServerPodPinned(t *testing.T) {
 		{"--control-binary=/bin/sh", func(p *v1.Pod) {
 			p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--control-binary=/bin/sh")
 		}, "with the arguments --driver-root=/driver-root"},
-		{"a server directory outside the plugin's", func(p *v1.Pod) {
+		{"another --dir", func(p *v1.Pod) {
 			p.Spec.Containers[0].Args[1] = "--dir=/etc"
 		}, "with the arguments --driver-root=/driver-root"},
+		{"a server directory outside the plugin's", func(p *v1.Pod) {
+			for i := range p.Spec.Volumes {
+				if p.Spec.Volumes[i].Name == "server" {
+					p.Spec.Volumes[i].HostPath.Path = "/etc"
+				}
+			}
+		}, "whose volumes are the server's directory"},
+		{"the server directory mounted elsewhere", func(p *v1.Pod) {
+			for i := range p.Spec.Containers[0].VolumeMounts {
+				if p.Spec.Containers[0].VolumeMounts[i].Name == "server" {
+					p.Spec.Containers[0].VolumeMounts[i].MountPath = "/etc"
+				}
+			}
+		}, "whose volumes are the server's directory"},
 		{"hostPath /", func(p *v1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, v1.Volume{Name: "host", VolumeSource: v1.VolumeSource{HostPath: &v1.HostPathVolumeSource{Path: "/", Type: &hostPathType}}})
 			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, v1.VolumeMount{Name: "host", MountPath: "/host"})

@@ -79,12 +79,34 @@ func (c Config) Env() []string {
 	}
 }
 
+// MaxSocketPath is the longest path a unix socket may have (sun_path is 108
+// bytes with its terminating NUL).
+const MaxSocketPath = 107
+
+// LongestSocket is the longest name of the sockets the control daemon makes
+// in its pipe directory (control, control_privileged; driver 580 on an
+// H200). A pipe directory too long for it makes the daemon exit at once,
+// status 1, with nothing said (testdata/real-gpus/h200).
+const LongestSocket = "control_privileged"
+
+// CheckPipeDir says why the daemon's sockets would not fit under the pipe
+// directory, or nil when they do.
+func CheckPipeDir(pipeDir string) error {
+	if n := len(pipeDir) + 1 + len(LongestSocket); n > MaxSocketPath {
+		return fmt.Errorf("the MPS pipe directory %s is %d bytes: the daemon's socket %s there would be %d, over the %d a unix socket path may have",
+			pipeDir, len(pipeDir), LongestSocket, n, MaxSocketPath)
+	}
+	return nil
+}
+
 func (c Config) validate() error {
 	var errs []error
 	if c.Dir == "" {
 		errs = append(errs, errors.New("--dir: required"))
 	} else if !filepath.IsAbs(c.Dir) {
 		errs = append(errs, fmt.Errorf("--dir: %q is not an absolute path", c.Dir))
+	} else if err := CheckPipeDir(filepath.Join(c.Dir, PipeSubdir)); err != nil {
+		errs = append(errs, fmt.Errorf("--dir: %w: give it a shorter path", err))
 	}
 	if len(c.Devices) == 0 {
 		errs = append(errs, errors.New("--devices: at least one device UUID is required"))

@@ -38,6 +38,11 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{Config{Devices: []string{"GPU-a"}}, "--dir: required"},
 		{Config{Dir: "relative", Devices: []string{"GPU-a"}}, `--dir: "relative" is not an absolute path`},
 		{Config{Dir: "/x"}, "--devices: at least one device UUID is required"},
+		// The path the daemon exited on at once on an H200, in
+		// gpu-smoke's devcluster (testdata/real-gpus/h200).
+		{Config{Dir: "/tmp/gpu-smoke-560586586/nodes/nvml-gpu/plugins/gpu.gpudra.dev/sharing/mps/mps-7038c92eaccf", Devices: []string{"GPU-a"}},
+			"--dir: the MPS pipe directory /tmp/gpu-smoke-560586586/nodes/nvml-gpu/plugins/gpu.gpudra.dev/sharing/mps/mps-7038c92eaccf/pipe is 96 bytes: " +
+				"the daemon's socket control_privileged there would be 115, over the 107 a unix socket path may have: give it a shorter path"},
 	}
 	for _, tc := range tests {
 		assert.EqualError(t, Run(context.Background(), tc.cfg), tc.want)

@@ -191,8 +191,12 @@ func (m *MPS) EnsureServer(ctx context.Context, s MPSServer, commands []string, 
 	if err := m.waitReady(ctx, s); err != nil {
 		return started, err
 	}
+	env, err := s.ClientEnv()
+	if err != nil {
+		return started, err
+	}
 	for _, c := range commands {
-		if err := m.control.Command(ctx, s.Config().Env(), c); err != nil {
+		if err := m.control.Command(ctx, env, c); err != nil {
 			return started, fmt.Errorf("MPS server for %s (%s): %q: %w", strings.Join(s.Devices, ","), m.servers.Describe(s), c, err)
 		}
 	}
@@ -225,9 +229,13 @@ func (m *MPS) checkOverlap(ctx context.Context, s MPSServer) error {
 
 // waitReady waits until the server's daemon answers a control command.
 func (m *MPS) waitReady(ctx context.Context, s MPSServer) error {
+	env, err := s.ClientEnv()
+	if err != nil {
+		return err
+	}
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, m.ready, true, func(ctx context.Context) (bool, error) {
-		err := m.control.Command(ctx, s.Config().Env(), "get_server_list")
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, m.ready, true, func(ctx context.Context) (bool, error) {
+		err := m.control.Command(ctx, env, "get_server_list")
 		// A command cut short by the deadline says nothing about the
 		// daemon: the error of the one before says why it does not answer.
 		if err != nil && (ctx.Err() == nil || last == nil) {

@@ -180,16 +180,22 @@ func (p *PodServers) List(ctx context.Context) ([]MPSServer, error) {
 	return out, nil
 }
 
+// ServerContainerDir is where an MPS server pod has its server's directory:
+// a short path, whatever the host's (the kubelet directory, possibly deep),
+// since the daemon's sockets must fit in a unix socket path
+// (mpsserver.CheckPipeDir).
+const ServerContainerDir = "/mps"
+
 // Pod is the server pod Ensure creates: privileged (the daemon opens every /dev/nvidia*
 // of its GPU, and the GPU's MIG devices), on this node, owned by the Node,
-// with the server's directory at the same path as on the host and its
-// shm directory as /dev/shm.
+// with the server's directory at ServerContainerDir and its shm directory
+// as /dev/shm.
 func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) {
 	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("get Node %s, the owner of its MPS server pods: %w", p.NodeName, err)
 	}
-	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + s.Dir, "--devices=" + strings.Join(s.Devices, ",")}
+	args := []string{"--driver-root=" + containerDriverRoot, "--dir=" + ServerContainerDir, "--devices=" + strings.Join(s.Devices, ",")}
 	// No --control-binary: the server runs the driver root's own
 	// nvidia-cuda-mps-control (looked for in drivertools.ToolDirs),
 	// read-only; the admission policy
@@ -220,7 +226,7 @@ func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 				Args:            args,
 				SecurityContext: &corev1.SecurityContext{Privileged: &privileged},
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: "server", MountPath: s.Dir},
+					{Name: "server", MountPath: ServerContainerDir},
 					{Name: "shm", MountPath: "/dev/shm"},
 					{Name: "driver-root", MountPath: containerDriverRoot, ReadOnly: true},
 				},

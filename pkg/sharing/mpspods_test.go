@@ -32,7 +32,7 @@ func TestMPSServerPod(t *testing.T) {
 		"owned by the Node, not by the plugin pod: a plugin upgrade must not delete it")
 	c := pod.Spec.Containers[0]
 	assert.Equal(t, []string{"gpudra-mps-server"}, c.Command)
-	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + s.Dir, "--devices=GPU-a,GPU-b",
+	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + ServerContainerDir, "--devices=GPU-a,GPU-b",
 		"--logging-format=json", "-v=3"}, c.Args, "no --control-binary: the driver root's own")
 	assert.Equal(t, "gpudra-mps-server", pod.Spec.ServiceAccountName, "a ServiceAccount without permissions")
 	assert.Equal(t, false, *pod.Spec.AutomountServiceAccountToken, "and no token")
@@ -44,7 +44,7 @@ func TestMPSServerPod(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, map[string]string{s.Dir: s.Dir, "/dev/shm": s.ShmDir(), "/driver-root": "/run/nvidia/driver"}, mounts)
+	assert.Equal(t, map[string]string{ServerContainerDir: s.Dir, "/dev/shm": s.ShmDir(), "/driver-root": "/run/nvidia/driver"}, mounts)
 
 	// Again (a retry, the other plugin instance, supervision): nothing new.
 	started, err = p.Ensure(ctx, s)

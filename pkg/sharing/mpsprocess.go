@@ -60,7 +60,11 @@ func (p *ProcessServers) Ensure(ctx context.Context, s MPSServer) (bool, error) 
 	if err := os.WriteFile(filepath.Join(s.Dir, serverFile), b, 0o644); err != nil {
 		return false, err
 	}
-	pid, err := p.Control.Start(s.Config().Env())
+	env, err := s.ClientEnv()
+	if err != nil {
+		return false, err
+	}
+	pid, err := p.Control.Start(env)
 	if err != nil {
 		return false, fmt.Errorf("start the MPS control daemon: %w", err)
 	}
@@ -83,9 +87,12 @@ func (p *ProcessServers) Stop(ctx context.Context, s MPSServer) error {
 	if !ok {
 		return nil
 	}
-	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err := p.Control.Command(qctx, s.Config().Env(), "quit")
-	cancel()
+	env, err := s.ClientEnv()
+	if err == nil {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = p.Control.Command(qctx, env, "quit")
+		cancel()
+	}
 	// A daemon that did not take the command (not up yet, or hung) is not
 	// waited for; one that did gets 5 s to exit.
 	if err == nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,6 +42,43 @@ func MPSServerFor(root string, uuids []string) MPSServer {
 // Config is how the server's own process runs it.
 func (s MPSServer) Config() mpsserver.Config {
 	return mpsserver.Config{Dir: s.Dir, Devices: s.Devices}
+}
+
+// shortLinks is where ClientEnv makes its short links to pipe directories
+// whose own path is too long; a variable for tests.
+var shortLinks = filepath.Join(os.TempDir(), "gpudra-mps")
+
+// ClientEnv is the environment of a control daemon or control client that
+// this process runs for the server: Config().Env(), with the pipe directory
+// reached through a short symbolic link (shortLinks/<key>) when its own path
+// is too long for the daemon's sockets (mpsserver.CheckPipeDir: a kubelet
+// directory deep in the file system). The length limit is the path given
+// to bind and connect; the link's target can be as long as it likes.
+func (s MPSServer) ClientEnv() ([]string, error) {
+	env := s.Config().Env()
+	pipe := s.PipeDir()
+	if mpsserver.CheckPipeDir(pipe) == nil {
+		return env, nil
+	}
+	link := filepath.Join(shortLinks, s.Key)
+	if err := mpsserver.CheckPipeDir(link); err != nil {
+		return nil, fmt.Errorf("MPS server %s: %w; and the short link %s is too long too", s.Key, mpsserver.CheckPipeDir(pipe), link)
+	}
+	if target, err := os.Readlink(link); err != nil || target != pipe {
+		if err := os.MkdirAll(shortLinks, 0o755); err != nil {
+			return nil, fmt.Errorf("MPS server %s: short link to its pipe directory: %w", s.Key, err)
+		}
+		_ = os.Remove(link)
+		if err := os.Symlink(pipe, link); err != nil {
+			return nil, fmt.Errorf("MPS server %s: short link to its pipe directory: %w", s.Key, err)
+		}
+	}
+	for i, e := range env {
+		if strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") {
+			env[i] = "CUDA_MPS_PIPE_DIRECTORY=" + link
+		}
+	}
+	return env, nil
 }
 
 // PipeDir is the daemon's pipe directory, mounted into every client.
