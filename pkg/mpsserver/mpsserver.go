@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,7 +147,17 @@ func Run(ctx context.Context, cfg Config) error {
 		// directory, with the driver's libraries.
 		cmd.Env = append(cmd.Env, cfg.Tools.ChildEnv(p)...)
 	}
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// In the foreground (-f) the daemon logs to its stdout, not to
+	// control.log: its output goes to the container's log and, as the
+	// daemon itself writes it with -d, to log/control.log, where the node
+	// (gpu-smoke, a person on the host) finds the clients it served.
+	logFile, err := os.OpenFile(filepath.Join(cfg.Dir, LogSubdir, "control.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("the MPS control daemon's log: %w", err)
+	}
+	defer logFile.Close()
+	out := io.MultiWriter(os.Stderr, logFile)
+	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group: the control daemon's server children go with
 	// it when it has to be killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -81,6 +81,19 @@ func TestRunStartsAndQuits(t *testing.T) {
 	assert.Contains(t, string(log), "daemon quit", "it quit when told, it was not killed")
 }
 
+// In the foreground the real daemon logs to its stdout only (driver 580 on
+// an H200): what it says goes to log/control.log too, where the node finds
+// the clients it served.
+func TestDaemonOutputKeptInControlLog(t *testing.T) {
+	dir := t.TempDir()
+	daemon := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	require.NoError(t, os.WriteFile(daemon, []byte("#!/bin/sh\necho 'NEW CLIENT 487 from user 0: Server already exists'\nexit 3\n"), 0o755))
+	require.Error(t, Run(context.Background(), Config{ControlBinary: daemon, Dir: dir, Devices: []string{"GPU-a"}}))
+	log, err := os.ReadFile(filepath.Join(dir, LogSubdir, "control.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(log), "NEW CLIENT 487 from user 0")
+}
+
 // A daemon that exits on its own fails the container, so that the kubelet
 // restarts it.
 func TestDaemonExitIsAnError(t *testing.T) {
