@@ -15,7 +15,7 @@ import (
 
 // newClient is how the MPS control daemon logs each client that connects
 // (control.log: "NEW CLIENT <pid> from user <uid>: ...").
-var newClient = regexp.MustCompile(`(?i)new client`)
+var newClient = regexp.MustCompile(`NEW CLIENT [0-9]+ from user`)
 
 // mpsServerLogs keeps the GPU node's MPS server logs (control.log and
 // server.log in the server directory's log directory, as the daemon
