@@ -29,6 +29,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
+	"k8s.io/kubernetes/pkg/controller/scheduling/podgroupprotection"
 	"k8s.io/kubernetes/pkg/scheduler"
 	schedulerlatest "k8s.io/kubernetes/pkg/scheduler/apis/config/latest"
 	"k8s.io/kubernetes/pkg/scheduler/profile"
@@ -320,6 +321,19 @@ func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan 
 	taints := devicetainteviction.New(taintClient, factory.Core().V1().Pods(), factory.Resource().V1().ResourceClaims(),
 		factory.Resource().V1().ResourceSlices(), factory.Resource().V1().DeviceTaintRules(),
 		factory.Resource().V1().DeviceClasses(), "device-taint-eviction-controller")
+	// With GenericWorkload, kube-controller-manager runs the PodGroup
+	// protection controller: it takes its finalizer off a deleted PodGroup
+	// once no pod uses it. Without it a deleted PodGroup stayed Terminating
+	// for good, and a gang made again under its name was placed under it.
+	_, pgClient, err := clients.controllerClient("podgroup-protection-controller")
+	if err != nil {
+		return nil, err
+	}
+	pgProtection, err := podgroupprotection.NewPodGroupProtectionController(logger,
+		factory.Scheduling().V1beta1().PodGroups(), factory.Core().V1().Pods(), pgClient)
+	if err != nil {
+		return nil, fmt.Errorf("create PodGroup protection controller: %w", err)
+	}
 	gc, gcSync, err := newGarbageCollector(ctx, clients, factory)
 	if err != nil {
 		return nil, err
@@ -339,6 +353,7 @@ func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan 
 			klog.FromContext(ctx).Error(err, "Device taint eviction stopped")
 		}
 	})
+	run("podgroup-protection-controller", func(ctx context.Context) { pgProtection.Run(ctx, 1) })
 	run("garbage-collector", func(ctx context.Context) { gc.Run(ctx, 2, 5*time.Second) })
 	run("garbage-collector-sync", gcSync)
 

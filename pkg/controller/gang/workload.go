@@ -45,15 +45,17 @@ const workloadSweepAge = time.Minute
 
 // awaitsPodGroup is waitsOnGpudra on the Workload API path: the pod names
 // its gang's PodGroup (the webhook set spec.schedulingGroup), which does
-// not exist yet and which this controller did not just make. A pod that
-// names another scheduling group belongs to somebody else's PodGroup.
+// not exist yet (or is being deleted: an earlier gang's of that name) and
+// which this controller did not just make. A pod that names another
+// scheduling group belongs to somebody else's PodGroup.
 func (c *Controller) awaitsPodGroup(p *corev1.Pod) bool {
 	name, _ := gangKey(p)
 	sg := p.Spec.SchedulingGroup
 	if name == "" || sg == nil || sg.PodGroupName == nil || *sg.PodGroupName != name {
 		return false
 	}
-	return c.podGroup(p.Namespace, name) == nil && !c.podGroupJustMade(p.Namespace, name)
+	pg := c.podGroup(p.Namespace, name)
+	return (pg == nil || pg.DeletionTimestamp != nil) && !c.podGroupJustMade(p.Namespace, name)
 }
 
 // podGroup is a PodGroup from the informer; nil when absent or off this
@@ -205,6 +207,9 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	created, err := api.Workloads(g.Namespace).Create(ctx, wl, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		created, err = api.Workloads(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{})
+		if err == nil && created.DeletionTimestamp != nil {
+			return fmt.Errorf("gang %s: Workload %s/%s of an earlier gang of that name is being deleted: handed over once it is gone", g.Key, g.Namespace, g.Name)
+		}
 		if err == nil && created.Labels[gpudrav1.LabelGang] != g.Name {
 			// Adopt only what gpudra made: kube-scheduler takes a PodGroup by
 			// name, and one made by someone else would hand the gang over on
@@ -231,7 +236,10 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	_, err = api.PodGroups(g.Namespace).Create(ctx, group, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		var have *schedulingv1beta1.PodGroup
-		if have, err = api.PodGroups(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{}); err == nil && have.Labels[gpudrav1.LabelGang] != g.Name {
+		if have, err = api.PodGroups(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{}); err == nil && have.DeletionTimestamp != nil {
+			return fmt.Errorf("gang %s: PodGroup %s/%s of an earlier gang of that name is being deleted: handed over once it is gone", g.Key, g.Namespace, g.Name)
+		}
+		if err == nil && have.Labels[gpudrav1.LabelGang] != g.Name {
 			return fmt.Errorf("gang %s: PodGroup %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
 				g.Key, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
 		}

@@ -168,7 +168,10 @@ func TestWorkloadPathLeavesOtherPods(t *testing.T) {
 	assert.True(t, h.c.waitsOnGpudra(own))
 	assert.False(t, h.c.waitsOnGpudra(other))
 	assert.False(t, h.c.waitsOnGpudra(plain("c", "g", "1", "cc")), "a gated pod without a scheduling group")
-	require.NoError(t, h.c.podGroups.Add(&schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns"}}))
+	gone := metav1.NewTime(t0)
+	require.NoError(t, h.c.podGroups.Add(&schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns", DeletionTimestamp: &gone}}))
+	assert.True(t, h.c.waitsOnGpudra(own), "an earlier gang's PodGroup being deleted is not this gang's: it still waits")
+	require.NoError(t, h.c.podGroups.Update(&schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns"}}))
 	assert.False(t, h.c.waitsOnGpudra(own), "its PodGroup exists: handed over")
 }
 
