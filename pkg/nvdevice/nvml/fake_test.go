@@ -238,8 +238,13 @@ func (f *fakeGPU) getMigDeviceHandle(i int) (nvml.Device, nvml.Return) {
 		for _, ci := range gi.cis {
 			if n == i {
 				giID, ciID, uuid := gi.id, ci.id, ci.uuid
+				memBytes := uint64(gi.info.MemorySizeMB) << 20
 				return &mock.Device{
-					GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+					GetUUIDFunc: func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+					// A MIG device handle gives its own memory: 1 GiB used.
+					GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
+						return nvml.Memory{Total: memBytes, Used: 1 << 30, Free: memBytes - 1<<30}, nvml.SUCCESS
+					},
 					GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return giID, nvml.SUCCESS },
 					GetComputeInstanceIdFunc: func() (int, nvml.Return) { return ciID, nvml.SUCCESS },
 				}, nvml.SUCCESS

@@ -1,0 +1,130 @@
+package nvdevice
+
+import (
+	"context"
+	"math/bits"
+	"strconv"
+)
+
+// TelemetryReader reads device telemetry: what dcgm-exporter reads, for the
+// kubelet plugin's /metrics. It is apart from Interface so that a backend
+// (or a test stand-in) without it still is one; the plugin asks for it with
+// a type assertion.
+type TelemetryReader interface {
+	// Telemetry reads one sample of every GPU and every MIG device the
+	// backend's inventory lists now. A reading the device does not give is
+	// left unsupported: one failed field never fails the whole read. An
+	// error means nothing could be read (the device list itself).
+	Telemetry(ctx context.Context) ([]TelemetrySample, error)
+}
+
+// Reading is one value NVML may not give. Supported false means the device
+// (or driver) did not give it: not the same as zero, and not exported.
+type Reading struct {
+	Value     float64
+	Supported bool
+}
+
+// Read is a supported reading of v.
+func Read(v float64) Reading { return Reading{Value: v, Supported: true} }
+
+// TelemetrySample is one device's readings at one time. For a MIG device
+// only the framebuffer readings can be supported: plain NVML gives no
+// utilization, power, clocks or ECC per MIG device (that takes GPM or DCGM
+// profiling).
+type TelemetrySample struct {
+	// UUID is the device's: the GPU's, or the MIG device's.
+	UUID string
+	// ParentUUID is the GPU a MIG device is on; empty for a GPU.
+	ParentUUID string
+	// Minor is the GPU's (the parent's for a MIG device) minor number:
+	// device names are built from it.
+	Minor int
+	// ProductName is the GPU's ("NVIDIA H100 80GB HBM3").
+	ProductName string
+	// MigProfile and MigStart are a MIG device's GPU-instance profile
+	// ("3g.40gb") and placement start, in memory slices.
+	MigProfile string
+	MigStart   int
+
+	// GPUUtilization is the fraction of the last sample period in which a
+	// kernel ran (0..1).
+	GPUUtilization Reading
+	// MemoryUtilization is the fraction of the period in which device
+	// memory was read or written (0..1).
+	MemoryUtilization Reading
+	// Framebuffer memory, bytes.
+	FramebufferUsedBytes, FramebufferFreeBytes, FramebufferTotalBytes Reading
+	// PowerWatts is the power draw, PowerLimitWatts the enforced limit.
+	PowerWatts, PowerLimitWatts Reading
+	// TemperatureCelsius is the GPU die's.
+	TemperatureCelsius Reading
+	// SMClockHertz is the current SM clock.
+	SMClockHertz Reading
+	// ClockEventReasons is NVML's clock event (throttle) reasons bitmask;
+	// ThrottleReasons names its bits.
+	ClockEventReasons Reading
+	// ECC error counts, volatile (since the driver loaded) and aggregate
+	// (over the device's life): corrected (single-bit) and uncorrected
+	// (double-bit).
+	ECCVolatileCorrected, ECCVolatileUncorrected   Reading
+	ECCAggregateCorrected, ECCAggregateUncorrected Reading
+	// Row remapping (HBM): rows remapped for correctable and for
+	// uncorrectable errors, a remapping pending (1, until the next GPU
+	// reset) and a remapping that failed (1).
+	RemappedRowsCorrectable, RemappedRowsUncorrectable Reading
+	RemapPending, RemapFailure                         Reading
+	// PCIe throughput, bytes per second, over NVML's last 20 ms sample.
+	PCIeTXBytesPerSecond, PCIeRXBytesPerSecond Reading
+}
+
+// IsMIG says whether the sample is a MIG device's.
+func (s TelemetrySample) IsMIG() bool { return s.ParentUUID != "" }
+
+// GPUUUID is the physical GPU's UUID: the parent's for a MIG device.
+func (s TelemetrySample) GPUUUID() string {
+	if s.IsMIG() {
+		return s.ParentUUID
+	}
+	return s.UUID
+}
+
+// ThrottleReason names one bit of the clock event reasons bitmask
+// (nvmlClocksEventReason*, DCGM's DCGM_CLOCKS_EVENT_REASON_*).
+type ThrottleReason struct {
+	Bit  uint64
+	Name string
+}
+
+// ThrottleReasons are the bits NVML defines, in bit order, named as
+// Prometheus label values.
+var ThrottleReasons = []ThrottleReason{
+	{0x1, "gpu_idle"},
+	{0x2, "applications_clocks_setting"},
+	{0x4, "sw_power_cap"},
+	{0x8, "hw_slowdown"},
+	{0x10, "sync_boost"},
+	{0x20, "sw_thermal_slowdown"},
+	{0x40, "hw_thermal_slowdown"},
+	{0x80, "hw_power_brake_slowdown"},
+	{0x100, "display_clock_setting"},
+	{0x200, "board_limit"},
+	{0x400, "reliability"},
+}
+
+// ActiveThrottleReasons names the bits set in a clock event reasons mask;
+// bits NVML does not define are named "bit_<n>".
+func ActiveThrottleReasons(mask uint64) []string {
+	var out []string
+	known := uint64(0)
+	for _, r := range ThrottleReasons {
+		known |= r.Bit
+		if mask&r.Bit != 0 {
+			out = append(out, r.Name)
+		}
+	}
+	for rest := mask &^ known; rest != 0; rest &= rest - 1 {
+		out = append(out, "bit_"+strconv.Itoa(bits.TrailingZeros64(rest)))
+	}
+	return out
+}
