@@ -39,6 +39,9 @@ type Machine struct {
 	readFaults readFaults
 	// driverRoot is the fake driver root DriverFiles reads (driverroot.go).
 	driverRoot string
+	// load: GPU or MIG device UUID -> how busy it is, 0 to 1, for
+	// Telemetry (telemetry.go).
+	load map[string]float64
 }
 
 var (
