@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
@@ -24,6 +25,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
+	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
 func main() {
@@ -135,6 +137,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
+	registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName)
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -162,4 +165,16 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 func migPolicy(s string) slicebuilder.MigPolicy {
 	p, _ := slicebuilder.ParseMigPolicy(s)
 	return p
+}
+
+// registerTelemetry exports the backend's device telemetry (issue 36) on
+// the registry /metrics serves, in either mode, when the backend reads any.
+func registerTelemetry(ctx context.Context, reg prometheus.Registerer, backend nvdevice.Interface, node string) bool {
+	r, ok := backend.(nvdevice.TelemetryReader)
+	if !ok {
+		klog.FromContext(ctx).V(2).Info("The GPU backend reads no telemetry; /metrics has none")
+		return false
+	}
+	reg.MustRegister(telemetry.NewCollector(ctx, r, node, telemetry.DefaultMaxAge))
+	return true
 }
