@@ -2,8 +2,6 @@ package nvdevice
 
 import (
 	"context"
-	"math/bits"
-	"strconv"
 )
 
 // TelemetryReader reads device telemetry: what dcgm-exporter reads, for the
@@ -110,21 +108,4 @@ var ThrottleReasons = []ThrottleReason{
 	{0x100, "display_clock_setting"},
 	{0x200, "board_limit"},
 	{0x400, "reliability"},
-}
-
-// ActiveThrottleReasons names the bits set in a clock event reasons mask;
-// bits NVML does not define are named "bit_<n>".
-func ActiveThrottleReasons(mask uint64) []string {
-	var out []string
-	known := uint64(0)
-	for _, r := range ThrottleReasons {
-		known |= r.Bit
-		if mask&r.Bit != 0 {
-			out = append(out, r.Name)
-		}
-	}
-	for rest := mask &^ known; rest != 0; rest &= rest - 1 {
-		out = append(out, "bit_"+strconv.Itoa(bits.TrailingZeros64(rest)))
-	}
-	return out
 }
