@@ -127,6 +127,12 @@ func run(ctx context.Context, w io.Writer, res *results, cfg Config) error {
 		if err := res.inventory(inv); err != nil {
 			return err
 		}
+		if tr, ok := gpu.backend.(nvdevice.TelemetryReader); ok {
+			if err := scrapeTelemetry(ctx, w, res, tr); err != nil {
+				// Worth a line, not the run: telemetry is not a check.
+				fmt.Fprintf(w, "telemetry: %v\n", err)
+			}
+		}
 	}
 
 	// The containers' image is the host's /usr (nvidia-smi and the CUDA

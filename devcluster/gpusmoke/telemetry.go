@@ -1,0 +1,40 @@
+package gpusmoke
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/telemetry"
+)
+
+// scrapeTelemetry reads the GPU's telemetry once through the kubelet
+// plugin's collector (issue 36), exactly as its /metrics would serve it, and
+// keeps the scrape in the results (telemetry.prom): what the real NVML path
+// gives, field by field, and what it leaves unsupported.
+func scrapeTelemetry(ctx context.Context, w io.Writer, res *results, r nvdevice.TelemetryReader) error {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(telemetry.NewCollector(ctx, r, GPUNode, 0)); err != nil {
+		return err
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		return fmt.Errorf("gather: %w", err)
+	}
+	var buf bytes.Buffer
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	series := 0
+	for _, mf := range families {
+		if err := enc.Encode(mf); err != nil {
+			return err
+		}
+		series += len(mf.GetMetric())
+	}
+	fmt.Fprintf(w, "== telemetry: %d metric families, %d series through the plugin's collector (telemetry.prom)\n", len(families), series)
+	return res.write("telemetry.prom", buf.String())
+}
