@@ -67,7 +67,7 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 		return err
 	}
 	dpMetrics := deviceplugin.NewMetrics()
-	registerTelemetry(ctx, dpMetrics.Registry, backend, f.nodeName)
+	registerTelemetry(ctx, dpMetrics.Registry, backend, f.nodeName, f.telemetryInterval)
 	if f.metricsAddr != "" {
 		// /metrics (the device plugin's and the process's) and /healthz
 		// (every plugin's socket answers).

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -137,7 +138,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
-	registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName)
+	registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -168,13 +169,23 @@ func migPolicy(s string) slicebuilder.MigPolicy {
 }
 
 // registerTelemetry exports the backend's device telemetry (issue 36) on
-// the registry /metrics serves, in either mode, when the backend reads any.
-func registerTelemetry(ctx context.Context, reg prometheus.Registerer, backend nvdevice.Interface, node string) bool {
+// the registry /metrics serves, in either mode, when the backend reads any
+// and interval (--telemetry-interval) is not 0; it samples in the
+// background every interval until ctx is done. It returns the collector,
+// nil when there is none.
+func registerTelemetry(ctx context.Context, reg prometheus.Registerer, backend nvdevice.Interface, node string, interval time.Duration) *telemetry.Collector {
+	logger := klog.FromContext(ctx)
+	if interval <= 0 {
+		logger.V(2).Info("Telemetry disabled (--telemetry-interval=0); /metrics has none")
+		return nil
+	}
 	r, ok := backend.(nvdevice.TelemetryReader)
 	if !ok {
-		klog.FromContext(ctx).V(2).Info("The GPU backend reads no telemetry; /metrics has none")
-		return false
+		logger.V(2).Info("The GPU backend reads no telemetry; /metrics has none")
+		return nil
 	}
-	reg.MustRegister(telemetry.NewCollector(ctx, r, node, telemetry.DefaultMaxAge))
-	return true
+	c := telemetry.NewCollector(r, node, interval)
+	reg.MustRegister(c)
+	go c.Run(ctx)
+	return c
 }

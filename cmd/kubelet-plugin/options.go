@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	resourceapi "k8s.io/api/resource/v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
+	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
 // options are the plugin's flags. Each has an environment variable (the
@@ -37,6 +39,7 @@ type options struct {
 	fractional                                                                                bool
 	qps                                                                                       float64
 	burst                                                                                     int
+	telemetryInterval                                                                         time.Duration
 	healthIgnoredXIDs                                                                         []uint64
 }
 
@@ -93,6 +96,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	component.Uint64ListVar(fs, &o.healthIgnoredXIDs, "health-ignored-xids", slices.Sorted(maps.Keys(nvdevice.ApplicationXIDs)),
 		"XIDs that never make a GPU unhealthy (errors of the application, not of the GPU), comma-separated; --health-ignored-xids= (empty) ignores none")
 	env("health-ignored-xids", "HEALTH_IGNORED_XIDS")
+	fs.DurationVar(&o.telemetryInterval, "telemetry-interval", telemetry.DefaultInterval, "how often the devices' telemetry (gpudra_gpu_* on /metrics) is read through the backend, one pass over every device; scrapes get the last pass and never read NVML; 0 disables telemetry")
+	env("telemetry-interval", "TELEMETRY_INTERVAL")
 	fs.StringVar(&o.mode, "mode", modeDRA, "dra: the DRA kubelet plugin; device-plugin: the classic device plugin (nvidia.com/gpu, MIG and shared resources) for clusters without DRA. A node runs one mode: each refuses to start while the other still has GPUs handed out on the node")
 	env("mode", "MODE")
 	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "device plugin mode: a config file in the shape of NVIDIA's k8s-device-plugin config (version v1: flags.migStrategy, flags.plugin.deviceListStrategy and deviceIDStrategy, sharing.timeSlicing, sharing.mps; docs/device-plugin.md); empty: NVIDIA's defaults (migStrategy none: every GPU whole, MIG mode or not; deviceListStrategy envvar: NVIDIA_VISIBLE_DEVICES plus the device nodes, mounts and variables of the CDI specs), no sharing")
@@ -145,6 +150,9 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 	}
 	if o.mode == modeDevicePlugin && o.devicePluginDir == "" {
 		errs = append(errs, errors.New("--device-plugin-dir (env DEVICE_PLUGIN_DIR) is required in device plugin mode"))
+	}
+	if o.telemetryInterval < 0 {
+		errs = append(errs, fmt.Errorf("--telemetry-interval (env TELEMETRY_INTERVAL): %v is negative (0 disables telemetry)", o.telemetryInterval))
 	}
 	if _, err := slicebuilder.ParseMigPolicy(o.migDevices); err != nil {
 		errs = append(errs, fmt.Errorf("--mig-devices (env MIG_DEVICES): %w", err))

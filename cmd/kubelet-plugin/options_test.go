@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,6 +44,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
 		"gpu-resource-name": "GPU_RESOURCE_NAME", "device-plugin-dir": "DEVICE_PLUGIN_DIR", "kubelet-device-checkpoint": "KUBELET_DEVICE_CHECKPOINT",
 		"pod-resources-socket": "POD_RESOURCES_SOCKET", "local-state-dir": "LOCAL_STATE_DIR",
+		"telemetry-interval": "TELEMETRY_INTERVAL",
 	}
 	for flag, envName := range want {
 		assert.Equal(t, envName, component.EnvOf(c.Flags, flag), flag)
@@ -57,6 +59,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		kubeletDeviceCheckpoint: "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
 		podResourcesSocket:      "/var/lib/kubelet/pod-resources/kubelet.sock",
 		localStateDir:           "/var/lib/gpudra/local",
+		telemetryInterval:       10 * time.Second,
 	}, *o)
 }
 
@@ -79,7 +82,8 @@ func TestEnvironment(t *testing.T) {
 		{name: "the chart's environment", env: map[string]string{"NODE_NAME": "node-a", "KUBE_API_QPS": "20.5", "KUBE_API_BURST": "40",
 			"FRACTIONAL_GPUS": "true", "HEALTH_IGNORED_XIDS": "13,43", "POD_NAMESPACE": "gpudra", "METRICS_ADDRESS": ":19477",
 			"MODE": "device-plugin", "GPU_RESOURCE_NAME": "example.com/gpu", "DEVICE_PLUGIN_CONFIG": "/config/config.yaml",
-			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp", "POD_RESOURCES_SOCKET": "/pr/kubelet.sock"},
+			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp", "POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
+			"TELEMETRY_INTERVAL": "30s"},
 			check: func(t *testing.T, o *options) {
 				assert.Equal(t, "device-plugin", o.mode)
 				assert.Equal(t, "example.com/gpu", o.gpuResourceName)
@@ -94,7 +98,12 @@ func TestEnvironment(t *testing.T) {
 				assert.Equal(t, []uint64{13, 43}, o.healthIgnoredXIDs)
 				assert.Equal(t, "gpudra", o.namespace)
 				assert.Equal(t, ":19477", o.metricsAddr)
+				assert.Equal(t, 30*time.Second, o.telemetryInterval)
 			}},
+		{name: "TELEMETRY_INTERVAL=0 disables telemetry", env: map[string]string{"TELEMETRY_INTERVAL": "0"},
+			check: func(t *testing.T, o *options) { assert.Zero(t, o.telemetryInterval) }},
+		{name: "TELEMETRY_INTERVAL=10", env: map[string]string{"TELEMETRY_INTERVAL": "10"},
+			wantErr: []string{`environment variable TELEMETRY_INTERVAL="10" (--telemetry-interval)`}},
 		{name: "the command line wins", args: []string{"--kube-api-qps=1000", "--node-name=node-b", "--health-ignored-xids=", "--fractional-gpus=false"},
 			env: map[string]string{"KUBE_API_QPS": "fifty", "NODE_NAME": "node-a", "HEALTH_IGNORED_XIDS": "13", "FRACTIONAL_GPUS": "true"},
 			check: func(t *testing.T, o *options) {
@@ -145,6 +154,8 @@ func TestValidate(t *testing.T) {
 		{[]string{"--node-name=a", "--gpu-resource-name=kubernetes.io/gpu"}, `--gpu-resource-name (env GPU_RESOURCE_NAME): "kubernetes.io/gpu": the kubernetes.io domain is reserved`},
 		{[]string{"--node-name=a", "--mode=device-plugin", "--device-plugin-dir="}, "--device-plugin-dir (env DEVICE_PLUGIN_DIR) is required in device plugin mode"},
 		{[]string{"--node-name=a", "--device-plugin-dir="}, ""},
+		{[]string{"--node-name=a", "--telemetry-interval=0"}, ""},
+		{[]string{"--node-name=a", "--telemetry-interval=-1s"}, "--telemetry-interval (env TELEMETRY_INTERVAL): -1s is negative (0 disables telemetry)"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -23,20 +24,35 @@ func TestTelemetryOnBothModesRegistries(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	for _, tc := range []struct {
-		name    string
-		reg     *prometheus.Registry
-		backend nvdevice.Interface
-		want    int // power limit series
+		name     string
+		reg      *prometheus.Registry
+		backend  nvdevice.Interface
+		interval time.Duration
+		want     int // power limit series
 	}{
-		{"DRA mode", plugin.NewMetrics().Registry, m, 8},
-		{"device plugin mode", deviceplugin.NewMetrics().Registry, m, 8},
-		{"a backend without telemetry", plugin.NewMetrics().Registry, noTelemetry{m}, 0},
+		{"DRA mode", plugin.NewMetrics().Registry, m, time.Hour, 8},
+		{"device plugin mode", deviceplugin.NewMetrics().Registry, m, time.Hour, 8},
+		{"a backend without telemetry", plugin.NewMetrics().Registry, noTelemetry{m}, time.Hour, 0},
+		{"--telemetry-interval=0", plugin.NewMetrics().Registry, m, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want > 0, registerTelemetry(context.Background(), tc.reg, tc.backend, "node-a"))
-			n, err := testutil.GatherAndCount(tc.reg, "gpudra_gpu_power_limit_watts")
-			require.NoError(t, err, "no collision with the registry's other metrics")
-			assert.Equal(t, tc.want, n)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			c := registerTelemetry(ctx, tc.reg, tc.backend, "node-a", tc.interval)
+			assert.Equal(t, tc.want > 0, c != nil)
+			count := func() int {
+				n, err := testutil.GatherAndCount(tc.reg, "gpudra_gpu_power_limit_watts")
+				require.NoError(t, err, "no collision with the registry's other metrics")
+				return n
+			}
+			if tc.want > 0 {
+				// The sampler's first pass, at its start.
+				require.Eventually(t, func() bool { return count() == tc.want }, 10*time.Second, 10*time.Millisecond)
+			}
+			assert.Equal(t, tc.want, count())
+			n, err := testutil.GatherAndCount(tc.reg, "gpudra_telemetry_up")
+			require.NoError(t, err)
+			assert.Equal(t, min(tc.want, 1), n, "telemetry_up only where telemetry is on")
 		})
 	}
 }

@@ -19,8 +19,10 @@ import (
 // gives, field by field, and what it leaves unsupported.
 func scrapeTelemetry(ctx context.Context, w io.Writer, res *results, r nvdevice.TelemetryReader) error {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(telemetry.NewCollector(ctx, r, GPUNode, 0)); err != nil {
-		return err
+	c := telemetry.NewCollector(r, GPUNode, 0)
+	c.Sample(ctx) // the pass the plugin's sampler makes at its start
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("register the telemetry collector: %w", err)
 	}
 	families, err := reg.Gather()
 	if err != nil {

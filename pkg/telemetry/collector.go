@@ -1,7 +1,8 @@
 // Package telemetry exports device telemetry (what dcgm-exporter exports,
 // read through NVML) on the kubelet plugin's /metrics, in both of its modes.
-// The readings are taken at scrape time, through a short cache so that
-// several scrapers (two Prometheus replicas) do not each read NVML.
+// A sampler goroutine reads the devices once per interval (Run); a scrape
+// only sends the last sample, so that no scrape, however many scrapers
+// there are, ever reads NVML or waits for it.
 package telemetry
 
 import (
@@ -11,14 +12,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
-// DefaultMaxAge is how long one read serves scrapes.
-const DefaultMaxAge = time.Second
+// DefaultInterval is how often the sampler reads the devices.
+const DefaultInterval = 10 * time.Second
 
 var (
 	gpuLabels = []string{"gpu", "device", "node", "model"}
@@ -32,7 +34,11 @@ func desc(name, help string, labels []string, extra ...string) *prometheus.Desc 
 // The metrics. docs/metrics.md maps each to its DCGM field.
 var (
 	descUp = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_up"),
-		"1 when the last telemetry read of the node's devices succeeded, 0 when it failed (the device series are then missing).", []string{"node"}, nil)
+		"1 when the last telemetry read of the node's devices succeeded, 0 when it failed or none has completed yet (the device series are then missing).", []string{"node"}, nil)
+	descSampleDur = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_sample_duration_seconds"),
+		"How long the last telemetry read of the node's devices took.", []string{"node"}, nil)
+	descSampleTS = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_last_sample_timestamp_seconds"),
+		"When the last telemetry read of the node's devices completed, in seconds since the Unix epoch.", []string{"node"}, nil)
 	descUtil      = desc("gpu_utilization_ratio", "Fraction of the last sample period in which a kernel ran on the GPU (0 to 1).", gpuLabels)
 	descMemUtil   = desc("gpu_memory_utilization_ratio", "Fraction of the last sample period in which device memory was read or written (0 to 1).", gpuLabels)
 	descFBUsed    = desc("gpu_framebuffer_used_bytes", "Framebuffer memory used.", gpuLabels)
@@ -54,65 +60,98 @@ var (
 	descMigTotal  = desc("mig_framebuffer_total_bytes", "MIG device framebuffer memory in all.", migLabels)
 )
 
-// Collector reads every device's telemetry at scrape time. Register it on
-// the plugin's registry.
+// Collector exports the last sample of every device's telemetry. Register
+// it on the plugin's registry and start Run.
 type Collector struct {
-	ctx    context.Context // for logging
-	reader nvdevice.TelemetryReader
-	node   string
-	maxAge time.Duration
-	now    func() time.Time
+	reader   nvdevice.TelemetryReader
+	node     string
+	interval time.Duration
+	clock    clock.WithTicker
 
-	mu      sync.Mutex // held across a read: concurrent scrapes read once
-	readAt  time.Time
-	samples []nvdevice.TelemetrySample
-	ok      bool
+	mu       sync.Mutex // never held across a read
+	sampled  bool       // a read has completed
+	at       time.Time  // when the last read completed
+	took     time.Duration
+	samples  []nvdevice.TelemetrySample
+	ok       bool
+	sampling bool // a read is under way (Sample is not reentrant)
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
 
-// NewCollector reads from r at most once per maxAge (DefaultMaxAge if 0).
-// ctx carries the logger.
-func NewCollector(ctx context.Context, r nvdevice.TelemetryReader, node string, maxAge time.Duration) *Collector {
-	if maxAge <= 0 {
-		maxAge = DefaultMaxAge
+// NewCollector samples r every interval (DefaultInterval if 0) once Run
+// starts.
+func NewCollector(r nvdevice.TelemetryReader, node string, interval time.Duration) *Collector {
+	if interval <= 0 {
+		interval = DefaultInterval
 	}
-	return &Collector{ctx: ctx, reader: r, node: node, maxAge: maxAge, now: time.Now}
+	return &Collector{reader: r, node: node, interval: interval, clock: clock.RealClock{}}
+}
+
+// Run samples at once and then every interval until ctx is done. A read
+// that takes longer than the interval delays the next one: there is never
+// more than one read in flight.
+func (c *Collector) Run(ctx context.Context) {
+	t := c.clock.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		c.Sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// Sample reads the devices once and keeps what it read for the scrapes;
+// it returns at once while another Sample is under way. ctx carries the
+// logger.
+func (c *Collector) Sample(ctx context.Context) {
+	c.mu.Lock()
+	if c.sampling {
+		c.mu.Unlock()
+		return
+	}
+	c.sampling = true
+	c.mu.Unlock()
+	start := c.clock.Now()
+	samples, err := c.reader.Telemetry(ctx)
+	end := c.clock.Now()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
+		samples = nil // telemetry_up says why the device series are missing
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sampling, c.sampled = false, true
+	c.samples, c.ok, c.at, c.took = samples, err == nil, end, end.Sub(start)
 }
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
+	for _, d := range []*prometheus.Desc{descUp, descSampleDur, descSampleTS, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
 		descTemp, descSMClock, descReasons, descReason, descECC, descRemapped, descRemapPend, descRemapFail, descPCIe,
 		descMigUsed, descMigFree, descMigTotal} {
 		ch <- d
 	}
 }
 
-// read returns the cached samples, read again when older than maxAge.
-func (c *Collector) read() ([]nvdevice.TelemetrySample, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.now()
-	if !c.readAt.IsZero() && now.Sub(c.readAt) < c.maxAge {
-		return c.samples, c.ok
-	}
-	samples, err := c.reader.Telemetry(c.ctx)
-	if err != nil {
-		klog.FromContext(c.ctx).Error(err, "Reading device telemetry failed")
-	}
-	c.samples, c.ok, c.readAt = samples, err == nil, now
-	return c.samples, c.ok
-}
-
-// Collect sends the supported readings of every device.
+// Collect sends the last sample's supported readings of every device. It
+// never reads the devices.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	samples, ok := c.read()
+	c.mu.Lock()
+	samples, ok, sampled, at, took := c.samples, c.ok, c.sampled, c.at, c.took
+	c.mu.Unlock()
 	up := 0.0
 	if ok {
 		up = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up, c.node)
+	if sampled {
+		ch <- prometheus.MustNewConstMetric(descSampleDur, prometheus.GaugeValue, took.Seconds(), c.node)
+		ch <- prometheus.MustNewConstMetric(descSampleTS, prometheus.GaugeValue, float64(at.UnixNano())/1e9, c.node)
+	}
 	for i := range samples {
 		s := &samples[i]
 		if s.IsMIG() {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -53,6 +52,13 @@ var (
 	}
 )
 
+// sampled is a collector that has sampled r once.
+func sampled(r nvdevice.TelemetryReader, node string) *Collector {
+	c := NewCollector(r, node, 0)
+	c.Sample(context.Background())
+	return c
+}
+
 const gpuL = `device="gpu-3",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
 
 func TestExposition(t *testing.T) {
@@ -83,7 +89,7 @@ func TestExposition(t *testing.T) {
 		{"read succeeded", "gpudra_telemetry_up", `gpudra_telemetry_up{node="n1"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewCollector(context.Background(), &fakeReader{samples: []nvdevice.TelemetrySample{gpuSample, migSample}}, "n1", 0)
+			c := sampled(&fakeReader{samples: []nvdevice.TelemetrySample{gpuSample, migSample}}, "n1")
 			want := ""
 			if tc.want != "" {
 				want = "# HELP " + tc.metric + " x\n# TYPE " + tc.metric + " " + typeOf(tc.metric) + "\n" + tc.want + "\n"
@@ -115,7 +121,7 @@ func stripHelp(s string) string {
 }
 
 func TestThrottleReasonSeries(t *testing.T) {
-	c := NewCollector(context.Background(), &fakeReader{samples: []nvdevice.TelemetrySample{gpuSample}}, "n1", 0)
+	c := sampled(&fakeReader{samples: []nvdevice.TelemetrySample{gpuSample}}, "n1")
 	got, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, "gpudra_gpu_clock_throttle_reason_active")
 	require.NoError(t, err)
 	for _, tc := range []struct {
@@ -130,50 +136,27 @@ func TestThrottleReasonSeries(t *testing.T) {
 		"one series per reason NVML defines, active or not")
 }
 
-func TestReadsAreCached(t *testing.T) {
-	r := &fakeReader{samples: []nvdevice.TelemetrySample{gpuSample}}
-	c := NewCollector(context.Background(), r, "n1", time.Second)
-	now := time.Unix(1000, 0)
-	c.now = func() time.Time { return now }
-	for _, step := range []struct {
-		advance   time.Duration
-		wantReads int
-	}{
-		{0, 1},
-		{500 * time.Millisecond, 1}, // within a second: the cache
-		{400 * time.Millisecond, 1},
-		{200 * time.Millisecond, 2}, // 1.1 s after the first read
-		{0, 2},
-	} {
-		now = now.Add(step.advance)
-		testutil.CollectAndCount(c)
-		assert.Equal(t, step.wantReads, r.reads, "after %v", now.Sub(time.Unix(1000, 0)))
-	}
-}
-
 func TestFailedReadIsReportedNotFatal(t *testing.T) {
 	r := &fakeReader{err: errors.New("NVML went away")}
-	c := NewCollector(context.Background(), r, "n1", time.Second)
-	now := time.Unix(1000, 0)
-	c.now = func() time.Time { return now }
+	c := sampled(r, "n1")
 	up := func() string {
 		got, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, "gpudra_telemetry_up")
 		require.NoError(t, err, "the scrape itself succeeds")
 		return strings.TrimPrefix(stripHelp(string(got)), "# HELP gpudra_telemetry_up x\n# TYPE gpudra_telemetry_up gauge\n")
 	}
 	assert.Equal(t, `gpudra_telemetry_up{node="n1"} 0`+"\n", up())
-	assert.Equal(t, 1, testutil.CollectAndCount(c), "no device series after a failed read")
+	assert.Equal(t, 3, testutil.CollectAndCount(c), "up, the sample's duration and time: no device series after a failed read")
 
 	r.mu.Lock()
 	r.err, r.samples = nil, []nvdevice.TelemetrySample{gpuSample}
 	r.mu.Unlock()
-	now = now.Add(2 * time.Second)
+	c.Sample(context.Background())
 	assert.Equal(t, `gpudra_telemetry_up{node="n1"} 1`+"\n", up(), "the next read recovers")
 	assert.Greater(t, testutil.CollectAndCount(c), 20)
 }
 
 func TestMetricNamesPassLint(t *testing.T) {
-	c := NewCollector(context.Background(), &fakeReader{samples: []nvdevice.TelemetrySample{gpuSample, migSample}}, "n1", 0)
+	c := sampled(&fakeReader{samples: []nvdevice.TelemetrySample{gpuSample, migSample}}, "n1")
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
@@ -184,7 +167,7 @@ func TestSimulatedNodeEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector(context.Background(), m, "node-a", 0))
+	reg.MustRegister(sampled(m, "node-a"))
 	n, err := testutil.GatherAndCount(reg, "gpudra_gpu_power_limit_watts")
 	require.NoError(t, err)
 	assert.Equal(t, 8, n, "a DGX H100 has 8 GPUs")
