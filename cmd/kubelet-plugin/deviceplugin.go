@@ -15,6 +15,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
+	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
 // loadDevicePluginConfig reads --device-plugin-config; empty: nil (the
@@ -68,6 +69,14 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 	}
 	dpMetrics := deviceplugin.NewMetrics()
 	registerTelemetry(ctx, dpMetrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	health, err := registerHealthMetrics(ctx, dpMetrics.Registry, backend, f.nodeName)
+	if err != nil {
+		return err
+	}
+	// A health watch of its own, under the device plugins' XID policy.
+	if err := telemetry.FollowHealth(ctx, backend, health, nvdevice.NewXIDPolicy(f.healthIgnoredXIDs)); err != nil {
+		return err
+	}
 	if f.metricsAddr != "" {
 		// /metrics (the device plugin's and the process's) and /healthz
 		// (every plugin's socket answers).

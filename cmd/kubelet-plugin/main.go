@@ -18,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/drivertools"
+	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/local"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -139,6 +140,12 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
 	registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	// The plugin's health watch (DeviceHealth) feeds the health metrics.
+	if features.Enabled(gates, features.DeviceHealth) {
+		if pc.HealthObserver, err = registerHealthMetrics(ctx, pc.Metrics.Registry, backend, f.nodeName); err != nil {
+			return err
+		}
+	}
 	if pc.BootID, err = checkpoint.BootID(f.procRoot); err != nil {
 		return err
 	}
@@ -188,4 +195,17 @@ func registerTelemetry(ctx context.Context, reg prometheus.Registerer, backend n
 	reg.MustRegister(c)
 	go c.Run(ctx)
 	return c
+}
+
+// registerHealthMetrics exports what the health watch sees
+// (gpudra_gpu_xid_errors_total, gpudra_gpu_healthy) for the backend's GPUs
+// on the registry /metrics serves; the health watch feeds what it returns.
+func registerHealthMetrics(ctx context.Context, reg prometheus.Registerer, backend nvdevice.Inventorier, node string) (*telemetry.HealthMetrics, error) {
+	inv, err := backend.Inventory(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the GPUs of the health metrics: %w", err)
+	}
+	h := telemetry.NewHealthMetrics(node, inv.GPUs)
+	reg.MustRegister(h)
+	return h, nil
 }

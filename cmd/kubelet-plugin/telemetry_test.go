@@ -56,3 +56,28 @@ func TestTelemetryOnBothModesRegistries(t *testing.T) {
 		})
 	}
 }
+
+func TestHealthMetricsOnBothModesRegistries(t *testing.T) {
+	m, err := sim.NewBuiltin("dgx-h100", "node-a")
+	require.NoError(t, err)
+	defer m.Close()
+	for _, tc := range []struct {
+		name string
+		reg  *prometheus.Registry
+	}{
+		{"DRA mode", plugin.NewMetrics().Registry},
+		{"device plugin mode", deviceplugin.NewMetrics().Registry},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := registerHealthMetrics(context.Background(), tc.reg, m, "node-a")
+			require.NoError(t, err)
+			h.XID("GPU-x", 79)
+			n, err := testutil.GatherAndCount(tc.reg, "gpudra_gpu_healthy")
+			require.NoError(t, err, "no collision with the registry's other metrics")
+			assert.Equal(t, 8+1, n, "every GPU of the inventory, and one seen only in an event")
+			n, err = testutil.GatherAndCount(tc.reg, "gpudra_gpu_xid_errors_total")
+			require.NoError(t, err)
+			assert.Equal(t, 1, n)
+		})
+	}
+}

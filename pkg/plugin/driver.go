@@ -53,6 +53,8 @@ type Driver struct {
 	healthStore *healthStore
 	// xidPolicy says which XIDs make a GPU unhealthy (zero: the default).
 	xidPolicy nvdevice.XIDPolicy
+	// healthObs is told what the health watch sees (nil: nobody).
+	healthObs HealthObserver
 	// events records Events on the Node (nil: none).
 	events *nodeEvents
 	// repub runs republishes, retried until they succeed (republish.go).

@@ -45,6 +45,21 @@ func (d *Driver) observe(ev nvdevice.HealthEvent) bool {
 	return false // XIDs the policy ignores do not make a device unhealthy
 }
 
+// HealthObserver is told what the plugin's health watch sees: every XID
+// event, and the unhealthy GPUs each time they change (and at the watch's
+// start, with those restored from the health file).
+type HealthObserver interface {
+	XID(gpuUUID string, xid uint64)
+	SetUnhealthy(gpuUUIDs []string)
+}
+
+// observeHealth tells the health observer, if any, the unhealthy GPUs.
+func (d *Driver) observeHealth() {
+	if d.healthObs != nil {
+		d.healthObs.SetUnhealthy(sortedUUIDs(d.unhealthy()))
+	}
+}
+
 // restoreHealth has the driver keep its unhealthy GPUs in the file at path
 // and takes back those an earlier run of the plugin left there in this
 // boot, so that they are tainted from the first publication on. A missing,
@@ -131,14 +146,19 @@ func (d *Driver) watchHealth(ctx context.Context) error {
 			logger.Info("The GPU backend does not check unhealthy GPUs for recovery: they stay tainted until the node reboots", "gpus", sortedUUIDs(restored))
 		}
 	}
+	d.observeHealth()
 	go func() {
 		for ev := range events {
 			critical := d.xidPolicy.Critical(ev)
 			logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "xid", ev.XID, "critical", critical, "message", ev.Message)
+			if ev.Kind == nvdevice.HealthXID && d.healthObs != nil {
+				d.healthObs.XID(ev.GPUUUID, ev.XID)
+			}
 			if critical && !nvdevice.DefaultXIDPolicy.Critical(ev) {
 				d.trackForRecovery(ctx, ev)
 			}
 			if d.observe(ev) {
+				d.observeHealth()
 				d.persistHealth(ctx)
 				d.republish(ctx)
 				d.notifyHealthChanged()

@@ -90,6 +90,9 @@ type Config struct {
 	// HealthIgnoredXIDs are the XIDs that count as application errors and
 	// leave the GPU healthy; nil: nvdevice.ApplicationXIDs.
 	HealthIgnoredXIDs []uint64
+	// HealthObserver is told every XID and every change of the unhealthy
+	// GPUs the health watch sees (telemetry.HealthMetrics); nil: none.
+	HealthObserver HealthObserver
 	// FeatureGates turn features on and off (docs/feature-gates.md); nil:
 	// every gate at its default.
 	FeatureGates featuregate.FeatureGate
@@ -169,7 +172,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
 		client: cfg.Client, fractional: cfg.FractionalGPUs, migPolicy: nodeMigPolicy(ctx, cfg.Client, cfg.NodeName, cfg.MigDevices, nodeEv), existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
 		taintEffect: cfg.UnhealthyTaintEffect,
-		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec}
+		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec, healthObs: cfg.HealthObserver}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
 	// recorded unhealthy before: no watch would ever clear those taints.
 	healthOn := features.Enabled(cfg.FeatureGates, features.DeviceHealth)

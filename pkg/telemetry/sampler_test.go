@@ -196,3 +196,17 @@ func TestSampleDurationAndTime(t *testing.T) {
 		})
 	}
 }
+
+func splitLines(s string) []string { return strings.Split(s, "\n") }
+
+func joinLines(l []string) string { return strings.Join(l, "\n") }
+
+func countLines(s, suffix string) int {
+	n := 0
+	for _, l := range splitLines(s) {
+		if strings.HasSuffix(l, suffix) {
+			n++
+		}
+	}
+	return n
+}
