@@ -48,7 +48,8 @@ func TestWatchGangMembers(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	require.Eventually(t, func() bool { return len(names("a", "train")) == 3 }, 10*time.Second, 10*time.Millisecond)
+	// Two informers, one per label: wait for both.
+	require.Eventually(t, func() bool { return len(names("a", "train")) == 3 && len(names("a", "pcs-0")) == 1 }, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, []string{"both", "train-0", "train-1"}, names("a", "train"))
 	assert.Equal(t, []string{"pcs-0-x"}, names("a", "pcs-0"))
 	assert.Equal(t, []string{"train-0"}, names("b", "train"))
