@@ -139,7 +139,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
-	registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	telemetryCollector := registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
 	// The plugin's health watch (DeviceHealth) feeds the health metrics.
 	if features.Enabled(gates, features.DeviceHealth) {
 		if pc.HealthObserver, err = registerHealthMetrics(ctx, pc.Metrics.Registry, backend, f.nodeName); err != nil {
@@ -154,6 +154,10 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		return err
 	}
 	defer p.Stop()
+	if telemetryCollector != nil {
+		// Device series are attributed to the claims prepared on them.
+		telemetryCollector.SetClaims(p.PreparedClaims)
+	}
 	if f.metricsAddr != "" {
 		go func() {
 			if err := plugin.Serve(ctx, f.metricsAddr, pc.Metrics.Handler(p.Sockets...)); err != nil {

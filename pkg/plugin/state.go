@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -83,6 +84,11 @@ type NodeState struct {
 	// was the largest cost of a prepare.
 	index            map[string]PlannedDevice
 	indexFingerprint string
+
+	// claims is what PreparedClaims returns: the prepared claims as the
+	// last successful call under the node lock left them.
+	claimsMu sync.Mutex
+	claims   []prepared.Claim
 }
 
 // NewNodeState opens the node's state and sweeps what a kill left behind:
@@ -130,6 +136,7 @@ func (s *NodeState) withLock(ctx context.Context, fn func(cp *checkpoint.Checkpo
 	if s.opts.OnPreparedClaims != nil {
 		s.opts.OnPreparedClaims(countPrepared(cp))
 	}
+	s.snapshotClaims(cp)
 	return nil
 }
 

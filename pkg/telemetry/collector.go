@@ -75,6 +75,7 @@ type Collector struct {
 	samples  []nvdevice.TelemetrySample
 	ok       bool
 	sampling bool // a read is under way (Sample is not reentrant)
+	claims   ClaimsFunc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -132,7 +133,7 @@ func (c *Collector) Sample(ctx context.Context) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descSampleDur, descSampleTS, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
 		descTemp, descSMClock, descReasons, descReason, descECC, descRemapped, descRemapPend, descRemapFail, descPCIe,
-		descMigUsed, descMigFree, descMigTotal} {
+		descMigUsed, descMigFree, descMigTotal, descClaimInfo, descFree} {
 		ch <- d
 	}
 }
@@ -141,8 +142,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // never reads the devices.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	samples, ok, sampled, at, took := c.samples, c.ok, c.sampled, c.at, c.took
+	samples, ok, sampled, at, took, claims := c.samples, c.ok, c.sampled, c.at, c.took, c.claims
 	c.mu.Unlock()
+	var h *holders
+	if claims != nil && len(samples) > 0 {
+		hs := holdersOf(claims())
+		h = &hs
+	}
 	up := 0.0
 	if ok {
 		up = 1
@@ -158,6 +164,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			c.collectMIG(ch, s)
 		} else {
 			c.collectGPU(ch, s)
+		}
+		if h != nil {
+			c.collectClaims(ch, *h, s)
 		}
 	}
 }

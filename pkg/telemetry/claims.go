@@ -1,0 +1,75 @@
+package telemetry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/prepared"
+)
+
+// ClaimsFunc returns a copy of the claims prepared on the node (the DRA
+// plugin's PreparedClaims); it must not block on anything slower than a
+// copy.
+type ClaimsFunc func() []prepared.Claim
+
+var (
+	attrLabels    = []string{"gpu", "device", "node"}
+	descClaimInfo = desc("device_claim_info", "1 for each claim prepared on a device (DRA mode): one series per claim, several on a shared device. Join it to a device series on gpu, device and node.",
+		attrLabels, "claim_namespace", "claim_name", "claim_uid")
+	descFree = desc("device_free", "1 when no prepared claim holds the device (DRA mode), 0 when one does; a whole GPU is not free while a claim holds one of its MIG devices or shares.", attrLabels)
+)
+
+// SetClaims attributes the devices to the claims f returns, from the next
+// scrape on (gpudra_device_claim_info, gpudra_device_free). Without it, as
+// in device plugin mode, there are no such series.
+func (c *Collector) SetClaims(f ClaimsFunc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.claims = f
+}
+
+// holders are the claims on each device name, and the GPUs (UUIDs) that a
+// claimed device is on.
+type holders struct {
+	byDevice map[string][]*prepared.Claim
+	gpus     map[string]bool
+}
+
+// holdersOf indexes claims by device. Admin access is no use of a device:
+// such a device is not attributed to the claim.
+func holdersOf(claims []prepared.Claim) holders {
+	h := holders{byDevice: map[string][]*prepared.Claim{}, gpus: map[string]bool{}}
+	for i := range claims {
+		c := &claims[i]
+		for _, d := range c.Devices {
+			if d.AdminAccess {
+				continue
+			}
+			if l := h.byDevice[d.Device]; len(l) == 0 || l[len(l)-1] != c {
+				h.byDevice[d.Device] = append(l, c) // two shares of one GPU in one claim: one series
+			}
+			if d.GPUUUID != "" {
+				h.gpus[d.GPUUUID] = true
+			}
+		}
+	}
+	return h
+}
+
+// collectClaims sends the sample's device's claim info series and whether
+// it is free.
+func (c *Collector) collectClaims(ch chan<- prometheus.Metric, h holders, s *nvdevice.TelemetrySample) {
+	name, gpu := DeviceName(s), s.UUID
+	if s.IsMIG() {
+		gpu = s.ParentUUID
+	}
+	held := h.byDevice[name]
+	for _, cl := range held {
+		ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1, gpu, name, c.node, cl.Namespace, cl.Name, cl.UID)
+	}
+	free := 1.0
+	if len(held) > 0 || (!s.IsMIG() && h.gpus[s.UUID]) {
+		free = 0
+	}
+	ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, gpu, name, c.node)
+}
