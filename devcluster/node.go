@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -27,6 +28,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
+	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
 // NodeOptions describe a simulated GPU node.
@@ -109,6 +111,9 @@ type Node struct {
 	// own pod UID (and sockets), as in the chart's DaemonSet.
 	starts int
 	dp     *devicePluginInstance
+	// metrics and telemetry are a DRA node's telemetry (telemetry.go).
+	metrics   *prometheus.Registry
+	telemetry *telemetry.Collector
 }
 
 // PluginInstance is one running plugin pod of a node.
@@ -303,6 +308,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if opts.MigDevices != nil {
 		n.pluginCfg.MigDevices = *opts.MigDevices
 	}
+	if opts.Mode == ModeDRA {
+		n.startTelemetry()
+	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
 	}
@@ -339,6 +347,7 @@ func (n *Node) StartPlugin() error {
 		return err
 	}
 	n.current = inst
+	n.attachClaimsLocked(inst)
 	return nil
 }
 
@@ -375,6 +384,7 @@ func (n *Node) StartRollingUpdate() (*PluginInstance, error) {
 		return nil, err
 	}
 	n.current = inst
+	n.attachClaimsLocked(inst)
 	return old, nil
 }
 
@@ -390,6 +400,7 @@ func (n *Node) StopPlugin() {
 	n.current.Plugin.Stop()
 	n.current.cancel(errors.New("plugin stopped"))
 	n.current = nil
+	n.attachClaimsLocked(nil)
 }
 
 // SwitchMode stops the node's agent and starts it in mode (ModeDRA or
@@ -429,6 +440,7 @@ func (n *Node) KillPluginContainer() (int, error) {
 	}
 	inst := n.current
 	n.current = nil
+	n.attachClaimsLocked(nil)
 	killed, err := inst.KillContainer()
 	if err != nil {
 		return killed, fmt.Errorf("node %s: %w", n.Name, err)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -139,7 +138,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
-	telemetryCollector := registerTelemetry(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	telemetryCollector := telemetry.Register(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
 	// The plugin's health watch (DeviceHealth) feeds the health metrics.
 	if features.Enabled(gates, features.DeviceHealth) {
 		if pc.HealthObserver, err = registerHealthMetrics(ctx, pc.Metrics.Registry, backend, f.nodeName); err != nil {
@@ -177,28 +176,6 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 func migPolicy(s string) slicebuilder.MigPolicy {
 	p, _ := slicebuilder.ParseMigPolicy(s)
 	return p
-}
-
-// registerTelemetry exports the backend's device telemetry (issue 36) on
-// the registry /metrics serves, in either mode, when the backend reads any
-// and interval (--telemetry-interval) is not 0; it samples in the
-// background every interval until ctx is done. It returns the collector,
-// nil when there is none.
-func registerTelemetry(ctx context.Context, reg prometheus.Registerer, backend nvdevice.Interface, node string, interval time.Duration) *telemetry.Collector {
-	logger := klog.FromContext(ctx)
-	if interval <= 0 {
-		logger.V(2).Info("Telemetry disabled (--telemetry-interval=0); /metrics has none")
-		return nil
-	}
-	r, ok := backend.(nvdevice.TelemetryReader)
-	if !ok {
-		logger.V(2).Info("The GPU backend reads no telemetry; /metrics has none")
-		return nil
-	}
-	c := telemetry.NewCollector(r, node, interval)
-	reg.MustRegister(c)
-	go c.Run(ctx)
-	return c
 }
 
 // registerHealthMetrics exports what the health watch sees

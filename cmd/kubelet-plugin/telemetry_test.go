@@ -14,6 +14,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
 // noTelemetry is a backend that reads no telemetry.
@@ -38,7 +39,7 @@ func TestTelemetryOnBothModesRegistries(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			c := registerTelemetry(ctx, tc.reg, tc.backend, "node-a", tc.interval)
+			c := telemetry.Register(ctx, tc.reg, tc.backend, "node-a", tc.interval)
 			assert.Equal(t, tc.want > 0, c != nil)
 			count := func() int {
 				n, err := testutil.GatherAndCount(tc.reg, "gpudra_gpu_power_limit_watts")
