@@ -74,6 +74,40 @@ type TelemetrySample struct {
 	RemapPending, RemapFailure                         Reading
 	// PCIe throughput, bytes per second, over NVML's last 20 ms sample.
 	PCIeTXBytesPerSecond, PCIeRXBytesPerSecond Reading
+
+	// GPM (GPU performance monitoring; Hopper and later) figures over the
+	// time between two GPM samples, ratios 0..1: SMs with a warp resident
+	// (DCGM_FI_PROF_SM_ACTIVE), warps resident against the SMs' maximum
+	// (SM_OCCUPANCY), the tensor pipes busy (PIPE_TENSOR_ACTIVE) and the
+	// memory interface busy (DRAM_ACTIVE). A GPU and a MIG device (its GPU
+	// instance) have them each; a GPU in MIG mode has them per instance.
+	SMActive, SMOccupancy, TensorActive, DRAMActive Reading
+	// NVLink throughput over all of the GPU's links, bytes per second (GPM;
+	// DCGM_FI_PROF_NVLINK_TX_BYTES and RX_BYTES). GPUs only.
+	NVLinkTXBytesPerSecond, NVLinkRXBytesPerSecond Reading
+
+	// ProcessesRead says whether the device's process list was read: false
+	// means NVML could not tell (not "no process"), and nothing may be
+	// concluded from Processes.
+	ProcessesRead bool
+	// Processes are the compute processes on the device now, MPS clients
+	// included, one entry per PID. A MIG device lists its own; a GPU in MIG
+	// mode lists none of its own (NVML lists them per MIG device).
+	Processes []ProcessSample
+}
+
+// ProcessSample is one process's use of one device, as NVML reports it.
+type ProcessSample struct {
+	// PID is the process's ID in the host's PID namespace (NVML's).
+	PID int
+	// UsedMemoryBytes is the framebuffer the process holds on the device
+	// (unsupported where NVML does not say: NVML_VALUE_NOT_AVAILABLE).
+	UsedMemoryBytes Reading
+	// SMUtilization is the process's share of the device's SMs, 0..1,
+	// averaged over the samples NVML kept since the previous pass
+	// (nvmlDeviceGetProcessUtilization); unsupported on MIG devices, where
+	// NVML samples none, and when NVML kept no sample of the process.
+	SMUtilization Reading
 }
 
 // IsMIG says whether the sample is a MIG device's.
