@@ -46,6 +46,7 @@ func (b *Backend) readProcesses(logger logr.Logger, uuid string, dev nvml.Device
 	case ret == nvml.SUCCESS:
 	case ret == nvml.ERROR_NOT_FOUND:
 		// No sample since then: no process ran a kernel NVML saw.
+		samples = nil
 	case ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0:
 		// go-nvml's answer when NVML counted no sample to fetch.
 	default:
