@@ -284,7 +284,7 @@ func containersOf(hs []podHold) []containerKey {
 
 // mergeProcesses are the processes of a GPU in MIG mode: its MIG devices',
 // one per PID (memory summed over the devices), read only when every MIG
-// device's were.
+// device's were. Their SM figures are not used (NVML has none on MIG).
 func mergeProcesses(kids []*nvdevice.TelemetrySample) ([]nvdevice.ProcessSample, bool) {
 	var out []nvdevice.ProcessSample
 	at := map[int]int{}
@@ -293,7 +293,6 @@ func mergeProcesses(kids []*nvdevice.TelemetrySample) ([]nvdevice.ProcessSample,
 			return nil, false
 		}
 		for _, p := range k.Processes {
-			p.SMUtilization = nvdevice.Reading{}
 			i, ok := at[p.PID]
 			if !ok {
 				at[p.PID] = len(out)

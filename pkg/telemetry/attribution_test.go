@@ -187,10 +187,18 @@ func TestAttribute(t *testing.T) {
 			samples: []nvdevice.TelemetrySample{gpu("GPU-a", 3, proc(100, 20, 0.4), nvdevice.ProcessSample{PID: 101})},
 			holds:   []podHold{dra(ctrA, "gpu-3", "c1")},
 			want:    []string{"gpu-3[ml/train-0/worker(c1)] ml/train-0/worker:m=-,sm=-,n=2 un:m=0,sm=0,n=0"}},
-		{name: "another pool's or driver's devices are not the node's",
+		{name: "another driver's devices are not the node's",
 			samples: []nvdevice.TelemetrySample{gpu("GPU-a", 3, proc(100, 20, 0.4))},
 			holds:   podHoldsOf(podResourcesWith(ctrA, "gpu.nvidia.com", "n1", "gpu-3"), "n1"),
 			want:    []string{"gpu-3[] un:m=20,sm=0.4,n=1"}},
+		{name: "another pool's devices are not the node's",
+			samples: []nvdevice.TelemetrySample{gpu("GPU-a", 3, proc(100, 20, 0.4))},
+			holds:   podHoldsOf(podResourcesWith(ctrA, "gpu.gpudra.dev", "n2", "gpu-3"), "n1"),
+			want:    []string{"gpu-3[] un:m=20,sm=0.4,n=1"}},
+		{name: "gpudra's devices in the node's pool are",
+			samples: []nvdevice.TelemetrySample{gpu("GPU-a", 3, proc(100, 20, 0.4))},
+			holds:   podHoldsOf(podResourcesWith(ctrA, "gpu.gpudra.dev", "n1", "gpu-3"), "n1"),
+			want:    []string{"gpu-3[ml/train-0/worker(c1)] ml/train-0/worker:m=20,sm=0.4,n=1 un:m=0,sm=0,n=0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := attribInput{Samples: tc.samples, Holds: tc.holds, Admin: tc.admin, Procs: tc.procs, Links: links}
