@@ -84,7 +84,7 @@ func fakeNode(t *testing.T, cgroups map[int]string, links []string) (procRoot, l
 
 // gatherSeries is every series of the named metrics in reg, one line each
 // ("name{label=value,...} value"), sorted.
-func gatherSeries(t *testing.T, reg *prometheus.Registry, names ...string) []string {
+func gatherSeries(t require.TestingT, reg *prometheus.Registry, names ...string) []string {
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	var out []string
@@ -247,4 +247,64 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// BenchmarkAttributionPass is one sampling pass with attribution on a busy
+// DGX in device plugin mode: 8 GPUs shared 4 ways (time-slicing), 32
+// containers with 2 processes on their GPU each, the pod-resources API over
+// a unix socket, /proc and the log links on disk.
+func BenchmarkAttributionPass(b *testing.B) {
+	var samples []nvdevice.TelemetrySample
+	cgroups := map[int]string{}
+	var links []string
+	resp := &podresourcesv1.ListPodResourcesResponse{}
+	for g := range 8 {
+		uuid := fmt.Sprintf("GPU-%d", g)
+		s := gpu(uuid, g)
+		for r := range 4 {
+			pod := fmt.Sprintf("job-%d-%d", g, r)
+			id := fmt.Sprintf("%064x", g*4+r+1)
+			resp.PodResources = append(resp.PodResources, &podresourcesv1.PodResources{Name: pod, Namespace: "ml", Containers: []*podresourcesv1.ContainerResources{{
+				Name: "worker", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: "nvidia.com/gpu", DeviceIds: []string{fmt.Sprintf("%s::%d", uuid, r)}}}}}})
+			links = append(links, pod+"_ml_worker-"+id+".log")
+			for p := range 2 {
+				pid := 1000 + (g*4+r)*2 + p
+				cgroups[pid] = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + podSD + ".slice/cri-containerd-" + id + ".scope\n"
+				s.Processes = append(s.Processes, nvdevice.ProcessSample{PID: pid, UsedMemoryBytes: nvdevice.Read(1 << 30), SMUtilization: nvdevice.Read(0.1)})
+			}
+		}
+		samples = append(samples, s)
+	}
+	dir := b.TempDir()
+	procRoot, logDir := filepath.Join(dir, "proc"), filepath.Join(dir, "logs")
+	require.NoError(b, os.MkdirAll(logDir, 0o755))
+	for pid, cg := range cgroups {
+		d := filepath.Join(procRoot, strconv.Itoa(pid))
+		require.NoError(b, os.MkdirAll(d, 0o755))
+		require.NoError(b, os.WriteFile(filepath.Join(d, "cgroup"), []byte(cg), 0o644))
+	}
+	for _, l := range links {
+		require.NoError(b, os.Symlink("/var/log/pods/x/0.log", filepath.Join(logDir, l)))
+	}
+	sockDir, err := os.MkdirTemp("", "podres")
+	require.NoError(b, err)
+	defer func() { _ = os.RemoveAll(sockDir) }()
+	socket := filepath.Join(sockDir, "kubelet.sock")
+	l, err := net.Listen("unix", socket)
+	require.NoError(b, err)
+	srv := grpc.NewServer()
+	podresourcesv1.RegisterPodResourcesListerServer(srv, &fakeKubelet{resp: resp})
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+	c := NewCollector(&fakeReader{samples: samples}, "n1", 0)
+	c.SetAttribution(AttributionConfig{PodResourcesSocket: socket, ProcRoot: procRoot, ContainerLogDir: logDir})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Sample(ctx)
+	}
+	b.StopTimer()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(b, reg.Register(c))
+	require.Len(b, gatherSeries(b, reg, "gpudra_container_gpu_processes"), 32, "every container attributed")
 }
