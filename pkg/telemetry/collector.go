@@ -85,6 +85,10 @@ type Collector struct {
 	ok       bool
 	sampling bool // a read is under way (Sample is not reentrant)
 	claims   ClaimsFunc
+	// Process attribution (attribution.go): its config, nil while off,
+	// and the last pass's result.
+	attribCfg *AttributionConfig
+	attrib    *attribution
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -124,6 +128,7 @@ func (c *Collector) Sample(ctx context.Context) {
 		return
 	}
 	c.sampling = true
+	attribCfg, claims := c.attribCfg, c.claims
 	c.mu.Unlock()
 	start := c.clock.Now()
 	samples, err := c.reader.Telemetry(ctx)
@@ -132,8 +137,13 @@ func (c *Collector) Sample(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
 		samples = nil // telemetry_up says why the device series are missing
 	}
+	var attrib *attribution // not up: nothing read to attribute
+	if attribCfg != nil && err == nil {
+		attrib = c.attribute(ctx, *attribCfg, samples, claims)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.attrib = attrib
 	c.sampling, c.sampled = false, true
 	c.samples, c.ok, c.at, c.took = samples, err == nil, end, end.Sub(start)
 }
@@ -147,6 +157,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		descClaimInfo, descFree} {
 		ch <- d
 	}
+	for _, d := range attributionDescs() {
+		ch <- d
+	}
 }
 
 // Collect sends the last sample's supported readings of every device. It
@@ -154,7 +167,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	samples, ok, sampled, at, took, claims := c.samples, c.ok, c.sampled, c.at, c.took, c.claims
+	attribOn, attrib := c.attribCfg != nil, c.attrib
 	c.mu.Unlock()
+	c.collectAttribution(ch, attribOn, attrib)
 	var h *holders
 	if claims != nil && len(samples) > 0 {
 		hs := holdersOf(claims())
