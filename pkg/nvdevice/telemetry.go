@@ -27,9 +27,8 @@ type Reading struct {
 func Read(v float64) Reading { return Reading{Value: v, Supported: true} }
 
 // TelemetrySample is one device's readings at one time. For a MIG device
-// only the framebuffer readings can be supported: plain NVML gives no
-// utilization, power, clocks or ECC per MIG device (that takes GPM or DCGM
-// profiling).
+// only the framebuffer, GPM and process readings can be supported: NVML
+// gives no utilization, power, clocks or ECC per MIG device.
 type TelemetrySample struct {
 	// UUID is the device's: the GPU's, or the MIG device's.
 	UUID string
