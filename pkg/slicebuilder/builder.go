@@ -337,6 +337,11 @@ func migDevice(g *nvdevice.GPU, prof *nvdevice.MigProfile, pl nvdevice.Placement
 	attrs := placeAttributes(g)
 	attrs["type"] = str(TypeMIG)
 	attrs["migProfile"] = str(prof.Name)
+	// profile repeats migProfile under the name dcgm-exporter reads (with
+	// type, uuid and parentUUID) to label a MIG device's pod metrics
+	// (docs/metrics.md, "Running beside dcgm-exporter"). migProfile stays:
+	// users' CEL selectors name it.
+	attrs["profile"] = str(prof.Name)
 	attrs["parentUUID"] = str(g.UUID)
 	if existing != nil {
 		attrs["uuid"] = str(existing.UUID)
