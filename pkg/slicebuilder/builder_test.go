@@ -699,16 +699,19 @@ func TestExistingMigOnly(t *testing.T) {
 // TestDCGMExporterAttributes: the attributes dcgm-exporter reads from a DRA
 // driver's slices to attribute pods' GPU metrics (its
 // internal/pkg/transformation/dra.go): type "gpu" with uuid, type "mig"
-// with parentUUID (without it dcgm-exporter skips the device) and profile.
+// with parentUUID (without it dcgm-exporter skips the device) and, with
+// Options.DCGMExporterAttributes, profile; without it no device pays for
+// profile.
 func TestDCGMExporterAttributes(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		machine string
 		opts    Options
 	}{
-		{"MIG off", "dgx-h100-nomig", Options{}},
-		{"MIG, every placement", "dgx-h100", Options{}},
-		{"MIG, existing only", "name: two\ngpuCount: 1\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n", Options{Mig: MigPolicy{Existing: true}}},
+		{"MIG off", "dgx-h100-nomig", Options{DCGMExporterAttributes: true}},
+		{"MIG, every placement", "dgx-h100", Options{DCGMExporterAttributes: true}},
+		{"MIG, existing only", "name: two\ngpuCount: 1\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n", Options{Mig: MigPolicy{Existing: true}, DCGMExporterAttributes: true}},
+		{"off: no profile", "dgx-h100", Options{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, inv := machine(t, tc.machine, "node-a")
@@ -723,6 +726,10 @@ func TestDCGMExporterAttributes(t *testing.T) {
 				case TypeMIG:
 					migs++
 					assert.NotEmpty(t, strAttr(d, "parentUUID"), "%s: parentUUID", d.Name)
+					if !tc.opts.DCGMExporterAttributes {
+						assert.Empty(t, strAttr(d, "profile"), "%s: no profile unless asked", d.Name)
+						break
+					}
 					assert.NotEmpty(t, strAttr(d, "profile"), "%s: profile", d.Name)
 					assert.Equal(t, strAttr(d, "migProfile"), strAttr(d, "profile"), "%s: profile is the MIG profile", d.Name)
 				default:
