@@ -18,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/controller"
+	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 )
 
@@ -32,7 +33,7 @@ func main() {
 type options struct {
 	kubeconfig, namespace, identity, leaseName, healthAddr, webhookAddr string
 	webhookSecret, webhookConfig, webhookService                        string
-	webhookDNSNames                                                     []string
+	webhookDNSNames, nodePoolLabels                                     []string
 	webhookIPs                                                          []net.IP
 	manageCerts, gangs                                                  bool
 	gangStrategy, gangMode                                              string
@@ -85,6 +86,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("gang-strategy", "GANG_STRATEGY")
 	fs.DurationVar(&o.fenceSettle, "fence-settle", time.Second, "how long a device fence is given to reach the scheduler before the controller writes an allocation")
 	env("fence-settle", "FENCE_SETTLE")
+	fs.StringSliceVar(&o.nodePoolLabels, "node-pool-labels", gang.DefaultNodePoolLabels, "node label keys naming a node's pool, tried in order, for gpudra_class_devices' and gpudra_class_demand_devices' node_pool (a node with none of them: \"\"); empty: no pools")
+	env("node-pool-labels", "NODE_POOL_LABELS")
 	fs.Float64Var(&o.qps, "kube-api-qps", 20, "API client QPS (kube-controller-manager's default)")
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 30, "API client burst")
@@ -128,7 +131,20 @@ func (o *options) config() (controller.Config, error) {
 		HealthAddress: o.healthAddr, WebhookAddress: o.webhookAddr, WebhookSecret: o.webhookSecret,
 		WebhookConfiguration: o.webhookConfig, ManageCertificates: o.manageCerts,
 		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace,
-		Gangs: o.gangs, GangMode: o.gangMode, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle}, nil
+		Gangs: o.gangs, GangMode: o.gangMode, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle,
+		NodePoolLabels: nodePoolLabels(o.nodePoolLabels)}, nil
+}
+
+// nodePoolLabels drops empty keys: --node-pool-labels= (an empty list) is
+// no pools, not the defaults.
+func nodePoolLabels(keys []string) []string {
+	out := []string{}
+	for _, k := range keys {
+		if k = strings.TrimSpace(k); k != "" {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func run(ctx context.Context, o *options, _ featuregate.FeatureGate) error {

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpudra/gpudra/pkg/component"
+	"github.com/gpudra/gpudra/pkg/controller/gang"
 )
 
 func TestOptions(t *testing.T) {
@@ -32,6 +33,28 @@ func TestOptions(t *testing.T) {
 		"the command line wins": {
 			args: []string{"--namespace=a"}, env: map[string]string{"POD_NAMESPACE": "b"},
 			check: func(t *testing.T, o *options) { assert.Equal(t, "a", o.namespace) },
+		},
+		"node pools: the defaults": {args: []string{"--namespace=a"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.Equal(t, gang.DefaultNodePoolLabels, cfg.NodePoolLabels)
+			},
+		},
+		"node pools from the chart's environment": {env: map[string]string{"POD_NAMESPACE": "a", "NODE_POOL_LABELS": "example.com/pool,karpenter.sh/nodepool"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.Equal(t, []string{"example.com/pool", "karpenter.sh/nodepool"}, cfg.NodePoolLabels)
+			},
+		},
+		"node pools off": {args: []string{"--namespace=a", "--node-pool-labels="},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.NotNil(t, cfg.NodePoolLabels, "empty, not nil: nil would be the defaults")
+				assert.Empty(t, cfg.NodePoolLabels)
+			},
 		},
 		"no namespace": {wantErr: "--namespace (env POD_NAMESPACE) is required"},
 		"renew after the lease": {args: []string{"--namespace=a", "--leader-elect-renew-deadline=20s"},

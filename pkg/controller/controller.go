@@ -83,6 +83,10 @@ type Config struct {
 	// fence is given to reach the scheduler (zero: 1 s).
 	GangStrategy allocator.Strategy
 	FenceSettle  time.Duration
+	// NodePoolLabels are the node labels naming a node's pool, tried in
+	// order, for the per-pool device counts and demand (nil: the gang
+	// controller's defaults).
+	NodePoolLabels []string
 	// Registry receives the metrics; nil: a new one.
 	Registry *prometheus.Registry
 }
@@ -387,7 +391,7 @@ func newGangController(cfg Config, client kubernetes.Interface, recorder events.
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
-		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path})
+		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path, NodePoolLabels: cfg.NodePoolLabels})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

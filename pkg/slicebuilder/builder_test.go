@@ -695,3 +695,50 @@ func TestExistingMigOnly(t *testing.T) {
 	all := allDevices(build(t, inv, "node-a", Options{}))
 	assert.Greater(t, len(all), 2, "with creation on, every free placement is offered")
 }
+
+// TestDCGMExporterAttributes: the attributes dcgm-exporter reads from a DRA
+// driver's slices to attribute pods' GPU metrics (its
+// internal/pkg/transformation/dra.go): type "gpu" with uuid, type "mig"
+// with parentUUID (without it dcgm-exporter skips the device) and, with
+// Options.DCGMExporterAttributes, profile; without it no device pays for
+// profile.
+func TestDCGMExporterAttributes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		machine string
+		opts    Options
+	}{
+		{"MIG off", "dgx-h100-nomig", Options{DCGMExporterAttributes: true}},
+		{"MIG, every placement", "dgx-h100", Options{DCGMExporterAttributes: true}},
+		{"MIG, existing only", "name: two\ngpuCount: 1\nmigEnabled: all\nmigDevices:\n- {gpu: 0, profile: 3g.40gb, start: 4}\n", Options{Mig: MigPolicy{Existing: true}, DCGMExporterAttributes: true}},
+		{"off: no profile", "dgx-h100", Options{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, inv := machine(t, tc.machine, "node-a")
+			devs := allDevices(build(t, inv, "node-a", tc.opts))
+			require.NotEmpty(t, devs)
+			migs := 0
+			for _, d := range devs {
+				switch strAttr(d, "type") {
+				case TypeGPU:
+					assert.NotEmpty(t, strAttr(d, "uuid"), "%s: a GPU's uuid", d.Name)
+					assert.Empty(t, strAttr(d, "profile"), "%s: a GPU has no profile", d.Name)
+				case TypeMIG:
+					migs++
+					assert.NotEmpty(t, strAttr(d, "parentUUID"), "%s: parentUUID", d.Name)
+					if !tc.opts.DCGMExporterAttributes {
+						assert.Empty(t, strAttr(d, "profile"), "%s: no profile unless asked", d.Name)
+						break
+					}
+					assert.NotEmpty(t, strAttr(d, "profile"), "%s: profile", d.Name)
+					assert.Equal(t, strAttr(d, "migProfile"), strAttr(d, "profile"), "%s: profile is the MIG profile", d.Name)
+				default:
+					t.Errorf("%s: type %q, dcgm-exporter knows gpu and mig", d.Name, strAttr(d, "type"))
+				}
+			}
+			if tc.machine != "dgx-h100-nomig" {
+				assert.NotZero(t, migs, "MIG devices published")
+			}
+		})
+	}
+}

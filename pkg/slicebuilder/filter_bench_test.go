@@ -173,8 +173,11 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		{name: "migmode-profiles", machine: "dgx-h100", opts: Options{Mig: MigPolicy{Profiles: []string{"1g.10gb", "3g.40gb"}}}, unit: gpu},
 		{name: "migmode-existing-7x1g", machine: sevenSmall, opts: Options{Mig: MigPolicy{Existing: true}}, unit: small},
 		{name: "migmode-existing-mixed", machine: mixed, opts: Options{Mig: MigPolicy{Existing: true}}, unit: small},
+		// The default with dcgm-exporter's profile attribute: a MIG
+		// device's ninth (docs/scale.md).
+		{name: "migmode-existing-7x1g-dcgm", machine: sevenSmall, opts: Options{Mig: MigPolicy{Existing: true}, DCGMExporterAttributes: true}, unit: small},
 	}
-	migMixes := []string{"migmode-all", "migmode-profiles", "migmode-existing-7x1g", "migmode-existing-mixed"}
+	migMixes := []string{"migmode-all", "migmode-profiles", "migmode-existing-7x1g", "migmode-existing-mixed", "migmode-existing-7x1g-dcgm"}
 	type kase struct {
 		name  string
 		hold  []int

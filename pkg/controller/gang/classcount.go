@@ -5,12 +5,14 @@ import (
 	"slices"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
 )
 
 // classCounter keeps the per-class device counts of gpudra_class_devices
@@ -44,8 +46,21 @@ type classCounter struct {
 	// use counts the claims holding each device, published or not.
 	use    map[devKey]deviceUse
 	held   sets.Set[string]
-	counts map[string]*classCount
+	counts map[classPool]*classCount
+	// poolLabels are the node label keys that name a node's pool, tried
+	// in order (Options.NodePoolLabels); nodePools the pool of each node
+	// seen, sliceNodes the node of each slice (by UID), nodeSlices the
+	// slices of each node: a node whose pool label changes moves its
+	// devices' counts to the other pool.
+	poolLabels []string
+	nodePools  map[string]string
+	sliceNodes map[types.UID]string
+	nodeSlices map[string]sets.Set[types.UID]
 }
+
+// classPool is one DeviceClass in one node pool ("" for devices of nodes
+// without a pool label, and of slices that name no node).
+type classPool struct{ class, pool string }
 
 // classCount is how many devices of one DeviceClass are free, held by a
 // reservation's claim not in use, or allocated otherwise (classCounter).
@@ -61,6 +76,7 @@ type countedDevice struct {
 	spec    resourceapi.Device
 	sets    []setKey
 	classes []string // the classes that select it
+	pool    string   // its node's pool
 }
 
 type countedClaim struct {
@@ -70,10 +86,22 @@ type countedClaim struct {
 
 type deviceUse struct{ held, allocated int }
 
-func newClassCounter(celCache *cel.Cache) *classCounter {
+func newClassCounter(celCache *cel.Cache, poolLabels ...string) *classCounter {
 	return &classCounter{cel: celCache, classes: map[string]*resourceapi.DeviceClass{}, slices: map[types.UID][]devKey{},
 		devices: map[devKey]*countedDevice{}, setMembers: map[setKey][]devKey{}, setUsed: map[setKey]int{},
-		claims: map[string]countedClaim{}, use: map[devKey]deviceUse{}, held: sets.New[string](), counts: map[string]*classCount{}}
+		claims: map[string]countedClaim{}, use: map[devKey]deviceUse{}, held: sets.New[string](), counts: map[classPool]*classCount{},
+		poolLabels: poolLabels, nodePools: map[string]string{}, sliceNodes: map[types.UID]string{}, nodeSlices: map[string]sets.Set[types.UID]{}}
+}
+
+// NodePool is a node's pool: the value of the first of keys among its
+// labels, "" when it has none of them.
+func NodePool(labels map[string]string, keys []string) string {
+	for _, k := range keys {
+		if v, ok := labels[k]; ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // state is a published device's state now.
@@ -100,10 +128,11 @@ func (c *classCounter) add(k devKey, sign int) {
 	}
 	st := c.state(k, d)
 	for _, class := range d.classes {
-		cnt := c.counts[class]
+		key := classPool{class, d.pool}
+		cnt := c.counts[key]
 		if cnt == nil {
 			cnt = &classCount{}
-			c.counts[class] = cnt
+			c.counts[key] = cnt
 		}
 		switch st {
 		case "held":
@@ -198,6 +227,7 @@ func (c *classCounter) upsertSlice(ctx context.Context, sl *resourceapi.Resource
 			if cd == nil || !equality.Semantic.DeepEqual(cd.spec, d) {
 				cd = &countedDevice{slice: sl.UID, spec: d, classes: c.match(ctx, sl.Spec.Driver, d)}
 			}
+			cd.pool = c.nodePools[ptr.Deref(sl.Spec.NodeName, "")]
 			cd.sets = nil
 			for _, cc := range d.ConsumesCounters {
 				cd.sets = append(cd.sets, setKey{sl.Spec.Driver, sl.Spec.Pool.Name, cc.CounterSet})
@@ -205,7 +235,70 @@ func (c *classCounter) upsertSlice(ctx context.Context, sl *resourceapi.Resource
 			c.addDevice(k, cd)
 		}
 		c.slices[sl.UID] = keys
+		c.setSliceNode(sl.UID, ptr.Deref(sl.Spec.NodeName, ""))
 	})
+}
+
+// setSliceNode records the node a slice is on ("": none, or the slice is
+// gone).
+func (c *classCounter) setSliceNode(uid types.UID, node string) {
+	if old, ok := c.sliceNodes[uid]; ok {
+		if c.nodeSlices[old].Delete(uid).Len() == 0 {
+			delete(c.nodeSlices, old)
+		}
+		delete(c.sliceNodes, uid)
+	}
+	if node == "" {
+		return
+	}
+	c.sliceNodes[uid] = node
+	if c.nodeSlices[node] == nil {
+		c.nodeSlices[node] = sets.New[types.UID]()
+	}
+	c.nodeSlices[node].Insert(uid)
+}
+
+// upsertNode records a node's pool; when it changed, the node's devices
+// are counted in the new pool. It reports whether the counts changed.
+func (c *classCounter) upsertNode(n *corev1.Node) bool {
+	pool := NodePool(n.Labels, c.poolLabels)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.nodePools[n.Name]; ok && old == pool {
+		return false
+	}
+	return c.setNodePool(n.Name, pool)
+}
+
+func (c *classCounter) deleteNode(n *corev1.Node) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.nodePools[n.Name]; !ok {
+		return false
+	}
+	changed := c.setNodePool(n.Name, "")
+	delete(c.nodePools, n.Name)
+	return changed
+}
+
+// setNodePool moves the node's devices to pool.
+func (c *classCounter) setNodePool(node, pool string) bool {
+	c.nodePools[node] = pool
+	var keys []devKey
+	for uid := range c.nodeSlices[node] {
+		keys = append(keys, c.slices[uid]...)
+	}
+	if len(keys) == 0 {
+		return false
+	}
+	c.change(keys, nil, func() {
+		for _, k := range keys {
+			if d := c.devices[k]; d != nil {
+				d.pool = pool
+			}
+		}
+	})
+	return true
 }
 
 func (c *classCounter) deleteSlice(sl *resourceapi.ResourceSlice) {
@@ -217,6 +310,7 @@ func (c *classCounter) deleteSlice(sl *resourceapi.ResourceSlice) {
 			c.removeDevice(k, sl.UID)
 		}
 		delete(c.slices, sl.UID)
+		c.setSliceNode(sl.UID, "")
 	})
 }
 
@@ -283,7 +377,11 @@ func (c *classCounter) deleteClass(ctx context.Context, class *resourceapi.Devic
 
 // reclass evaluates one class again on every device and counts it anew.
 func (c *classCounter) reclass(ctx context.Context, name string) {
-	cnt := &classCount{}
+	for key := range c.counts {
+		if key.class == name {
+			delete(c.counts, key)
+		}
+	}
 	class := c.classes[name]
 	for k, d := range c.devices {
 		d.classes = slices.DeleteFunc(d.classes, func(n string) bool { return n == name })
@@ -292,6 +390,12 @@ func (c *classCounter) reclass(ctx context.Context, name string) {
 		}
 		d.classes = append(d.classes, name)
 		slices.Sort(d.classes)
+		key := classPool{name, d.pool}
+		cnt := c.counts[key]
+		if cnt == nil {
+			cnt = &classCount{}
+			c.counts[key] = cnt
+		}
 		switch c.state(k, d) {
 		case "held":
 			cnt.held++
@@ -301,11 +405,6 @@ func (c *classCounter) reclass(ctx context.Context, name string) {
 			cnt.free++
 		}
 	}
-	if class == nil {
-		delete(c.counts, name)
-		return
-	}
-	c.counts[name] = cnt
 }
 
 // upsertClaim records which devices an allocated claim holds.
@@ -383,16 +482,32 @@ func (c *classCounter) setHeld(held sets.Set[string]) {
 	c.held = held.Clone()
 }
 
-// snapshot returns the counts per class.
+// snapshot returns the counts per class, over every pool.
 func (c *classCounter) snapshot() map[string]classCount {
+	out := map[string]classCount{}
+	for key, cnt := range c.snapshotByPool() {
+		sum := out[key.class]
+		sum.free += cnt.free
+		sum.held += cnt.held
+		sum.allocated += cnt.allocated
+		out[key.class] = sum
+	}
+	return out
+}
+
+// snapshotByPool returns the counts per class and node pool: a class with
+// no device is counted (zero) in pool "", a pool whose devices are gone
+// is not.
+func (c *classCounter) snapshotByPool() map[classPool]classCount {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]classCount, len(c.counts))
+	out := make(map[classPool]classCount, len(c.counts)+len(c.classes))
 	for name := range c.classes {
-		if cnt := c.counts[name]; cnt != nil {
-			out[name] = *cnt
-		} else {
-			out[name] = classCount{}
+		out[classPool{name, ""}] = classCount{}
+	}
+	for key, cnt := range c.counts {
+		if _, ok := c.classes[key.class]; ok && (*cnt != classCount{} || key.pool == "") {
+			out[key] = *cnt
 		}
 	}
 	return out
@@ -455,12 +570,48 @@ func matches(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceCla
 	return true
 }
 
-// countClasses sets the per-class device gauges from the counter.
+// nodeHandler feeds the counter the nodes' pools; changed is called when
+// a node's pool moved devices between pools (the gauges are stale).
+func (c *classCounter) nodeHandler(changed func()) cache.ResourceEventHandler {
+	upsert := func(obj any) {
+		if n, ok := obj.(*corev1.Node); ok && c.upsertNode(n) {
+			changed()
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    upsert,
+		UpdateFunc: func(_, obj any) { upsert(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok && c.deleteNode(n) {
+				changed()
+			}
+		},
+	}
+}
+
+// countClasses sets the per-class gauges: the devices by node pool and
+// state from the counter, and the demand (demand.go). It runs per round,
+// and per tick of an idle controller whose counts are stale: a scrape
+// only reads the gauges.
 func (c *Controller) countClasses(heldClaims sets.Set[string]) {
 	c.counter.setHeld(heldClaims)
-	for class, cnt := range c.counter.snapshot() {
-		c.metrics.devices.WithLabelValues(class, "free").Set(float64(cnt.free))
-		c.metrics.devices.WithLabelValues(class, "held").Set(float64(cnt.held))
-		c.metrics.devices.WithLabelValues(class, "allocated").Set(float64(cnt.allocated))
+	seen := map[[3]string]bool{}
+	for key, cnt := range c.counter.snapshotByPool() {
+		for state, n := range map[string]int{"free": cnt.free, "held": cnt.held, "allocated": cnt.allocated} {
+			labels := [3]string{key.class, key.pool, state}
+			seen[labels] = true
+			c.metrics.devices.WithLabelValues(labels[:]...).Set(float64(n))
+		}
 	}
+	// A class or pool that is gone leaves no series behind.
+	for labels := range c.deviceSeries {
+		if !seen[labels] {
+			c.metrics.devices.DeleteLabelValues(labels[:]...)
+		}
+	}
+	c.deviceSeries = seen
+	c.setDemand()
 }

@@ -102,6 +102,10 @@ type Options struct {
 	Path string
 	// Now is the clock; nil: time.Now.
 	Now func() time.Time
+	// NodePoolLabels are the node labels that name a node's pool, tried in
+	// order, for the per-pool device counts and demand; nil:
+	// DefaultNodePoolLabels, empty: none (every device in pool "").
+	NodePoolLabels []string
 }
 
 // Controller runs on the leader only.
@@ -154,6 +158,13 @@ type Controller struct {
 	countsStale atomic.Bool
 	// lastRound is when the last round ran (round goroutine only).
 	lastRound time.Time
+	// queuedDemand is the last round's demand of queued gangs and
+	// reservations; deviceSeries and demandSeries the label sets last
+	// set on gpudra_class_devices and gpudra_class_demand_devices, whose
+	// others are deleted (round goroutine only).
+	queuedDemand map[demandKey]float64
+	deviceSeries map[[3]string]bool
+	demandSeries map[demandKey]bool
 }
 
 // New returns a controller; Run starts it.
@@ -173,6 +184,9 @@ func New(opts Options) (*Controller, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.NodePoolLabels == nil {
+		opts.NodePoolLabels = DefaultNodePoolLabels
+	}
 	switch opts.Path {
 	case "":
 		opts.Path = PathGates
@@ -190,7 +204,7 @@ func New(opts Options) (*Controller, error) {
 		committer:  &committer{client: opts.Client, settle: opts.FenceSettle},
 		conditions: newConditionWriter(opts.Client),
 		cel:        celCache,
-		counter:    newClassCounter(celCache),
+		counter:    newClassCounter(celCache, opts.NodePoolLabels...),
 		trigger:    make(chan struct{}, 1),
 		reported:   map[string]string{},
 		recent:     map[string]time.Time{},
@@ -207,7 +221,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	dyn := dynamicinformer.NewDynamicSharedInformerFactory(c.opts.Dynamic, 0)
 	podInf := typed.Core().V1().Pods().Informer()
 	claimInf := typed.Resource().V1().ResourceClaims().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode, pendingIndex: pendingWithClaims}); err != nil {
 		return fmt.Errorf("gang controller: pod index: %w", err)
 	}
 	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices}); err != nil {
@@ -243,7 +257,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		DeleteFunc: func(any) { c.kick() },
 	}
 	sliceCount, classCount, claimCount := c.counter.handlers(ctx)
-	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{sliceInf: sliceCount, classInf: classCount, claimInf: claimCount} {
+	// A node whose pool label changed moves its devices' counts.
+	nodeCount := c.counter.nodeHandler(func() { c.countsStale.Store(true) })
+	for inf, h := range map[cache.SharedIndexInformer]cache.ResourceEventHandler{sliceInf: sliceCount, classInf: classCount, claimInf: claimCount, nodeInf: nodeCount} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return fmt.Errorf("gang controller: event handler: %w", err)
 		}

@@ -44,14 +44,18 @@ func BenchmarkCountByClass1000MigNodes(b *testing.B) {
 // cost over the same 1,000 MIG-mode nodes: the informers' first sync (every
 // slice evaluated once per class), then one claim allocating a 1g.10gb and
 // released again (two events: the MIG device and its GPU's 25 others change
-// state), and the gauges' read.
+// state), a node moved to another pool (its 208 devices recounted), and the
+// gauges' read. The nodes are in 10 pools (karpenter.sh/nodepool).
 func BenchmarkClassCounter1000MigNodes(b *testing.B) {
 	ctx := context.Background()
 	slices, classes := migFleet(b)
 	sync := func() *classCounter {
-		c := newClassCounter(cel.NewCache(10, cel.Features{}))
+		c := newClassCounter(cel.NewCache(10, cel.Features{}), DefaultNodePoolLabels...)
 		for _, cl := range classes {
 			c.upsertClass(ctx, cl)
+		}
+		for n := range 1000 {
+			c.upsertNode(poolNode(fmt.Sprintf("node-%04d", n), fmt.Sprintf("pool-%d", n%10)))
 		}
 		for _, s := range slices {
 			c.upsertSlice(ctx, s)
@@ -74,13 +78,18 @@ func BenchmarkClassCounter1000MigNodes(b *testing.B) {
 			c.upsertClaim(released)
 		}
 	})
+	b.Run("node-relabelled", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			c.upsertNode(poolNode("node-0500", fmt.Sprintf("pool-%d", i%2)))
+		}
+	})
 	c.upsertClaim(claim)
 	if got := c.snapshot()["gpu.gpudra.dev"]; got.allocated != 1 {
 		b.Fatalf("the GPU of the allocated MIG device counts as allocated: %+v", got)
 	}
 	b.Run("read", func(b *testing.B) {
 		for b.Loop() {
-			c.snapshot()
+			c.snapshotByPool()
 		}
 	})
 }
@@ -96,6 +105,7 @@ func migFleet(b *testing.B) ([]*resourceapi.ResourceSlice, []*resourceapi.Device
 			s := template[i].DeepCopy()
 			s.UID, s.ResourceVersion = types.UID(fmt.Sprintf("n%d-%d", n, i)), "1"
 			s.Spec.Pool.Name = fmt.Sprintf("node-%04d", n)
+			s.Spec.NodeName = &s.Spec.Pool.Name
 			slices = append(slices, s)
 		}
 	}

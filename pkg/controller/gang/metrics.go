@@ -27,6 +27,7 @@ type metrics struct {
 	devices           *prometheus.GaugeVec
 	waitingDemand     *prometheus.GaugeVec
 	unsatisfiable     *prometheus.GaugeVec
+	demand            *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -73,11 +74,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "gpudra_class_devices", Help: "Devices matching each DeviceClass, by state: free, held (by a reservation, unused) or allocated.",
-		}, []string{"device_class", "state"}),
+			Name: "gpudra_class_devices", Help: "Devices matching each DeviceClass, by node pool (the node's first label of --node-pool-labels, \"\" for none) and state: free, held (by a reservation, unused) or allocated.",
+		}, []string{"device_class", "node_pool", "state"}),
 		waitingDemand: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpudra_class_waiting_demand_devices", Help: "Devices of each DeviceClass that waiting reservations and gangs ask for: what an autoscaler would add.",
 		}, []string{"device_class"}),
+		demand: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpudra_class_demand_devices",
+			Help: "Devices of each DeviceClass waited for, by source: queued gangs, queued reservations (node_pool \"\"), or pending pods' unallocated claims (node_pool from the pod's nodeSelector).",
+		}, []string{"device_class", "node_pool", "source"}),
 		unsatisfiable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpudra_queue_unsatisfiable", Help: "Waiting reservations and gangs that would not fit even on an empty cluster, by queue.",
 		}, []string{"queue"}),
@@ -103,6 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.devices = register(reg, m.devices, &errs)
 	m.waitingDemand = register(reg, m.waitingDemand, &errs)
 	m.unsatisfiable = register(reg, m.unsatisfiable, &errs)
+	m.demand = register(reg, m.demand, &errs)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("register gang controller metrics: %w", err)
 	}

@@ -64,6 +64,7 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 	c.metrics.queueDevices.Reset()
 	c.metrics.unsatisfiable.Reset()
 	c.metrics.waitingDemand.Reset()
+	queued := map[demandKey]float64{}
 	var errs []error
 	var batch []*admission
 	for _, name := range sortedKeys(byQueue) {
@@ -110,6 +111,7 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 			waitingDevices += it.Devices
 			for _, class := range it.classes {
 				c.metrics.waitingDemand.WithLabelValues(class).Add(float64(it.Devices) / float64(len(it.classes)))
+				queued[demandKey{class, "", queueSource(it.kind)}] += float64(it.Devices) / float64(len(it.classes))
 			}
 			out.position = waiting
 			errs = append(errs, c.reportWaiting(ctx, it, out, now))
@@ -119,6 +121,7 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 		c.metrics.unsatisfiable.WithLabelValues(name).Set(float64(unsatisfiable))
 		errs = append(errs, c.setQueueStatus(ctx, name, waiting, waitingDevices, blocked))
 	}
+	c.queuedDemand = queued
 	errs = append(errs, c.admit(ctx, batch, snap, now))
 	return errors.Join(errs...)
 }
