@@ -134,7 +134,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 	}
 	defer backend.Close()
 	pc := plugin.Config{NodeName: f.nodeName, Backend: backend, Client: client, PodUID: f.podUID, RegistrarDir: f.registrarDir, PluginDataDir: f.pluginDataDir, CDIDir: f.cdiDir,
-		FractionalGPUs: f.fractional, MigDevices: migPolicy(f.migDevices), UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
+		FractionalGPUs: f.fractional, DCGMExporterAttributes: f.dcgmExporterAttributes, MigDevices: migPolicy(f.migDevices), UnhealthyTaintEffect: effect, MPSControlBinary: mpsControl, DriverTools: tools,
 		MPSServerImage: f.mpsServerImage, MPSServerServiceAccount: f.mpsServerServiceAccount, MPSServerLogArgs: logArgs, Namespace: f.namespace, HostDriverRoot: f.hostDriverRoot, Metrics: plugin.NewMetrics(),
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}

@@ -38,7 +38,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"node-name": "NODE_NAME", "kubeconfig": "KUBECONFIG", "driver-root": "DRIVER_ROOT", "cdi-dir": "CDI_DIR",
 		"plugin-data-dir": "PLUGIN_DATA_DIR", "registrar-dir": "REGISTRAR_DIR", "backend": "BACKEND", "sim-machine": "SIM_MACHINE",
 		"proc-root": "PROC_ROOT", "pod-uid": "POD_UID", "metrics-address": "METRICS_ADDRESS", "kube-api-qps": "KUBE_API_QPS",
-		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "mig-devices": "MIG_DEVICES", "mps-control-binary": "MPS_CONTROL_BINARY",
+		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "dcgm-exporter-attributes": "DCGM_EXPORTER_ATTRIBUTES", "mig-devices": "MIG_DEVICES", "mps-control-binary": "MPS_CONTROL_BINARY",
 		"mps-server-image": "MPS_SERVER_IMAGE", "namespace": "POD_NAMESPACE", "host-driver-root": "HOST_DRIVER_ROOT",
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
@@ -85,7 +85,7 @@ func TestEnvironment(t *testing.T) {
 			"FRACTIONAL_GPUS": "true", "HEALTH_IGNORED_XIDS": "13,43", "POD_NAMESPACE": "gpudra", "METRICS_ADDRESS": ":19477",
 			"MODE": "device-plugin", "GPU_RESOURCE_NAME": "example.com/gpu", "DEVICE_PLUGIN_CONFIG": "/config/config.yaml",
 			"DEVICE_PLUGIN_DIR": "/dp", "KUBELET_DEVICE_CHECKPOINT": "/dp/cp", "POD_RESOURCES_SOCKET": "/pr/kubelet.sock",
-			"TELEMETRY_INTERVAL": "30s"},
+			"TELEMETRY_INTERVAL": "30s", "DCGM_EXPORTER_ATTRIBUTES": "true"},
 			check: func(t *testing.T, o *options) {
 				assert.Equal(t, "device-plugin", o.mode)
 				assert.Equal(t, "example.com/gpu", o.gpuResourceName)
@@ -97,6 +97,7 @@ func TestEnvironment(t *testing.T) {
 				assert.InDelta(t, 20.5, o.qps, 0)
 				assert.Equal(t, 40, o.burst)
 				assert.True(t, o.fractional)
+				assert.True(t, o.dcgmExporterAttributes)
 				assert.Equal(t, []uint64{13, 43}, o.healthIgnoredXIDs)
 				assert.Equal(t, "gpudra", o.namespace)
 				assert.Equal(t, ":19477", o.metricsAddr)

@@ -33,6 +33,9 @@ type Driver struct {
 	client kubernetes.Interface
 	// fractional publishes whole GPUs as shareable (consumable capacity).
 	fractional bool
+	// dcgmExporterAttributes publishes the MIG attributes dcgm-exporter
+	// reads (slicebuilder.Options.DCGMExporterAttributes).
+	dcgmExporterAttributes bool
 	// migPolicy says which MIG devices are published (--mig-devices).
 	migPolicy slicebuilder.MigPolicy
 	// existingMigOnly offers only MIG devices that exist (feature gate
@@ -148,7 +151,7 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}
-	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional, ExistingMigOnly: d.existingMigOnly, Mig: d.migPolicy})
+	res, err := slicebuilder.Build(inv, d.pool, slicebuilder.Options{ManagedMigDevices: managed, Taints: taints, FractionalGPUs: d.fractional, DCGMExporterAttributes: d.dcgmExporterAttributes, ExistingMigOnly: d.existingMigOnly, Mig: d.migPolicy})
 	if err != nil {
 		return resourceslice.DriverResources{}, nil, err
 	}

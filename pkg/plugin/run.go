@@ -51,6 +51,10 @@ type Config struct {
 	// FractionalGPUs publishes whole GPUs with MIG off as shareable
 	// (consumable capacity), each share capped with MPS.
 	FractionalGPUs bool
+	// DCGMExporterAttributes adds to each MIG device the attributes
+	// dcgm-exporter reads (`profile`); off by default, for what it costs
+	// kube-scheduler (docs/scale.md).
+	DCGMExporterAttributes bool
 	// MigDevices says which MIG devices a GPU in MIG mode publishes
 	// (--mig-devices; zero: all); the Node's annotation
 	// gpu.gpudra.dev/mig-devices overrides it (migpolicy.go).
@@ -170,7 +174,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		return nil, err
 	}
 	d := &Driver{state: state, backend: cfg.Backend, pool: cfg.NodeName, cancel: cancel, metrics: cfg.Metrics,
-		client: cfg.Client, fractional: cfg.FractionalGPUs, migPolicy: nodeMigPolicy(ctx, cfg.Client, cfg.NodeName, cfg.MigDevices, nodeEv), existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
+		client: cfg.Client, fractional: cfg.FractionalGPUs, dcgmExporterAttributes: cfg.DCGMExporterAttributes, migPolicy: nodeMigPolicy(ctx, cfg.Client, cfg.NodeName, cfg.MigDevices, nodeEv), existingMigOnly: !features.Enabled(cfg.FeatureGates, features.DynamicMIG),
 		taintEffect: cfg.UnhealthyTaintEffect,
 		xidPolicy:   nvdevice.NewXIDPolicy(cfg.HealthIgnoredXIDs), events: nodeEv, driverSpec: driverSpec, healthObs: cfg.HealthObserver}
 	// With the DeviceHealth gate off nothing is tainted, not even the GPUs
