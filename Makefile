@@ -36,7 +36,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
+.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
 all: build
 
 build:
@@ -47,7 +47,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint test-unit test-nvml test-fuzz test-chart test-e2e
+test: lint test-unit test-nvml test-fuzz test-chart test-rules test-e2e
 
 test-unit:
 	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)
@@ -80,6 +80,15 @@ test-chart: helm
 	@out=$$($(HELM) template gpudra $(CHART) --namespace gpudra --kube-version 1.37.1 --set controller.enabled=false) && \
 	  if grep -q -e 'kind: ValidatingWebhookConfiguration' -e 'gpudra-controller' <<<"$$out"; then \
 	    echo "controller.enabled=false still renders the controller or its webhook"; exit 1; fi
+
+# The chart's Prometheus rules and Grafana dashboard (hack/promrules, a
+# module of its own so that github.com/prometheus/prometheus stays out of
+# the main module): parsed as `promtool check rules` does, rendered by the
+# chart unchanged, every metric they use exported, and every alert and
+# recording rule evaluated over scrapes of the real collectors.
+test-rules: helm
+	cd hack/promrules && CGO_ENABLED=0 $(GO) vet ./...
+	cd hack/promrules && HELM=$(HELM) CGO_ENABLED=0 $(GO) test -count=1 ./...
 
 # runc, built from the module proxy (no other download is reachable here).
 $(RUNC):

@@ -1,0 +1,476 @@
+package promrules
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/prepared"
+	"github.com/gpudra/gpudra/pkg/telemetry"
+)
+
+// node is one simulated GPU node and its kubelet plugin's registry, as
+// the plugin binary builds it: the mode's metrics, the device telemetry
+// and the health metrics.
+type node struct {
+	name   string
+	dra    bool
+	m      *sim.Machine
+	gpus   []nvdevice.GPU
+	rd     *reader
+	tel    *telemetry.Collector
+	health *telemetry.HealthMetrics
+	reg    *prometheus.Registry
+	attr   *attribution // device plugin mode only
+	target map[string]string
+
+	mu     sync.Mutex
+	claims []prepared.Claim // DRA mode: what the plugin prepared
+}
+
+func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
+	t.Helper()
+	m, err := sim.NewBuiltin("dgx-h100-nomig", name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	inv, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: &reader{m: m}}
+	n.tel = telemetry.NewCollector(n.rd, name, scrapeInterval)
+	n.health = telemetry.NewHealthMetrics(name, inv.GPUs)
+	require.NoError(t, telemetry.FollowHealth(ctx, m, n.health, nvdevice.DefaultXIDPolicy))
+	if dra {
+		n.reg = plugin.NewMetrics().Registry
+		n.tel.SetClaims(func() []prepared.Claim {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return slices.Clone(n.claims)
+		})
+		n.target = targetLabels(name, "gpudra-kubelet-plugin-metrics")
+	} else {
+		n.reg = deviceplugin.NewMetrics().Registry
+		n.attr = &attribution{node: name, up: true}
+		n.reg.MustRegister(n.attr)
+		n.target = targetLabels(name, "gpudra-kubelet-plugin-metrics")
+	}
+	n.reg.MustRegister(n.tel, n.health)
+	return n
+}
+
+func (n *node) gpu(i int) nvdevice.GPU { return n.gpus[i] }
+
+// claim prepares a claim of ns/name on GPU i (DRA mode).
+func (n *node) claim(i int, ns, name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	g := n.gpu(i)
+	n.claims = append(n.claims, prepared.Claim{UID: "uid-" + name, Namespace: ns, Name: name, State: prepared.PrepareCompleted,
+		Devices: []prepared.Device{{Device: telemetryDeviceName(g), UUID: g.UUID, GPUUUID: g.UUID}}})
+}
+
+func telemetryDeviceName(g nvdevice.GPU) string {
+	return telemetry.DeviceName(&nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor})
+}
+
+func (n *node) load(t *testing.T, i int, load float64) {
+	require.NoError(t, n.m.SetLoad(n.gpu(i).UUID, load))
+}
+
+// xid injects an XID through the simulated driver and waits until the
+// health metrics counted it.
+func (n *node) xid(t *testing.T, i int, xid uint64) {
+	t.Helper()
+	before := sumOf(t, n.reg, "gpudra_gpu_xid_errors_total")
+	require.NoError(t, n.m.InjectXID(n.gpu(i).UUID, "", xid))
+	require.Eventually(t, func() bool { return sumOf(t, n.reg, "gpudra_gpu_xid_errors_total") == before+1 },
+		5*time.Second, time.Millisecond, "the health metrics count the XID")
+}
+
+// attribution stands in for the attribution collector (pkg/telemetry,
+// both modes), which lands with this part of issue 36, with the labels
+// /work/contract36.md gives its series.
+// TODO(issue 36): use telemetry.Collector.SetAttribution over the
+// simulator's processes once it is on main.
+type attribution struct {
+	node string
+
+	mu   sync.Mutex
+	up   bool
+	pods []pod
+}
+
+type pod struct {
+	gpu, device, namespace, name, container string
+	memoryBytes, sm                         float64
+}
+
+var (
+	descPodInfo = prometheus.NewDesc("gpudra_device_pod_info", "test", []string{"gpu", "device", "node", "namespace", "pod", "container", "claim"}, nil)
+	descCtrMem  = prometheus.NewDesc("gpudra_container_gpu_memory_used_bytes", "test", []string{"gpu", "device", "node", "namespace", "pod", "container"}, nil)
+	descCtrSM   = prometheus.NewDesc("gpudra_container_gpu_sm_utilization_ratio", "test", []string{"gpu", "device", "node", "namespace", "pod", "container"}, nil)
+	descAttrUp  = prometheus.NewDesc("gpudra_telemetry_attribution_up", "test", []string{"node"}, nil)
+)
+
+func (a *attribution) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPodInfo
+	ch <- descCtrMem
+	ch <- descCtrSM
+	ch <- descAttrUp
+}
+
+func (a *attribution) Collect(ch chan<- prometheus.Metric) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	up := 0.0
+	if a.up {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descAttrUp, prometheus.GaugeValue, up, a.node)
+	if !a.up {
+		return // could not tell: no series, never a 0
+	}
+	for _, p := range a.pods {
+		ch <- prometheus.MustNewConstMetric(descPodInfo, prometheus.GaugeValue, 1, p.gpu, p.device, a.node, p.namespace, p.name, p.container, "")
+		ch <- prometheus.MustNewConstMetric(descCtrMem, prometheus.GaugeValue, p.memoryBytes, p.gpu, p.device, a.node, p.namespace, p.name, p.container)
+		ch <- prometheus.MustNewConstMetric(descCtrSM, prometheus.GaugeValue, p.sm, p.gpu, p.device, a.node, p.namespace, p.name, p.container)
+	}
+}
+
+// run is one Prometheus's view of a small cluster: node-a in DRA mode,
+// node-b in device plugin mode, and the controller's per-class gauges.
+type run struct {
+	a, b *node
+	ctl  *prometheus.Registry
+}
+
+func newRun(t *testing.T, ctx context.Context) *run {
+	r := &run{a: newNode(t, ctx, "node-a", true), b: newNode(t, ctx, "node-b", false), ctl: prometheus.NewRegistry()}
+	// The healthy baseline: a claim of team-a trains on node-a's gpu-2, a
+	// pod of team-b keeps node-b's gpu-4 fully busy (at its power cap, as
+	// a busy H100 is: sw_power_cap, which is no alert).
+	r.a.claim(2, "team-a", "train")
+	r.a.load(t, 2, 0.6)
+	g := r.b.gpu(4)
+	r.b.attr.pods = []pod{{gpu: g.UUID, device: telemetryDeviceName(g), namespace: "team-b", name: "infer-0", container: "server", memoryBytes: 10 << 30, sm: 0.9}}
+	r.b.load(t, 4, 1)
+
+	// The controller's leader. TODO(issue 36): gpudra_class_devices gains
+	// node_pool and gpudra_class_demand_devices lands with this part;
+	// these stand in for the gang controller's own until then.
+	devices := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpudra_class_devices", Help: "test"}, []string{"device_class", "node_pool", "state"})
+	demand := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpudra_class_demand_devices", Help: "test"}, []string{"device_class", "node_pool", "source"})
+	r.ctl.MustRegister(devices, demand)
+	for _, d := range []struct {
+		pool, state string
+		v           float64
+	}{{"pool-1", "free", 10}, {"pool-1", "allocated", 5}, {"pool-1", "held", 1}, {"pool-2", "free", 0}, {"pool-2", "allocated", 8}, {"pool-2", "held", 0}} {
+		devices.WithLabelValues("gpu.gpudra.dev", d.pool, d.state).Set(d.v)
+	}
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-1", "pending_pods").Set(3)
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", "gangs").Set(4)
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", "reservations").Set(0)
+	return r
+}
+
+// adjustment edits a scrape of one node at a time since the start: what a
+// failing plugin would have counted.
+type adjustment func(at time.Duration, node string, s []sample)
+
+// set sets the value of the node's series of name whose labels include
+// match.
+func set(s []sample, name string, match map[string]string, v float64) {
+	for i := range s {
+		if s[i].lset.Get(labels.MetricName) != name {
+			continue
+		}
+		ok := true
+		for k, want := range match {
+			ok = ok && s[i].lset.Get(k) == want
+		}
+		if ok {
+			s[i].v = v
+		}
+	}
+}
+
+func minutesSince(at, from time.Duration) float64 {
+	if at < from {
+		return 0
+	}
+	return (at - from).Minutes()
+}
+
+func bit(name string) float64 {
+	for _, r := range nvdevice.ThrottleReasons {
+		if r.Name == name {
+			return float64(r.Bit)
+		}
+	}
+	panic("no throttle reason " + name)
+}
+
+type scenario struct {
+	name string
+	// setup runs before the first scrape (what happened before this
+	// Prometheus started).
+	setup func(t *testing.T, r *run)
+	// at runs before the scrape at that time.
+	at     map[time.Duration]func(t *testing.T, r *run)
+	adjust adjustment
+	// want: the alerts that fire at some evaluation, by alertKey; none
+	// other may.
+	want  []string
+	check func(t *testing.T, ev evaluation)
+}
+
+// timelineEnd: long enough for the idle alert (an hour, then for: 1h).
+const timelineEnd = 130 * time.Minute
+
+func (sc scenario) run(t *testing.T) evaluation {
+	// The collector logs each failed read; the telemetry-down case has
+	// hundreds.
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logr.Discard()))
+	t.Cleanup(cancel)
+	r := newRun(t, ctx)
+	if sc.setup != nil {
+		sc.setup(t, r)
+	}
+	var tl timeline
+	for at := time.Duration(0); at <= timelineEnd; at += scrapeInterval {
+		if f := sc.at[at]; f != nil {
+			f(t, r)
+		}
+		for _, n := range []*node{r.a, r.b} {
+			n.tel.Sample(ctx)
+			s := scrape(t, n.reg, n.target)
+			if sc.adjust != nil {
+				sc.adjust(at, n.name, s)
+			}
+			tl.add(at, n.name, s)
+		}
+		tl.add(at, "controller", scrape(t, r.ctl, map[string]string{"job": "gpudra-controller-metrics", "instance": "10.0.1.1:9478", "namespace": "gpudra", "pod": "gpudra-controller-0"}))
+	}
+	ev := evaluate(t, &tl, timelineEnd)
+	var fired []string
+	for k := range ev.fired {
+		fired = append(fired, k)
+	}
+	slices.Sort(fired)
+	want := slices.Clone(sc.want)
+	slices.Sort(want)
+	assert.Equal(t, want, fired, "alerts fired")
+	return ev
+}
+
+func TestRulesOverScrapes(t *testing.T) {
+	thermal := func(on bool) func(t *testing.T, r *run) {
+		return func(t *testing.T, r *run) {
+			r.a.rd.set(false, r.a.gpu(2).UUID, func(s *nvdevice.TelemetrySample) {
+				if on {
+					s.ClockEventReasons = nvdevice.Read(bit("hw_thermal_slowdown"))
+				}
+			})
+		}
+	}
+	ecc := func(i int, n float64) func(t *testing.T, r *run) {
+		return func(t *testing.T, r *run) {
+			r.a.rd.set(false, r.a.gpu(i).UUID, func(s *nvdevice.TelemetrySample) {
+				s.ECCVolatileUncorrected = nvdevice.Read(n)
+				s.ECCAggregateUncorrected = nvdevice.Read(n + 7)
+			})
+		}
+	}
+	for _, sc := range []scenario{
+		{name: "healthy: nothing fires", check: checkHealthyRecords},
+
+		// XIDs.
+		{name: "an application XID on a claimed GPU (DRA)",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
+			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+		{name: "a critical XID on a claimed GPU: it is unhealthy too",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 79) }},
+			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="79"}`, `GpudraUnhealthyGPUInUse{device="gpu-2",node="node-a"}`},
+			check: func(t *testing.T, ev evaluation) {
+				assert.Equal(t, 1.0, one(t, ev, "cluster:gpudra_gpus_unhealthy:count"))
+			}},
+		{name: "a critical XID on a free GPU",
+			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 5, 79) }}},
+		{name: "an XID on a GPU a container holds (device plugin mode)",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 4, 13) }},
+			want: []string{`GpudraXIDOnGPUInUse{device="gpu-4",node="node-b",xid="13"}`}},
+		{name: "an XID on a GPU no container holds (device plugin mode)",
+			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 6, 13) }}},
+		{name: "XIDs counted before Prometheus started: their series appear at 3",
+			setup: func(t *testing.T, r *run) {
+				for range 3 {
+					r.a.xid(t, 2, 13)
+					r.b.xid(t, 4, 13)
+				}
+			}},
+		{name: "one more XID of a code counted before Prometheus started",
+			setup: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) },
+			at:    map[time.Duration]func(*testing.T, *run){40 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
+			want:  []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+
+		// ECC.
+		{name: "uncorrected ECC errors on a claimed GPU",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(2, 2)},
+			want: []string{`GpudraUncorrectedECCOnGPUInUse{device="gpu-2",node="node-a"}`}},
+		{name: "uncorrected ECC errors on a free GPU",
+			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(5, 2)}},
+		{name: "uncorrected ECC errors counted before Prometheus started",
+			setup: func(t *testing.T, r *run) { ecc(2, 4)(t, r) }},
+
+		// Throttling.
+		{name: "thermal throttling for an hour",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 80 * time.Minute: thermal(false)},
+			want: []string{`GpudraGPUThrottled{device="gpu-2",node="node-a",reason="hw_thermal_slowdown"}`}},
+		{name: "thermal throttling for six minutes",
+			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 26 * time.Minute: thermal(false)}},
+
+		// Idle claims.
+		{name: "a claimed GPU idle for two hours (DRA)",
+			setup: func(t *testing.T, r *run) { r.a.load(t, 2, 0) },
+			want:  []string{`GpudraClaimedGPUIdle{device="gpu-2",node="node-a"}`}},
+		{name: "a GPU a container holds idle for two hours (device plugin mode)",
+			setup: func(t *testing.T, r *run) { r.b.load(t, 4, 0) },
+			want:  []string{`GpudraClaimedGPUIdle{device="gpu-4",node="node-b"}`}},
+		{name: "a claimed GPU idle for 50 minutes, then busy",
+			setup: func(t *testing.T, r *run) { r.a.load(t, 2, 0) },
+			at:    map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) { r.a.load(t, 2, 0.5) }}},
+
+		// Telemetry.
+		{name: "the GPUs cannot be read",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.rd.set(true, "", nil) }},
+			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
+		{name: "the pod-resources API cannot be read",
+			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) {
+				r.b.attr.mu.Lock()
+				r.b.attr.up = false
+				r.b.attr.mu.Unlock()
+			}},
+			want: []string{`GpudraAttributionDown{node="node-b"}`}},
+
+		// The plugin's operations.
+		{name: "a third of the prepares fail",
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-a" {
+					set(s, "gpudra_plugin_claim_operations_total", map[string]string{"operation": "prepare", "result": "success"}, 10*minutesSince(at, 0))
+					set(s, "gpudra_plugin_claim_operations_total", map[string]string{"operation": "prepare", "result": "error"}, 5*minutesSince(at, 20*time.Minute))
+				}
+			},
+			want: []string{`GpudraPrepareErrors{node="node-a"}`}},
+		{name: "prepares take 30 to 60 s",
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n != "node-b" {
+					for _, le := range []string{"60", "120", "300", "+Inf"} {
+						set(s, "gpudra_plugin_claim_operation_duration_seconds_bucket", map[string]string{"operation": "prepare", "le": le}, minutesSince(at, 20*time.Minute))
+					}
+					set(s, "gpudra_plugin_claim_operation_duration_seconds_count", map[string]string{"operation": "prepare"}, minutesSince(at, 20*time.Minute))
+				}
+			},
+			want: []string{`GpudraPrepareSlow{node="node-a"}`}},
+		{name: "a prepare never finishes",
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-a" && at >= 20*time.Minute {
+					set(s, "gpudra_plugin_operations_in_flight", map[string]string{"operation": "prepare"}, 1)
+				}
+			},
+			want: []string{`GpudraOperationStuck{node="node-a"}`}},
+		{name: "the plugin counts an unhealthy GPU",
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-a" && at >= 20*time.Minute {
+					set(s, "gpudra_plugin_unhealthy_gpus", nil, 1)
+				}
+			},
+			want: []string{`GpudraUnhealthyGPUs{node="node-a"}`}},
+		{name: "an MPS server could not be restarted (device plugin mode)",
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-b" && at >= 30*time.Minute {
+					set(s, "gpudra_device_plugin_mps_daemon_restarts_total", map[string]string{"result": "error"}, 1)
+				}
+			},
+			want: []string{`GpudraMPSRestartFailures{node="node-b"}`}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			ev := sc.run(t)
+			if sc.check != nil {
+				sc.check(t, ev)
+			}
+		})
+	}
+}
+
+// one is the single value of a recorded series at the end.
+func one(t *testing.T, ev evaluation, expr string) float64 {
+	t.Helper()
+	v := ev.query(expr, timelineEnd)
+	require.Len(t, v, 1, expr)
+	return v[0].F
+}
+
+// byLabel is a recorded series' values at the end, by one label.
+func byLabel(t *testing.T, ev evaluation, expr, label string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, s := range ev.query(expr, timelineEnd) {
+		out[s.Metric.Get(label)] = s.F
+	}
+	return out
+}
+
+func checkHealthyRecords(t *testing.T, ev evaluation) {
+	for expr, want := range map[string]float64{
+		"cluster:gpudra_gpus:count":           16,
+		"cluster:gpudra_gpus_in_use:count":    2, // node-a gpu-2 by its claim, node-b gpu-4 by its container
+		"cluster:gpudra_gpus_free:count":      14,
+		"cluster:gpudra_gpus_busy:count":      2,
+		"cluster:gpudra_gpus_unhealthy:count": 0,
+	} {
+		assert.Equal(t, want, one(t, ev, expr), expr)
+	}
+	assert.Equal(t, map[string]float64{"team-a": 1, "team-b": 1}, byLabel(t, ev, "namespace:gpudra_devices_held:count", "namespace"),
+		"devices per namespace: team-a's through its claim, team-b's through its container; never the plugin pod's namespace")
+	assert.Equal(t, map[string]float64{"team-b": 10 << 30}, byLabel(t, ev, "namespace:gpudra_container_gpu_memory_used_bytes:sum", "namespace"))
+	assert.Equal(t, map[string]float64{"team-b": 0.9}, byLabel(t, ev, "namespace:gpudra_container_gpu_sm_utilization_ratio:sum", "namespace"))
+	for expr, want := range map[string]float64{
+		"device_class:gpudra_class_devices_capacity:sum":  24,
+		"device_class:gpudra_class_devices_allocated:sum": 13,
+		"device_class:gpudra_class_devices_held:sum":      1,
+		"device_class:gpudra_class_devices_free:sum":      10,
+		"device_class:gpudra_class_demand_devices:sum":    7,
+	} {
+		assert.Equal(t, map[string]float64{"gpu.gpudra.dev": want}, byLabel(t, ev, expr, "device_class"), expr)
+	}
+	assert.Equal(t, map[string]float64{"pending_pods": 3, "gangs": 4, "reservations": 0},
+		byLabel(t, ev, `device_class_source:gpudra_class_demand_devices:sum{device_class="gpu.gpudra.dev"}`, "source"))
+	// Device-hours as docs/metrics.md says to compute them: over the last
+	// hour, each namespace held one device all along.
+	hours := byLabel(t, ev, "sum_over_time(namespace:gpudra_devices_held:count[1h:1m]) / 60", "namespace")
+	for _, ns := range []string{"team-a", "team-b"} {
+		assert.InDelta(t, 1.0, hours[ns], 0.02, "device-hours of %s", ns)
+	}
+	assert.False(t, strings.Contains(strings.Join(keys(hours), ","), "gpudra"))
+}
+
+func keys(m map[string]float64) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
