@@ -158,32 +158,32 @@ func TestGPMOfAGPU(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		switches  []string
-		fake      fakeGPM
+		fake      *fakeGPM
 		wantPass  [][6]nvdevice.Reading // per pass
 		wantQuery int
 	}{
 		{
 			name: "no figure from the first pass, then figures over each interval", switches: []string{"sw0"},
-			fake:      fakeGPM{supported: true},
+			fake:      &fakeGPM{supported: true},
 			wantPass:  [][6]nvdevice.Reading{none, gpmAt(2, true), gpmAt(3, true)},
 			wantQuery: 1,
 		},
 		{
-			name: "a GPU without NVLink has no NVLink figure", fake: fakeGPM{supported: true},
+			name: "a GPU without NVLink has no NVLink figure", fake: &fakeGPM{supported: true},
 			wantPass: [][6]nvdevice.Reading{none, gpmAt(2, false)}, wantQuery: 1,
 		},
 		{
-			name: "a GPU without GPM has none, and is asked once", fake: fakeGPM{supported: false}, switches: []string{"sw0"},
+			name: "a GPU without GPM has none, and is asked once", fake: &fakeGPM{supported: false}, switches: []string{"sw0"},
 			wantPass: [][6]nvdevice.Reading{none, none, none}, wantQuery: 1,
 		},
 		{
 			name: "a failed sample starts over: no figure across it", switches: []string{"sw0"},
-			fake:     fakeGPM{supported: true, failGet: map[int]bool{2: true}},
+			fake:     &fakeGPM{supported: true, failGet: map[int]bool{2: true}},
 			wantPass: [][6]nvdevice.Reading{none, none, none, gpmAt(3, true)}, wantQuery: 1,
 		},
 		{
 			name: "a metric NVML refuses is unsupported, the rest read", switches: []string{"sw0"},
-			fake: fakeGPM{supported: true, metricRet: map[nvml.GpmMetricId]nvml.Return{
+			fake: &fakeGPM{supported: true, metricRet: map[nvml.GpmMetricId]nvml.Return{
 				nvml.GPM_METRIC_ANY_TENSOR_UTIL: nvml.ERROR_NOT_SUPPORTED, nvml.GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: nvml.ERROR_UNKNOWN,
 			}},
 			wantPass: func() [][6]nvdevice.Reading {
@@ -198,7 +198,7 @@ func TestGPMOfAGPU(t *testing.T) {
 			gpus := board(1, nvml.DEVICE_MIG_DISABLE, tc.switches...)
 			withTelemetry(gpus[0], telemetryFake{})
 			lib := fakeLib(gpus)
-			f := withGPM(t, lib, gpus, &tc.fake)
+			f := withGPM(t, lib, gpus, tc.fake)
 			b := testBackend(t, lib)
 			for pass, want := range tc.wantPass {
 				got, err := b.Telemetry(context.Background())
