@@ -24,6 +24,7 @@ func main() {
 	fs := pflag.NewFlagSet(cudacheck.Name, pflag.ContinueOnError)
 	alloc := fs.String("alloc", "", "allocate this much device memory (a quantity: 1Gi, 512Mi); nothing when empty")
 	device := fs.Int("device", 0, "the CUDA device ordinal to allocate on")
+	hold := fs.Duration("hold", 0, "keep the --alloc allocation this long before freeing it, writing it over with the GPU meanwhile (cuMemsetD8_v2), so that NVML sees a busy process (the telemetry checks)")
 	lib := fs.String("libcuda", "", "the libcuda file to load (default: "+libcuda.Soname+" through the dynamic loader, then a mounted "+libcuda.Soname+")")
 	if err := fs.Parse(os.Args[1:]); errors.Is(err, pflag.ErrHelp) {
 		os.Exit(0)
@@ -35,7 +36,11 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%s: unexpected arguments %q\n", cudacheck.Name, fs.Args())
 		os.Exit(2)
 	}
-	cfg := cudacheck.Config{Device: *device}
+	cfg := cudacheck.Config{Device: *device, Hold: *hold}
+	if *hold > 0 && *alloc == "" {
+		fmt.Fprintf(os.Stderr, "%s: --hold needs --alloc (what to hold)\n", cudacheck.Name)
+		os.Exit(2)
+	}
 	if *alloc != "" {
 		n, err := cudacheck.ParseSize(*alloc)
 		if err != nil {

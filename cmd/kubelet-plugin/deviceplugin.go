@@ -68,7 +68,7 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 		return err
 	}
 	dpMetrics := deviceplugin.NewMetrics()
-	telemetry.Register(ctx, dpMetrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	f.startAttribution(telemetry.Register(ctx, dpMetrics.Registry, backend, f.nodeName, f.telemetryInterval))
 	health, err := registerHealthMetrics(ctx, dpMetrics.Registry, backend, f.nodeName)
 	if err != nil {
 		return err

@@ -139,6 +139,7 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		HealthIgnoredXIDs: f.healthIgnoredXIDs, FeatureGates: gates,
 		DriverFilesHostRoot: driverFilesHostRoot, CDIHookPath: f.cdiHook}
 	telemetryCollector := telemetry.Register(ctx, pc.Metrics.Registry, backend, f.nodeName, f.telemetryInterval)
+	f.startAttribution(telemetryCollector)
 	// The plugin's health watch (DeviceHealth) feeds the health metrics.
 	if features.Enabled(gates, features.DeviceHealth) {
 		if pc.HealthObserver, err = registerHealthMetrics(ctx, pc.Metrics.Registry, backend, f.nodeName); err != nil {

@@ -34,6 +34,8 @@ type options struct {
 	cdiHook                                                                                   string
 	mode, devicePluginConfig, gpuResourceName, devicePluginDir                                string
 	kubeletDeviceCheckpoint, podResourcesSocket                                               string
+	containerLogDir                                                                           string
+	telemetryProcesses                                                                        bool
 	localStateDir                                                                             string
 	taintEffect, migDevices                                                                   string
 	fractional                                                                                bool
@@ -63,7 +65,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("backend", "BACKEND")
 	fs.StringVar(&o.machine, "sim-machine", "dgx-h100", "simulated machine for --backend sim: built-in name or YAML file")
 	env("sim-machine", "SIM_MACHINE")
-	fs.StringVar(&o.procRoot, "proc-root", "/proc", "host /proc, for boot id, device majors and MIG minors")
+	fs.StringVar(&o.procRoot, "proc-root", "/proc", "host /proc, for boot id, device majors and MIG minors, and the GPU processes' cgroups (--telemetry-processes; the plugin then runs with hostPID)")
 	env("proc-root", "PROC_ROOT")
 	fs.StringVar(&o.podUID, "pod-uid", "", "this pod's UID, from the downward API: enables rolling updates")
 	env("pod-uid", "POD_UID")
@@ -98,6 +100,10 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("health-ignored-xids", "HEALTH_IGNORED_XIDS")
 	fs.DurationVar(&o.telemetryInterval, "telemetry-interval", telemetry.DefaultInterval, "how often the devices' telemetry (gpudra_gpu_* on /metrics) is read through the backend, one pass over every device; scrapes get the last pass and never read NVML; 0 disables telemetry")
 	env("telemetry-interval", "TELEMETRY_INTERVAL")
+	fs.BoolVar(&o.telemetryProcesses, "telemetry-processes", true, "attribute the devices' GPU processes to the pods' containers that hold the devices (gpudra_device_pod_info, gpudra_container_gpu_*; docs/metrics.md), both modes: reads the kubelet's pod-resources API (--pod-resources-socket), the processes' cgroups under --proc-root (the host's PID namespace: hostPID) and the link names in --container-log-dir; false: no pod or container series")
+	env("telemetry-processes", "TELEMETRY_PROCESSES")
+	fs.StringVar(&o.containerLogDir, "container-log-dir", "/var/log/containers", "the kubelet's container log links (<pod>_<namespace>_<container>-<id>.log), whose names tell which container ID is which pod's container (--telemetry-processes); only the names are read")
+	env("container-log-dir", "CONTAINER_LOG_DIR")
 	fs.StringVar(&o.mode, "mode", modeDRA, "dra: the DRA kubelet plugin; device-plugin: the classic device plugin (nvidia.com/gpu, MIG and shared resources) for clusters without DRA. A node runs one mode: each refuses to start while the other still has GPUs handed out on the node")
 	env("mode", "MODE")
 	fs.StringVar(&o.devicePluginConfig, "device-plugin-config", "", "device plugin mode: a config file in the shape of NVIDIA's k8s-device-plugin config (version v1: flags.migStrategy, flags.plugin.deviceListStrategy and deviceIDStrategy, sharing.timeSlicing, sharing.mps; docs/device-plugin.md); empty: NVIDIA's defaults (migStrategy none: every GPU whole, MIG mode or not; deviceListStrategy envvar: NVIDIA_VISIBLE_DEVICES plus the device nodes, mounts and variables of the CDI specs), no sharing")
@@ -107,7 +113,7 @@ func addFlags(fs *pflag.FlagSet) *options {
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "device plugin mode: the kubelet's device plugin directory (its socket and ours)")
 	env("device-plugin-dir", "DEVICE_PLUGIN_DIR")
 	fs.StringVar(&o.localStateDir, "local-state-dir", local.DefaultStateDir, "gpudra local's state on this machine: the plugin refuses to start while it holds or queues allocations there")
-	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", deviceplugin.DefaultPodResourcesSocket, "the kubelet's pod-resources API: which pods hold GPUs through a device plugin (DRA mode refuses to start while any does; device plugin mode keeps the MPS servers of replicas in use); where it does not exist, --kubelet-device-checkpoint is read instead")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", deviceplugin.DefaultPodResourcesSocket, "the kubelet's pod-resources API: which pods hold GPUs through a device plugin (DRA mode refuses to start while any does; device plugin mode keeps the MPS servers of replicas in use), where it does not exist, --kubelet-device-checkpoint is read instead; and which containers hold which device, for --telemetry-processes")
 	env("pod-resources-socket", "POD_RESOURCES_SOCKET")
 	env("local-state-dir", "LOCAL_STATE_DIR")
 	fs.StringVar(&o.kubeletDeviceCheckpoint, "kubelet-device-checkpoint", deviceplugin.DefaultKubeletCheckpoint, "the kubelet device manager's checkpoint, read only where --pod-resources-socket does not exist (it keeps a deleted pod's devices until the kubelet's next device plugin allocation)")
@@ -154,6 +160,17 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 	if o.telemetryInterval < 0 {
 		errs = append(errs, fmt.Errorf("--telemetry-interval (env TELEMETRY_INTERVAL): %v is negative (0 disables telemetry)", o.telemetryInterval))
 	}
+	if o.telemetryInterval > 0 && o.telemetryProcesses {
+		for _, p := range []struct{ flag, env, value string }{
+			{"pod-resources-socket", "POD_RESOURCES_SOCKET", o.podResourcesSocket},
+			{"proc-root", "PROC_ROOT", o.procRoot},
+			{"container-log-dir", "CONTAINER_LOG_DIR", o.containerLogDir},
+		} {
+			if !filepath.IsAbs(p.value) {
+				errs = append(errs, fmt.Errorf("--%s (env %s): %q is not an absolute path; --telemetry-processes (on) needs it to attribute GPU processes to containers (--telemetry-processes=false turns that off)", p.flag, p.env, p.value))
+			}
+		}
+	}
 	if _, err := slicebuilder.ParseMigPolicy(o.migDevices); err != nil {
 		errs = append(errs, fmt.Errorf("--mig-devices (env MIG_DEVICES): %w", err))
 	}
@@ -161,4 +178,21 @@ func (o *options) validate(gates featuregate.FeatureGate) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// attribution is the telemetry's process attribution config (SetAttribution),
+// nil when --telemetry-processes is off.
+func (o *options) attribution() *telemetry.AttributionConfig {
+	if !o.telemetryProcesses {
+		return nil
+	}
+	return &telemetry.AttributionConfig{PodResourcesSocket: o.podResourcesSocket, ProcRoot: o.procRoot, ContainerLogDir: o.containerLogDir}
+}
+
+// startAttribution turns on c's process attribution where the flags ask
+// for it; c may be nil (no telemetry).
+func (o *options) startAttribution(c *telemetry.Collector) {
+	if a := o.attribution(); c != nil && a != nil {
+		c.SetAttribution(*a)
+	}
 }

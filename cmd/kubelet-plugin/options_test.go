@@ -44,7 +44,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		"nvidia-cdi-hook": "NVIDIA_CDI_HOOK", "mode": "MODE", "device-plugin-config": "DEVICE_PLUGIN_CONFIG",
 		"gpu-resource-name": "GPU_RESOURCE_NAME", "device-plugin-dir": "DEVICE_PLUGIN_DIR", "kubelet-device-checkpoint": "KUBELET_DEVICE_CHECKPOINT",
 		"pod-resources-socket": "POD_RESOURCES_SOCKET", "local-state-dir": "LOCAL_STATE_DIR",
-		"telemetry-interval": "TELEMETRY_INTERVAL",
+		"telemetry-interval": "TELEMETRY_INTERVAL", "telemetry-processes": "TELEMETRY_PROCESSES", "container-log-dir": "CONTAINER_LOG_DIR",
 	}
 	for flag, envName := range want {
 		assert.Equal(t, envName, component.EnvOf(c.Flags, flag), flag)
@@ -60,6 +60,8 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 		podResourcesSocket:      "/var/lib/kubelet/pod-resources/kubelet.sock",
 		localStateDir:           "/var/lib/gpudra/local",
 		telemetryInterval:       10 * time.Second,
+		telemetryProcesses:      true,
+		containerLogDir:         "/var/log/containers",
 	}, *o)
 }
 
@@ -156,6 +158,12 @@ func TestValidate(t *testing.T) {
 		{[]string{"--node-name=a", "--device-plugin-dir="}, ""},
 		{[]string{"--node-name=a", "--telemetry-interval=0"}, ""},
 		{[]string{"--node-name=a", "--telemetry-interval=-1s"}, "--telemetry-interval (env TELEMETRY_INTERVAL): -1s is negative (0 disables telemetry)"},
+		{[]string{"--node-name=a", "--container-log-dir="}, `--container-log-dir (env CONTAINER_LOG_DIR): "" is not an absolute path; --telemetry-processes (on) needs it`},
+		{[]string{"--node-name=a", "--container-log-dir=var/log/containers"}, `--container-log-dir (env CONTAINER_LOG_DIR): "var/log/containers" is not an absolute path`},
+		{[]string{"--node-name=a", "--pod-resources-socket="}, `--pod-resources-socket (env POD_RESOURCES_SOCKET): "" is not an absolute path`},
+		{[]string{"--node-name=a", "--proc-root=proc"}, `--proc-root (env PROC_ROOT): "proc" is not an absolute path`},
+		{[]string{"--node-name=a", "--container-log-dir=", "--telemetry-processes=false"}, ""},
+		{[]string{"--node-name=a", "--container-log-dir=", "--telemetry-interval=0"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -55,6 +55,15 @@ var (
 	descRemapPend = desc("gpu_row_remap_pending", "1 when a row remapping waits for the next GPU reset.", gpuLabels)
 	descRemapFail = desc("gpu_row_remap_failure", "1 when a row remapping failed (the GPU needs service).", gpuLabels)
 	descPCIe      = desc("gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms sample, by direction (tx: from the GPU, rx: to it).", gpuLabels, "direction")
+	descSMActive  = desc("gpu_sm_active_ratio", "Fraction of the GPU's SMs with a warp resident, over the time since the previous telemetry pass (GPM; DCGM_FI_PROF_SM_ACTIVE).", gpuLabels)
+	descSMOcc     = desc("gpu_sm_occupancy_ratio", "Warps resident on the GPU's SMs against the most they can hold, over the time since the previous pass (GPM; DCGM_FI_PROF_SM_OCCUPANCY).", gpuLabels)
+	descTensor    = desc("gpu_tensor_active_ratio", "Fraction of the time the GPU's tensor pipes were busy, over the time since the previous pass (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).", gpuLabels)
+	descDRAM      = desc("gpu_dram_active_ratio", "Fraction of its peak the GPU's memory interface was busy, over the time since the previous pass (GPM; DCGM_FI_PROF_DRAM_ACTIVE).", gpuLabels)
+	descNVLink    = desc("gpu_nvlink_bytes_per_second", "NVLink throughput over all of the GPU's links, by direction, over the time since the previous pass (GPM; DCGM_FI_PROF_NVLINK_TX_BYTES, RX_BYTES).", gpuLabels, "direction")
+	descMigSMAct  = desc("mig_sm_active_ratio", "Fraction of the MIG device's SMs with a warp resident, over the time since the previous pass (GPM of its GPU instance; DCGM_FI_PROF_SM_ACTIVE).", migLabels)
+	descMigSMOcc  = desc("mig_sm_occupancy_ratio", "Warps resident on the MIG device's SMs against the most they can hold (GPM; DCGM_FI_PROF_SM_OCCUPANCY).", migLabels)
+	descMigTensor = desc("mig_tensor_active_ratio", "Fraction of the time the MIG device's tensor pipes were busy (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).", migLabels)
+	descMigDRAM   = desc("mig_dram_active_ratio", "Fraction of its peak the MIG device's memory interface was busy (GPM; DCGM_FI_PROF_DRAM_ACTIVE).", migLabels)
 	descMigUsed   = desc("mig_framebuffer_used_bytes", "MIG device framebuffer memory used.", migLabels)
 	descMigFree   = desc("mig_framebuffer_free_bytes", "MIG device framebuffer memory free.", migLabels)
 	descMigTotal  = desc("mig_framebuffer_total_bytes", "MIG device framebuffer memory in all.", migLabels)
@@ -76,6 +85,10 @@ type Collector struct {
 	ok       bool
 	sampling bool // a read is under way (Sample is not reentrant)
 	claims   ClaimsFunc
+	// Process attribution (attribution.go): its config, nil while off,
+	// and the last pass's result.
+	attribCfg *AttributionConfig
+	attrib    *attribution
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -115,6 +128,7 @@ func (c *Collector) Sample(ctx context.Context) {
 		return
 	}
 	c.sampling = true
+	attribCfg, claims := c.attribCfg, c.claims
 	c.mu.Unlock()
 	start := c.clock.Now()
 	samples, err := c.reader.Telemetry(ctx)
@@ -123,8 +137,13 @@ func (c *Collector) Sample(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
 		samples = nil // telemetry_up says why the device series are missing
 	}
+	var attrib *attribution // not up: nothing read to attribute
+	if attribCfg != nil && err == nil {
+		attrib = c.attribute(ctx, *attribCfg, samples, claims)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.attrib = attrib
 	c.sampling, c.sampled = false, true
 	c.samples, c.ok, c.at, c.took = samples, err == nil, end, end.Sub(start)
 }
@@ -133,7 +152,12 @@ func (c *Collector) Sample(ctx context.Context) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descSampleDur, descSampleTS, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
 		descTemp, descSMClock, descReasons, descReason, descECC, descRemapped, descRemapPend, descRemapFail, descPCIe,
-		descMigUsed, descMigFree, descMigTotal, descClaimInfo, descFree} {
+		descSMActive, descSMOcc, descTensor, descDRAM, descNVLink,
+		descMigUsed, descMigFree, descMigTotal, descMigSMAct, descMigSMOcc, descMigTensor, descMigDRAM,
+		descClaimInfo, descFree} {
+		ch <- d
+	}
+	for _, d := range attributionDescs() {
 		ch <- d
 	}
 }
@@ -143,7 +167,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	samples, ok, sampled, at, took, claims := c.samples, c.ok, c.sampled, c.at, c.took, c.claims
+	attribOn, attrib := c.attribCfg != nil, c.attrib
 	c.mu.Unlock()
+	c.collectAttribution(ch, attribOn, attrib)
 	var h *holders
 	if claims != nil && len(samples) > 0 {
 		hs := holdersOf(claims())
@@ -222,6 +248,12 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, s *nvdevice.Telemetr
 	send(ch, descRemapFail, gauge, s.RemapFailure, l...)
 	send(ch, descPCIe, gauge, s.PCIeTXBytesPerSecond, with("tx")...)
 	send(ch, descPCIe, gauge, s.PCIeRXBytesPerSecond, with("rx")...)
+	send(ch, descSMActive, gauge, s.SMActive, l...)
+	send(ch, descSMOcc, gauge, s.SMOccupancy, l...)
+	send(ch, descTensor, gauge, s.TensorActive, l...)
+	send(ch, descDRAM, gauge, s.DRAMActive, l...)
+	send(ch, descNVLink, gauge, s.NVLinkTXBytesPerSecond, with("tx")...)
+	send(ch, descNVLink, gauge, s.NVLinkRXBytesPerSecond, with("rx")...)
 }
 
 func (c *Collector) collectMIG(ch chan<- prometheus.Metric, s *nvdevice.TelemetrySample) {
@@ -229,4 +261,8 @@ func (c *Collector) collectMIG(ch chan<- prometheus.Metric, s *nvdevice.Telemetr
 	send(ch, descMigUsed, prometheus.GaugeValue, s.FramebufferUsedBytes, l...)
 	send(ch, descMigFree, prometheus.GaugeValue, s.FramebufferFreeBytes, l...)
 	send(ch, descMigTotal, prometheus.GaugeValue, s.FramebufferTotalBytes, l...)
+	send(ch, descMigSMAct, prometheus.GaugeValue, s.SMActive, l...)
+	send(ch, descMigSMOcc, prometheus.GaugeValue, s.SMOccupancy, l...)
+	send(ch, descMigTensor, prometheus.GaugeValue, s.TensorActive, l...)
+	send(ch, descMigDRAM, prometheus.GaugeValue, s.DRAMActive, l...)
 }

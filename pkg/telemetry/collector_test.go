@@ -45,10 +45,15 @@ var (
 		RemappedRowsCorrectable: nvdevice.Read(5), RemappedRowsUncorrectable: nvdevice.Read(0),
 		RemapPending: nvdevice.Read(1), RemapFailure: nvdevice.Read(0),
 		PCIeTXBytesPerSecond: nvdevice.Read(1024), PCIeRXBytesPerSecond: nvdevice.Read(2048),
+		SMActive: nvdevice.Read(0.75), SMOccupancy: nvdevice.Read(0.5), TensorActive: nvdevice.Read(0.25),
+		// DRAMActive unsupported (a first pass): no series.
+		NVLinkTXBytesPerSecond: nvdevice.Read(1e9), NVLinkRXBytesPerSecond: nvdevice.Read(2e9),
 	}
 	migSample = nvdevice.TelemetrySample{
 		UUID: "MIG-b", ParentUUID: "GPU-a", Minor: 3, ProductName: "NVIDIA H100 80GB HBM3", MigProfile: "1g.10gb+me", MigStart: 6,
 		FramebufferUsedBytes: nvdevice.Read(1 << 20), FramebufferFreeBytes: nvdevice.Read(9983 << 20), FramebufferTotalBytes: nvdevice.Read(9984 << 20),
+		SMActive: nvdevice.Read(0.5), SMOccupancy: nvdevice.Read(0.25), DRAMActive: nvdevice.Read(0.125),
+		// TensorActive unsupported: no series.
 	}
 )
 
@@ -59,7 +64,10 @@ func sampled(r nvdevice.TelemetryReader, node string) *Collector {
 	return c
 }
 
-const gpuL = `device="gpu-3",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
+const (
+	gpuL = `device="gpu-3",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
+	migL = `device="gpu-3-mig-1g-10gb-me-6",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1",profile="1g.10gb+me"`
+)
 
 func TestExposition(t *testing.T) {
 	for _, tc := range []struct {
@@ -86,6 +94,16 @@ func TestExposition(t *testing.T) {
 			`gpudra_gpu_pcie_bytes_per_second{device="gpu-3",direction="tx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 1024`},
 		{"MIG framebuffer, named as published", "gpudra_mig_framebuffer_total_bytes",
 			`gpudra_mig_framebuffer_total_bytes{device="gpu-3-mig-1g-10gb-me-6",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1",profile="1g.10gb+me"} 1.0468982784e+10`},
+		{"SM active (GPM)", "gpudra_gpu_sm_active_ratio", `gpudra_gpu_sm_active_ratio{` + gpuL + `} 0.75`},
+		{"SM occupancy", "gpudra_gpu_sm_occupancy_ratio", `gpudra_gpu_sm_occupancy_ratio{` + gpuL + `} 0.5`},
+		{"tensor active", "gpudra_gpu_tensor_active_ratio", `gpudra_gpu_tensor_active_ratio{` + gpuL + `} 0.25`},
+		{"an unsupported GPM figure has no series", "gpudra_gpu_dram_active_ratio", ``},
+		{"NVLink", "gpudra_gpu_nvlink_bytes_per_second", `gpudra_gpu_nvlink_bytes_per_second{device="gpu-3",direction="rx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 2e+09` + "\n" +
+			`gpudra_gpu_nvlink_bytes_per_second{device="gpu-3",direction="tx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 1e+09`},
+		{"MIG SM active, the MIG label set", "gpudra_mig_sm_active_ratio", `gpudra_mig_sm_active_ratio{` + migL + `} 0.5`},
+		{"MIG SM occupancy", "gpudra_mig_sm_occupancy_ratio", `gpudra_mig_sm_occupancy_ratio{` + migL + `} 0.25`},
+		{"MIG DRAM active", "gpudra_mig_dram_active_ratio", `gpudra_mig_dram_active_ratio{` + migL + `} 0.125`},
+		{"MIG tensor active unsupported", "gpudra_mig_tensor_active_ratio", ``},
 		{"read succeeded", "gpudra_telemetry_up", `gpudra_telemetry_up{node="n1"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,5 +198,62 @@ func TestSimulatedNodeEndToEnd(t *testing.T) {
 		for _, s := range mf.GetMetric() {
 			assert.Equal(t, 700.0, s.GetGauge().GetValue())
 		}
+	}
+}
+
+// Every series Collect sends is one Describe announced: a pedantic registry
+// refuses the gather otherwise (a metric left out of Describe).
+func TestEverySeriesIsDescribed(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(sampled(&fakeReader{samples: []nvdevice.TelemetrySample{gpuSample, migSample}}, "n1"))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, n := range []string{
+		"gpudra_gpu_sm_active_ratio", "gpudra_gpu_sm_occupancy_ratio", "gpudra_gpu_tensor_active_ratio",
+		"gpudra_gpu_nvlink_bytes_per_second", "gpudra_mig_sm_active_ratio", "gpudra_mig_sm_occupancy_ratio",
+		"gpudra_mig_dram_active_ratio",
+	} {
+		assert.True(t, names[n], n)
+	}
+}
+
+// A simulated DGX H100 (MIG off) with a process on one GPU exports the GPM
+// and NVLink series, through the same collector.
+func TestSimulatedGPMSeries(t *testing.T) {
+	m, err := sim.NewBuiltin("dgx-h100-nomig", "node-a")
+	require.NoError(t, err)
+	defer m.Close()
+	gpu := m.Devices()[0].UUID
+	require.NoError(t, m.StartProcess(gpu, 4242, 0.5, 1<<30))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(sampled(m, "node-a"))
+	for _, tc := range []struct {
+		metric string
+		series int
+	}{
+		{"gpudra_gpu_sm_active_ratio", 8}, {"gpudra_gpu_dram_active_ratio", 8},
+		{"gpudra_gpu_nvlink_bytes_per_second", 16}, // tx and rx of 8 GPUs
+	} {
+		n, err := testutil.GatherAndCount(reg, tc.metric)
+		require.NoError(t, err)
+		assert.Equal(t, tc.series, n, tc.metric)
+	}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "gpudra_gpu_sm_active_ratio" {
+			continue
+		}
+		busy := 0
+		for _, s := range mf.GetMetric() {
+			if s.GetGauge().GetValue() == 0.5 {
+				busy++
+			}
+		}
+		assert.Equal(t, 1, busy, "the one GPU with a process at half its SMs")
 	}
 }

@@ -40,6 +40,10 @@ type Backend struct {
 	// opts are what New was given: Host reads its ProcRoot and
 	// ComputePolicy.
 	opts Options
+	// pass is what one telemetry pass keeps for the next (gpm.go); now
+	// is the clock process utilization is read since.
+	pass passState
+	now  func() time.Time
 }
 
 var _ nvdevice.Interface = (*Backend)(nil)
@@ -71,6 +75,8 @@ func newBackend(lib nvml.Interface, sysfs string, devlib device.Interface) *Back
 		lib: lib, devlib: devlib, sysfs: sysfs,
 		health:  nvdevice.NewHealthBroadcaster(),
 		symbols: map[string]bool{},
+		pass:    newPassState(),
+		now:     time.Now,
 	}
 }
 
@@ -95,6 +101,7 @@ func (b *Backend) Close() error {
 		<-b.loopDone // at most one event wait
 	}
 	b.health.Close()
+	b.freePassState() // NVML's GPM buffers, while NVML is still there
 	return check(b.lib.Shutdown(), "nvmlShutdown")
 }
 

@@ -87,6 +87,13 @@ type fakeGPU struct {
 	// failGIDestroy, when set, is what the next GPU instance destroy
 	// returns (once), after its compute instances went.
 	failGIDestroy nvml.Return
+	// migProcs are the processes each MIG device's handle lists, by MIG
+	// UUID; migProcsRet what its list calls return.
+	migProcs    map[string][]nvml.ProcessInfo
+	migProcsRet nvml.Return
+	// migProcCalls counts the MIG handles' process utilization calls
+	// (NVML samples none per MIG device: there should be none).
+	migProcCalls int
 }
 
 type gpuSpec struct {
@@ -247,6 +254,18 @@ func (f *fakeGPU) getMigDeviceHandle(i int) (nvml.Device, nvml.Return) {
 					},
 					GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return giID, nvml.SUCCESS },
 					GetComputeInstanceIdFunc: func() (int, nvml.Return) { return ciID, nvml.SUCCESS },
+					GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
+						f.mu.Lock()
+						defer f.mu.Unlock()
+						return f.migProcs[uuid], f.migProcsRet
+					},
+					GetMPSComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, f.migProcsRet },
+					GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+						f.mu.Lock()
+						defer f.mu.Unlock()
+						f.migProcCalls++
+						return nil, nvml.ERROR_NOT_SUPPORTED
+					},
 				}, nvml.SUCCESS
 			}
 			n++

@@ -5,6 +5,7 @@ package nvml
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
@@ -22,7 +23,9 @@ const symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 // Telemetry reads the inventory (which GPUs and MIG devices exist, and their
 // names' parts), then every reading of each. A reading NVML refuses (not
 // supported, no permission, a GPU that fails one call) is left unsupported
-// and logged at V(4): one field never fails the scrape.
+// and logged at V(4): one field never fails the scrape. GPM figures and
+// per-process SM utilization are over the time since the previous call
+// (the sampler's previous pass): the first call has no GPM figures.
 func (b *Backend) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
 	var out []nvdevice.TelemetrySample
 	err := b.locked(func() error {
@@ -38,27 +41,54 @@ func (b *Backend) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, er
 				logger.V(4).Info("GPU left out of telemetry", "gpu", g.UUID, "err", err)
 				continue
 			}
+			b.pass.seen[g.UUID] = true
+			glog := logger.WithValues("gpu", g.UUID)
 			s := nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName}
-			b.readGPUTelemetry(logger.WithValues("gpu", g.UUID), dev, &s)
+			b.readGPUTelemetry(glog, dev, &s)
+			gpm := b.gpmSupported(glog, g.UUID, dev)
+			if gpm {
+				metrics := gpmActivity
+				if hasActiveNVLink(g) {
+					// A GPU without links has no NVLink figure, not 0 B/s.
+					metrics = append(slices.Clip(metrics), gpmNVLink...)
+				}
+				b.readGPM(glog, g.UUID, dev.GpmSampleGet, metrics, &s)
+			}
+			if g.MIG.Enabled {
+				// NVML lists a MIG-mode GPU's processes per MIG device:
+				// none are the whole GPU's.
+				s.ProcessesRead = true
+			} else {
+				b.readProcesses(glog, g.UUID, dev, true, &s)
+			}
 			out = append(out, s)
 			if len(g.MIG.Devices) == 0 {
 				continue
 			}
-			handles := migHandles(logger, dev)
+			handles := migHandles(glog, dev)
 			for _, m := range g.MIG.Devices {
 				if m.UUID == "" {
 					continue // a GPU instance without a spanning compute instance is no device
 				}
+				b.pass.seen[m.UUID] = true
+				mlog := logger.WithValues("gpu", g.UUID, "mig", m.UUID)
 				ms := nvdevice.TelemetrySample{
 					UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
 					MigProfile: m.Profile, MigStart: m.Placement.Start,
 				}
 				if h, ok := handles[m.UUID]; ok {
-					readMemory(logger.WithValues("gpu", g.UUID, "mig", m.UUID), h, &ms)
+					readMemory(mlog, h, &ms)
+					b.readProcesses(mlog, m.UUID, h, false, &ms)
+				}
+				if gpm {
+					gi := m.GPUInstanceID
+					get := func(s nvml.GpmSample) nvml.Return { return dev.GpmMigSampleGet(gi, s) }
+					b.readGPM(mlog, m.UUID, get, gpmActivity, &ms)
 				}
 				out = append(out, ms)
 			}
 		}
+		b.endPass()
 		return nil
 	})
 	return out, err
@@ -167,4 +197,14 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// hasActiveNVLink says whether the GPU has an NVLink link up.
+func hasActiveNVLink(g *nvdevice.GPU) bool {
+	for _, l := range g.NVLink.Links {
+		if l.Active {
+			return true
+		}
+	}
+	return false
 }

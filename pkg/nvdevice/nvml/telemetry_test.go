@@ -63,6 +63,14 @@ func withTelemetry(g *fakeGPU, f telemetryFake) *fakeGPU {
 		}
 		return 2000, f.pcieRet
 	}
+	// No GPM (a GPU before Hopper, or behind a hypervisor that hides it),
+	// no process: gpm_test.go and processes_test.go fill these.
+	d.GpmQueryDeviceSupportFunc = func() (nvml.GpmSupport, nvml.Return) { return nvml.GpmSupport{}, nvml.SUCCESS }
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+	d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+	d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
 	return g
 }
 
@@ -82,6 +90,7 @@ func TestTelemetryOfAGPU(t *testing.T) {
 		RemappedRowsCorrectable: nvdevice.Read(5), RemappedRowsUncorrectable: nvdevice.Read(1),
 		RemapPending: nvdevice.Read(1), RemapFailure: nvdevice.Read(0),
 		PCIeTXBytesPerSecond: nvdevice.Read(1000 * 1024), PCIeRXBytesPerSecond: nvdevice.Read(2000 * 1024),
+		ProcessesRead: true,
 	}
 	for _, tc := range []struct {
 		name    string

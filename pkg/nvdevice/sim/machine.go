@@ -42,6 +42,9 @@ type Machine struct {
 	// load: GPU or MIG device UUID -> how busy it is, 0 to 1, for
 	// Telemetry (telemetry.go).
 	load map[string]float64
+	// usage is the processes on the devices and the ECC errors injected
+	// (processes.go), for Telemetry.
+	usage usage
 }
 
 var (

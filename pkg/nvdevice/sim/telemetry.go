@@ -36,9 +36,10 @@ const (
 )
 
 // SetLoad sets how busy a GPU or MIG device is, 0 (idle, the default) to 1,
-// for Telemetry: utilization, framebuffer used, power, clock, temperature
-// and PCIe traffic follow it. A MIG device's load adds to its parent's
-// framebuffer used and utilization.
+// for Telemetry: utilization, framebuffer used, power, clock, temperature,
+// GPM, NVLink and PCIe traffic follow it, with the device's processes
+// (StartProcess). A MIG device's load adds to its parent's framebuffer
+// used and power.
 func (m *Machine) SetLoad(uuid string, load float64) error {
 	if load < 0 || load > 1 {
 		return fmt.Errorf("load %v of %s: want 0 to 1", load, uuid)
@@ -68,8 +69,12 @@ func (m *Machine) setLoadLocked(uuid string, load float64) {
 }
 
 // Telemetry gives deterministic, plausible readings of every GPU and MIG
-// device the inventory lists, from their loads (SetLoad). As on a real
-// H100 through plain NVML, a MIG device has framebuffer readings only.
+// device the inventory lists, from their loads (SetLoad) and processes
+// (StartProcess). As on a real H100 through NVML: a MIG device has its
+// framebuffer, its processes (without per-process SM utilization) and its
+// GPU instance's GPM figures, nothing else; a GPU in MIG mode has no
+// utilization, GPM figures or processes of its own, and its framebuffer
+// used counts its MIG devices'.
 func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
 	inv, err := m.Inventory(ctx)
 	if err != nil {
@@ -80,61 +85,135 @@ func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, er
 	defer m.mu.Unlock()
 	var out []nvdevice.TelemetrySample
 	for _, g := range inv.GPUs {
-		load := m.load[g.UUID]
-		totalBytes := float64(g.MemoryMiB) * (1 << 20)
-		usedMiB := float64(baseUsedMiB) + load*0.9*float64(g.MemoryMiB-baseUsedMiB)
-		var migs []nvdevice.TelemetrySample
+		s, migs := m.gpuTelemetry(pm, &g)
+		out = append(out, s)
+		out = append(out, migs...)
+	}
+	return out, nil
+}
+
+// gpuTelemetry is a GPU's sample and its MIG devices'. The caller holds
+// m.mu.
+func (m *Machine) gpuTelemetry(pm powerModel, g *nvdevice.GPU) (nvdevice.TelemetrySample, []nvdevice.TelemetrySample) {
+	load := m.load[g.UUID]
+	totalBytes := float64(g.MemoryMiB) * (1 << 20)
+	usedBytes := (float64(baseUsedMiB) + load*0.9*float64(g.MemoryMiB-baseUsedMiB)) * (1 << 20)
+	s := nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName, ProcessesRead: true}
+	// busy drives power, clocks, temperature and PCIe: the GPU's own
+	// utilization, or in MIG mode its instances' weighted by their SMs.
+	var busy float64
+	var migs []nvdevice.TelemetrySample
+	if g.MIG.Enabled {
+		busy = load
 		for _, d := range g.MIG.Devices {
 			if d.UUID == "" {
 				continue
 			}
-			ml := m.load[d.UUID]
-			mTotal := float64(d.MemoryMiB)
-			mUsed := ml * 0.9 * mTotal
-			usedMiB += mUsed
-			if ml > load {
-				load = ml // the busiest MIG device sets the GPU's activity
-			}
-			migs = append(migs, nvdevice.TelemetrySample{
-				UUID: d.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
-				MigProfile: d.Profile, MigStart: d.Placement.Start,
-				FramebufferTotalBytes: nvdevice.Read(mTotal * (1 << 20)),
-				FramebufferUsedBytes:  nvdevice.Read(mUsed * (1 << 20)),
-				FramebufferFreeBytes:  nvdevice.Read((mTotal - mUsed) * (1 << 20)),
-			})
+			ms, smShare := m.migTelemetry(g, &d)
+			usedBytes += ms.FramebufferUsedBytes.Value
+			busy += ms.SMActive.Value * smShare
+			migs = append(migs, ms)
 		}
-		usedBytes := min(usedMiB*(1<<20), totalBytes)
-		reasons := float64(reasonGPUIdle)
-		if load > 0 {
-			reasons = 0
+		busy = min(1, busy)
+	} else {
+		use := m.useOf(g.UUID, true)
+		busy = use.busy
+		usedBytes += use.processBytes
+		s.Processes = use.processes
+		s.GPUUtilization = nvdevice.Read(busy)
+		s.MemoryUtilization = nvdevice.Read(busy / 2)
+		gpmFigures(busy, &s)
+		if links := activeLinks(g); links > 0 {
+			s.NVLinkTXBytesPerSecond = nvdevice.Read(busy * nvlinkShareTX * float64(links) * nvlinkBytesPerSecondPerLink)
+			s.NVLinkRXBytesPerSecond = nvdevice.Read(busy * nvlinkShareRX * float64(links) * nvlinkBytesPerSecondPerLink)
 		}
-		if load >= 0.95 {
-			reasons = reasonSwPowerCap
-		}
-		smMHz := pm.idleSMMHz
-		if load > 0 {
-			smMHz = pm.maxSMMHz
-		}
-		out = append(out, nvdevice.TelemetrySample{
-			UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
-			GPUUtilization:        nvdevice.Read(load),
-			MemoryUtilization:     nvdevice.Read(load / 2),
-			FramebufferUsedBytes:  nvdevice.Read(usedBytes),
-			FramebufferFreeBytes:  nvdevice.Read(totalBytes - usedBytes),
-			FramebufferTotalBytes: nvdevice.Read(totalBytes),
-			PowerWatts:            nvdevice.Read(pm.idleW + load*0.95*(pm.limitW-pm.idleW)),
-			PowerLimitWatts:       nvdevice.Read(pm.limitW),
-			TemperatureCelsius:    nvdevice.Read(pm.idleCelsius + load*(pm.maxCelsius-pm.idleCelsius)),
-			SMClockHertz:          nvdevice.Read(smMHz * 1e6),
-			ClockEventReasons:     nvdevice.Read(reasons),
-			ECCVolatileCorrected:  nvdevice.Read(0), ECCVolatileUncorrected: nvdevice.Read(0),
-			ECCAggregateCorrected: nvdevice.Read(0), ECCAggregateUncorrected: nvdevice.Read(0),
-			RemappedRowsCorrectable: nvdevice.Read(0), RemappedRowsUncorrectable: nvdevice.Read(0),
-			RemapPending: nvdevice.Read(0), RemapFailure: nvdevice.Read(0),
-			PCIeTXBytesPerSecond: nvdevice.Read(load * 0.1 * pm.pcieBytesPerSecondAtFull),
-			PCIeRXBytesPerSecond: nvdevice.Read(load * 0.2 * pm.pcieBytesPerSecondAtFull),
-		})
-		out = append(out, migs...)
 	}
-	return out, nil
+	usedBytes = min(usedBytes, totalBytes)
+	reasons := float64(reasonGPUIdle)
+	if busy > 0 {
+		reasons = 0
+	}
+	if busy >= 0.95 {
+		reasons = reasonSwPowerCap
+	}
+	smMHz := pm.idleSMMHz
+	if busy > 0 {
+		smMHz = pm.maxSMMHz
+	}
+	ecc := m.usage.ecc[g.UUID]
+	s.FramebufferUsedBytes = nvdevice.Read(usedBytes)
+	s.FramebufferFreeBytes = nvdevice.Read(totalBytes - usedBytes)
+	s.FramebufferTotalBytes = nvdevice.Read(totalBytes)
+	s.PowerWatts = nvdevice.Read(pm.idleW + busy*0.95*(pm.limitW-pm.idleW))
+	s.PowerLimitWatts = nvdevice.Read(pm.limitW)
+	s.TemperatureCelsius = nvdevice.Read(pm.idleCelsius + busy*(pm.maxCelsius-pm.idleCelsius))
+	s.SMClockHertz = nvdevice.Read(smMHz * 1e6)
+	s.ClockEventReasons = nvdevice.Read(reasons)
+	s.ECCVolatileCorrected = nvdevice.Read(float64(ecc.corrected))
+	s.ECCVolatileUncorrected = nvdevice.Read(float64(ecc.uncorrected))
+	s.ECCAggregateCorrected = nvdevice.Read(float64(ecc.corrected))
+	s.ECCAggregateUncorrected = nvdevice.Read(float64(ecc.uncorrected))
+	s.RemappedRowsCorrectable, s.RemappedRowsUncorrectable = nvdevice.Read(0), nvdevice.Read(0)
+	s.RemapPending, s.RemapFailure = nvdevice.Read(0), nvdevice.Read(0)
+	s.PCIeTXBytesPerSecond = nvdevice.Read(busy * 0.1 * pm.pcieBytesPerSecondAtFull)
+	s.PCIeRXBytesPerSecond = nvdevice.Read(busy * 0.2 * pm.pcieBytesPerSecondAtFull)
+	return s, migs
+}
+
+// migTelemetry is a MIG device's sample, and the share of its GPU's SMs it
+// has. The caller holds m.mu.
+func (m *Machine) migTelemetry(g *nvdevice.GPU, d *nvdevice.MigDevice) (nvdevice.TelemetrySample, float64) {
+	use := m.useOf(d.UUID, false) // NVML samples no per-process SM on MIG devices
+	total := float64(d.MemoryMiB) * (1 << 20)
+	used := min(total, m.load[d.UUID]*0.9*total+use.processBytes)
+	s := nvdevice.TelemetrySample{
+		UUID: d.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
+		MigProfile: d.Profile, MigStart: d.Placement.Start,
+		FramebufferTotalBytes: nvdevice.Read(total),
+		FramebufferUsedBytes:  nvdevice.Read(used),
+		FramebufferFreeBytes:  nvdevice.Read(total - used),
+		ProcessesRead:         true,
+		Processes:             use.processes,
+	}
+	gpmFigures(use.busy, &s)
+	smShare := 0.0
+	if g.Engines.Multiprocessors > 0 {
+		smShare = float64(d.Engines.Multiprocessors) / float64(g.Engines.Multiprocessors)
+	}
+	return s, smShare
+}
+
+// GPM figures of a device this busy (0..1): SMs active as long as the
+// device is busy; warps resident, tensor pipes and the memory interface at
+// fractions of that, as a mixed training or inference load shows them
+// (plausible, not a measured kernel). Each is monotone in the load.
+const (
+	occupancyPerBusy = 0.6
+	tensorPerBusy    = 0.4
+	dramPerBusy      = 0.5
+	// NVLink 4 carries about 25 GB/s per link per direction (450 GB/s
+	// over an H100 SXM5's 18 links, ../shared/facts/h100.md); a busy
+	// GPU uses a fifth of it each way (collectives between steps).
+	nvlinkBytesPerSecondPerLink = 25e9
+	nvlinkShareTX               = 0.2
+	nvlinkShareRX               = 0.2
+)
+
+func gpmFigures(busy float64, s *nvdevice.TelemetrySample) {
+	s.SMActive = nvdevice.Read(busy)
+	s.SMOccupancy = nvdevice.Read(occupancyPerBusy * busy)
+	s.TensorActive = nvdevice.Read(tensorPerBusy * busy)
+	s.DRAMActive = nvdevice.Read(dramPerBusy * busy)
+}
+
+// activeLinks counts the GPU's NVLink links that are up (none on an H100
+// PCIe without a bridge).
+func activeLinks(g *nvdevice.GPU) int {
+	n := 0
+	for _, l := range g.NVLink.Links {
+		if l.Active {
+			n++
+		}
+	}
+	return n
 }

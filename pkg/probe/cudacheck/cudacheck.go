@@ -18,6 +18,7 @@ import (
 	"io"
 	"runtime"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -60,6 +61,8 @@ type Result struct {
 	Devices []Device `json:"devices"`
 	// Alloc is the allocation asked for (--alloc).
 	Alloc *Alloc `json:"alloc,omitempty"`
+	// Held is what the process did while it kept its allocation (--hold).
+	Held *Held `json:"held,omitempty"`
 	// Error names the call that failed and its error ("cuMemAlloc_v2:
 	// CUDA_ERROR_OUT_OF_MEMORY"), or why there is no device.
 	Error string `json:"error,omitempty"`
@@ -81,6 +84,18 @@ type Alloc struct {
 	Bytes  int64 `json:"bytes"`
 	// Result is OK, the CUDA error's name, or NotRun.
 	Result string `json:"result"`
+}
+
+// Held is a --hold: how long the allocation was kept and how many times it
+// was written over by the GPU meanwhile (cuMemsetD8_v2, each followed by
+// cuCtxSynchronize), so that NVML sees a busy process: utilization, memory
+// traffic and the process's SM samples.
+type Held struct {
+	Seconds float64 `json:"seconds"`
+	Memsets int     `json:"memsets"`
+	// Busy is false where the driver has no cuMemsetD8_v2: the memory was
+	// only held.
+	Busy bool `json:"busy"`
 }
 
 // Status is a CUresult.
@@ -111,11 +126,24 @@ type Driver interface {
 	ErrorName(s Status) string
 }
 
+// Memsetter is the part of the driver API a --hold keeps the GPU busy
+// with; a Driver that lacks it only holds its allocation.
+type Memsetter interface {
+	MemsetD8(ptr uint64, value byte, n uint64) Status // cuMemsetD8_v2
+	CtxSynchronize() Status                           // cuCtxSynchronize
+}
+
 // Config is what to check.
 type Config struct {
 	// AllocBytes, when positive, is allocated on device ordinal Device.
 	AllocBytes int64
 	Device     int
+	// Hold, when positive, keeps the allocation for that long before it is
+	// freed, writing it over with the GPU again and again (Memsetter).
+	Hold time.Duration
+	// now and sleep are time.Now and time.Sleep but in tests.
+	now   func() time.Time
+	sleep func(time.Duration)
 }
 
 // Unloadable is the result where no libcuda could be loaded: no device.
@@ -209,10 +237,49 @@ func Run(d Driver, cfg Config) Result {
 		return fail("cuMemAlloc_v2", s)
 	}
 	r.Alloc.Result = OK
+	if cfg.Hold > 0 {
+		held, call, s := hold(d, cfg, ptr)
+		r.Held = held
+		if s != Success {
+			d.MemFree(ptr)
+			return fail(call, s)
+		}
+	}
 	if s := d.MemFree(ptr); s != Success {
 		return fail("cuMemFree_v2", s)
 	}
 	return r
+}
+
+// hold keeps the allocation at ptr for cfg.Hold, writing it over with the
+// GPU where the driver can (else sleeping); it returns the failed call's
+// name and status where one failed.
+func hold(d Driver, cfg Config, ptr uint64) (*Held, string, Status) {
+	now, sleep := cfg.now, cfg.sleep
+	if now == nil {
+		now, sleep = time.Now, time.Sleep
+	}
+	start := now()
+	h := &Held{}
+	m, busy := d.(Memsetter)
+	h.Busy = busy
+	for now().Sub(start) < cfg.Hold {
+		if !busy {
+			sleep(min(cfg.Hold-now().Sub(start), 100*time.Millisecond))
+			continue
+		}
+		if s := m.MemsetD8(ptr, byte(h.Memsets), uint64(cfg.AllocBytes)); s != Success {
+			h.Seconds = now().Sub(start).Seconds()
+			return h, "cuMemsetD8_v2", s
+		}
+		if s := m.CtxSynchronize(); s != Success {
+			h.Seconds = now().Sub(start).Seconds()
+			return h, "cuCtxSynchronize", s
+		}
+		h.Memsets++
+	}
+	h.Seconds = now().Sub(start).Seconds()
+	return h, "", Success
 }
 
 // FormatUUID prints a CUuuid as nvidia-smi prints a GPU's UUID.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -157,4 +158,75 @@ func TestWriteAndParseOutput(t *testing.T) {
 	oom := Run(&goDriver{names: []string{"H"}, memory: 1, allocLimit: 8 << 30}, Config{AllocBytes: 12 << 30})
 	assert.Equal(t, "gpudra-cuda-check: error, CUDA 12.8, 1 device(s); 0: H (GPU-deadbeef-0001-0203-0405-060708090a00, 1 bytes); "+
 		"cuMemAlloc 12 GiB on device 0: CUDA_ERROR_OUT_OF_MEMORY", oom.Summary())
+}
+
+// busyGoDriver is a goDriver with cuMemsetD8_v2 and cuCtxSynchronize.
+type busyGoDriver struct {
+	goDriver
+	memsets   int
+	failAfter int // the memset after this many fails; 0: none fails
+}
+
+func (d *busyGoDriver) MemsetD8(ptr uint64, v byte, n uint64) Status {
+	if d.failAfter > 0 && d.memsets == d.failAfter {
+		return 2
+	}
+	d.memsets++
+	d.calls = append(d.calls, fmt.Sprintf("memset %#x %d", ptr, n))
+	return Success
+}
+func (d *busyGoDriver) CtxSynchronize() Status { return Success }
+
+// fakeClock advances by step at every look.
+type fakeClock struct {
+	t    time.Time
+	step time.Duration
+}
+
+func (c *fakeClock) now() time.Time { c.t = c.t.Add(c.step); return c.t }
+
+func TestRunHold(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	for _, tc := range []struct {
+		name        string
+		driver      Driver
+		wantOutcome string
+		wantBusy    bool
+		wantMemsets int
+		wantErr     string
+	}{
+		{name: "busy driver writes the allocation over until the hold ends",
+			driver:      &busyGoDriver{goDriver: goDriver{names: []string{h100}, memory: 1 << 40, allocLimit: 1 << 40}},
+			wantOutcome: OK, wantBusy: true, wantMemsets: 9},
+		{name: "a driver without memset only holds",
+			driver:      &goDriver{names: []string{h100}, memory: 1 << 40, allocLimit: 1 << 40},
+			wantOutcome: OK, wantBusy: false},
+		{name: "a failed memset fails the check and frees the allocation",
+			driver:      &busyGoDriver{goDriver: goDriver{names: []string{h100}, memory: 1 << 40, allocLimit: 1 << 40}, failAfter: 3},
+			wantOutcome: Failed, wantBusy: true, wantMemsets: 3, wantErr: "cuMemsetD8_v2: CUDA_ERROR_OUT_OF_MEMORY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(0, 0), step: 100 * time.Millisecond}
+			slept := time.Duration(0)
+			cfg := Config{AllocBytes: 1 << 20, Hold: time.Second, now: clk.now,
+				sleep: func(d time.Duration) { slept += d; clk.t = clk.t.Add(d) }}
+			r := Run(tc.driver, cfg)
+			assert.Equal(t, tc.wantOutcome, r.Outcome)
+			assert.Equal(t, tc.wantErr, r.Error)
+			require.NotNil(t, r.Held)
+			assert.Equal(t, tc.wantBusy, r.Held.Busy)
+			assert.Equal(t, tc.wantMemsets, r.Held.Memsets)
+			if !tc.wantBusy {
+				assert.Positive(t, slept, "a hold without memset sleeps")
+			}
+			var calls []string
+			switch d := tc.driver.(type) {
+			case *busyGoDriver:
+				calls = d.calls
+			case *goDriver:
+				calls = d.calls
+			}
+			assert.Equal(t, "free 0xabc", calls[len(calls)-2], "the allocation is freed, then the context released: %v", calls)
+		})
+	}
 }

@@ -47,7 +47,7 @@ func Open(path string) (cudacheck.Driver, string, error) {
 		if file == "" {
 			file = c
 		}
-		return d, file, nil
+		return withMemset(h, d), file, nil
 	}
 	return nil, "", errors.New(strings.Join(tried, "; "))
 }
@@ -102,6 +102,34 @@ type driver struct {
 	cuMemAlloc                   func(ptr *uint64, bytes uint64) int32
 	cuMemFree                    func(ptr uint64) int32
 	cuGetErrorName               func(s int32, name **byte) int32
+}
+
+// busyDriver is a driver that can also keep the GPU busy (a --hold):
+// cuMemsetD8_v2 and cuCtxSynchronize, bound only where libcuda has both (a
+// stand-in libcuda may not).
+type busyDriver struct {
+	*driver
+	cuMemsetD8       func(ptr uint64, value uint8, n uint64) int32
+	cuCtxSynchronize func() int32
+}
+
+func (d *busyDriver) MemsetD8(ptr uint64, value byte, n uint64) cudacheck.Status {
+	return cudacheck.Status(d.cuMemsetD8(ptr, value, n))
+}
+
+func (d *busyDriver) CtxSynchronize() cudacheck.Status { return cudacheck.Status(d.cuCtxSynchronize()) }
+
+// withMemset is d as a busyDriver where libcuda has both calls, else d.
+func withMemset(h uintptr, d *driver) cudacheck.Driver {
+	memset, err1 := purego.Dlsym(h, "cuMemsetD8_v2")
+	sync, err2 := purego.Dlsym(h, "cuCtxSynchronize")
+	if err1 != nil || err2 != nil || memset == 0 || sync == 0 {
+		return d
+	}
+	b := &busyDriver{driver: d}
+	purego.RegisterFunc(&b.cuMemsetD8, memset)
+	purego.RegisterFunc(&b.cuCtxSynchronize, sync)
+	return b
 }
 
 // bind looks up every function; cuDeviceGetUuid_v2 where the driver has
