@@ -335,6 +335,9 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		}
 		return nil
 	}
+	if running, err := k.startedAndRunning(ctx, pod); err != nil || running {
+		return err
+	}
 
 	if err := k.dra.PrepareResources(ctx, pod); err != nil {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
@@ -372,6 +375,28 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	}
 	logger.V(2).Info("Pod running", "containers", len(views))
 	return nil
+}
+
+// startedAndRunning says whether the pod's containers run already and the
+// API server has it Running: the informer lags the kubelet's own writes
+// (the annotation's patch comes back before the status update), and a
+// sync that saw the pod Pending would start its running containers again.
+// Only containers that run make it ask: once per pod.
+func (k *kubelet) startedAndRunning(ctx context.Context, pod *v1.Pod) (bool, error) {
+	k.mu.Lock()
+	started := len(k.containers[pod.UID]) > 0
+	k.mu.Unlock()
+	if !started || processCommand(pod) != nil {
+		return false, nil
+	}
+	fresh, err := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("pod's status: %w", err)
+	}
+	return fresh.UID == pod.UID && fresh.Status.Phase == v1.PodRunning, nil
 }
 
 // syncGone stops a force-deleted pod of this key, unless its UID is
