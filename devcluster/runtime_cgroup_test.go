@@ -55,6 +55,14 @@ func TestContainerInKubeletCgroup(t *testing.T) {
 		require.Len(t, parts, 3, line)
 		assert.True(t, strings.HasSuffix(parts[2], cgroup), "hierarchy %q: the container is in %s, want the kubelet's %s", parts[1], parts[2], cgroup)
 	}
+	// The cgroup's own list of processes holds it, in every hierarchy.
+	procsFiles, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cgroup, "cgroup.procs"))
+	require.NotEmpty(t, procsFiles)
+	for _, f := range procsFiles {
+		procs, err := os.ReadFile(f)
+		require.NoError(t, err)
+		assert.Contains(t, strings.Fields(string(procs)), strconv.Itoa(pid), f)
+	}
 	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	require.NoError(t, err)
 	assert.Contains(t, string(cmdline), "/gpudra-probe", "the PID is the container's first process, the probe")

@@ -9,6 +9,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
 // SimLoadEnv is the container environment variable through which a pod
@@ -39,6 +41,9 @@ type simProcesses interface {
 	// EndProcess takes pid off every device.
 	EndProcess(pid int)
 }
+
+// The simulated machine takes the loads.
+var _ simProcesses = (*sim.Machine)(nil)
 
 // ParseSimLoad parses a SimLoadEnv value: comma-separated key=value items,
 // `sm` a share in [0, 1], `memory` a Kubernetes quantity of bytes (20Gi,

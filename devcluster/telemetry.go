@@ -13,7 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
-// TelemetryInterval is how often a DRA node samples its GPUs' telemetry:
+// TelemetryInterval is how often a node samples its GPUs' telemetry:
 // short, so that a test sees a change within a second or two (the
 // binary's default is 10 s).
 const TelemetryInterval = time.Second
@@ -21,7 +21,8 @@ const TelemetryInterval = time.Second
 // startTelemetry gives the node the telemetry the kubelet plugin's binary
 // exports in either mode (issue 36), on a registry of its own
 // (ScrapeMetrics), sampled every TelemetryInterval until the cluster
-// stops: the device series, and the health watch's
+// stops: the device series, their attribution to the claims and to the
+// pods' containers (SetAttribution), and the health watch's
 // (gpudra_gpu_xid_errors_total, gpudra_gpu_healthy), which the DRA
 // plugin's own health watch feeds (plugin.Config.HealthObserver) and a
 // watch of the device plugin's own in device-plugin mode
@@ -31,6 +32,14 @@ const TelemetryInterval = time.Second
 func (n *Node) startTelemetry(ctx context.Context) error {
 	n.metrics = prometheus.NewRegistry()
 	n.telemetry = telemetry.Register(n.ctx, n.metrics, n.backend, n.Name, TelemetryInterval)
+	if n.telemetry != nil {
+		// Process attribution from what the node's kubelet keeps, as the
+		// binary is configured in the chart: its pod-resources API, the
+		// host's /proc (the containers' processes are real), its
+		// /var/log/containers links.
+		n.telemetry.SetAttribution(telemetry.AttributionConfig{PodResourcesSocket: n.PodResourcesSocket(), ProcRoot: "/proc",
+			ContainerLogDir: n.ContainerLogDir()})
+	}
 	inv, err := n.backend.Inventory(ctx)
 	if err != nil {
 		return fmt.Errorf("node %s: the GPUs of the health metrics: %w", n.Name, err)
