@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 // sample is one series of a scrape: its labels and value.
@@ -96,6 +97,9 @@ type wantContainer struct {
 	sm     map[string]float64
 	memory map[string]float64
 	mig    map[string]bool
+	// idle: a container that holds its devices and runs no process on
+	// them (all figures 0); else one process on each.
+	idle bool
 }
 
 func (w wantContainer) String() string {
@@ -182,8 +186,12 @@ func mismatches(scrapes map[string]scrape, namespace string, want []wantContaine
 			if m, ok := all[containerMem][d]; ok && m.value != w.memory[d] {
 				out = append(out, fmt.Sprintf("%s: %s on %s = %v, want %v", w, containerMem, d, m.value, w.memory[d]))
 			}
-			if m, ok := all[containerProc][d]; ok && m.value != 1 {
-				out = append(out, fmt.Sprintf("%s: %s on %s = %v, want 1 (its container's one process)", w, containerProc, d, m.value))
+			procs := 1.0
+			if w.idle {
+				procs = 0
+			}
+			if m, ok := all[containerProc][d]; ok && m.value != procs {
+				out = append(out, fmt.Sprintf("%s: %s on %s = %v, want %v", w, containerProc, d, m.value, procs))
 			}
 			if m, ok := all[containerSM][d]; ok && math.Abs(m.value-w.sm[d]) > 1e-6 {
 				out = append(out, fmt.Sprintf("%s: %s on %s = %v, want %v", w, containerSM, d, m.value, w.sm[d]))
@@ -246,8 +254,10 @@ func mutate(p *v1.Pod, fns ...func(*v1.Pod)) *v1.Pod {
 // a pod on a whole GPU, one on a MIG device (no SM series: NVML has no
 // per-process SM figure there), two pods on one shared claim each with
 // its own figures on the one GPU, and a pod without a claim, whose load
-// goes nowhere, in no series. An XID injected on a GPU in use is counted
-// on that GPU.
+// goes nowhere, in no series. A pod whose load is malformed waits with
+// CreateContainerConfigError naming it, and holds its GPU using none of it.
+// An XID injected on a GPU in use is counted on that GPU; once the pods
+// are gone, so are their series and their processes.
 func TestTelemetryPerPod(t *testing.T) {
 	if !realContainers() {
 		t.Skip("needs real containers (make test-e2e as root: RUNC and PROBE)")
@@ -281,7 +291,9 @@ func TestTelemetryPerPod(t *testing.T) {
 		mutate(gpuPod("mig", "mig-1g"), pinned(migNode), withLoad("sm=0.3,memory=4Gi")),
 		onShared("primary", "sm=0.25,memory=8Gi"), onShared("shadow", "sm=0.5,memory=16Gi"),
 		// A load and no device: it goes nowhere.
-		mutate(plain, pinned(wholeNode), withLoad("sm=0.9,memory=1Gi")))
+		mutate(plain, pinned(wholeNode), withLoad("sm=0.9,memory=1Gi")),
+		// A malformed load: the container does not start.
+		mutate(gpuPod("malformed", "one"), pinned(wholeNode), withLoad("sm=40%")))
 
 	type declared struct {
 		pod string
@@ -306,6 +318,30 @@ func TestTelemetryPerPod(t *testing.T) {
 		assertContainerPlumbing(t, pod, "cuda")
 	}
 	waitRunning(t, ns, "plain")
+	// As the kubelet reports a container it cannot configure: waiting,
+	// the reason and what is wrong on its status.
+	var bad *v1.ContainerStateWaiting
+	require.Eventually(t, func() bool {
+		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "malformed", metav1.GetOptions{})
+		require.NoError(t, err)
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Waiting != nil && cs.State.Waiting.Reason == "CreateContainerConfigError" {
+				bad = cs.State.Waiting
+			}
+		}
+		return bad != nil && p.Status.Phase == v1.PodPending
+	}, 30*time.Second, 200*time.Millisecond, "the pod with a malformed load is not waiting with CreateContainerConfigError")
+	assert.Equal(t, fmt.Sprintf(`pod %s/malformed container cuda: GPUDRA_SIM_LOAD="sm=40%%": sm=40%%: want a share of the device's SMs from 0 to 1`, ns), bad.Message)
+	// The pod whose container did not start holds its GPU all the same
+	// (its claim is prepared; the pod-resources API lists it): its series
+	// say it uses none of it.
+	malformed, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "malformed", metav1.GetOptions{})
+	require.NoError(t, err)
+	mClaim := podClaim(t, malformed, "gpu")
+	mResult, _ := onlyDevice(t, mClaim)
+	want = append(want, wantContainer{namespace: ns, pod: "malformed", container: "cuda", idle: true,
+		claims: map[string]string{mResult.Device: mClaim.Name}, sm: map[string]float64{mResult.Device: 0},
+		memory: map[string]float64{mResult.Device: 0}, mig: map[string]bool{mResult.Device: false}})
 	require.Equal(t, want[2].memory, map[string]float64{sortedKeys(want[2].memory)[0]: 8 * gi})
 	assert.Equal(t, sortedKeys(want[2].memory), sortedKeys(want[3].memory), "the two pods of the shared claim are on one GPU")
 
@@ -353,6 +389,37 @@ func TestTelemetryPerPod(t *testing.T) {
 	// Once the pods are gone, so are their processes and their series.
 	deleteAllPods(t, ns)
 	waitForSeries(t, []string{wholeNode, migNode}, ns, nil)
+}
+
+// TestTelemetryDevicePluginNode: a device-plugin node exports the same
+// per-container series, from the same facts (the kubelet's pod-resources
+// API lists device plugin devices too), with no claim: a pod asking for
+// nvidia.com/gpu: 1 has its declared load on the device plugin's device it
+// was given, and nowhere else.
+func TestTelemetryDevicePluginNode(t *testing.T) {
+	if !realContainers() {
+		t.Skip("needs real containers (make test-e2e as root: RUNC and PROBE)")
+	}
+	node := cluster.Node(dpNode)
+	require.NotNil(t, node)
+	ns := namespace(t)
+	create(t, ns, nil, mutate(dpPod("dp-loaded", dpNode, map[string]int64{"nvidia.com/gpu": 1}), withLoad("sm=0.35,memory=10Gi")))
+	pod := waitRunning(t, ns, "dp-loaded")
+	gpus, _ := inventory(t, node)
+	seen := views(t, pod)["cuda"].VisibleGPUs()
+	require.Len(t, seen, 1)
+	g, ok := gpus[seen[0]]
+	require.True(t, ok, "a whole GPU of the node: %s", seen[0])
+	dev := slicebuilder.GPUDeviceName(&g)
+	assertContainerPlumbing(t, pod, "cuda")
+	scrapes := waitForSeries(t, []string{dpNode}, ns, []wantContainer{{namespace: ns, pod: "dp-loaded", container: "cuda",
+		claims: map[string]string{dev: ""}, sm: map[string]float64{dev: 0.35}, memory: map[string]float64{dev: 10 << 30},
+		mig: map[string]bool{dev: false}}})
+	for _, m := range scrapes[dpNode].series[podInfo] {
+		if m.labels["pod"] == "dp-loaded" {
+			assert.Equal(t, g.UUID, m.labels["gpu"])
+		}
+	}
 }
 
 // assertContainerPlumbing checks what attribution reads of a running
