@@ -256,6 +256,10 @@ func (n *Node) startDevicePluginLocked() error {
 		cancel()
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
+	if err := n.followHealthLocked(ctx); err != nil {
+		cancel()
+		return err
+	}
 	opts := deviceplugin.ServeOptions{
 		Backend:         n.backend,
 		Resources:       deviceplugin.ResourceOptions{GPUResourceName: n.dpOpts.GPUResourceName, Config: n.dpOpts.Config},

@@ -42,6 +42,10 @@ const (
 	reasonFailedUnprepare = "FailedUnprepareDynamicResources"
 	reasonStarted         = "Started"
 	reasonFailedStart     = "Failed"
+	reasonSimLoadIgnored  = "SimLoadIgnored"
+	// reasonConfigError is a container's waiting reason when the kubelet
+	// cannot configure it.
+	reasonConfigError = "CreateContainerConfigError"
 )
 
 // kubelet plays the kubelet's part for one simulated node with the
@@ -79,9 +83,18 @@ type kubelet struct {
 	// procs are the running containers of process pods, by pod UID.
 	procs map[types.UID]*processPod
 	// runtime runs the other pods' containers for real (nil: their specs
-	// are only resolved); containers are their runc ids, by pod UID.
+	// are only resolved), through runner; containers are the ones
+	// running, by pod UID; tries counts their starts (newContainerID).
 	runtime    *OCIRuntime
-	containers map[types.UID][]string
+	runner     containerRunner
+	containers map[types.UID][]runningContainer
+	tries      uint64
+	// logRoot is the node's /var/log, where the containers' log links are
+	// kept ("": none).
+	logRoot string
+	// sims lists containers' processes on the node's simulated devices
+	// (SimLoadEnv); nil where the node's GPUs are not simulated.
+	sims simProcesses
 }
 
 // kubeletWorkers is how many pods the kubelet syncs at once. More than one:
@@ -111,6 +124,11 @@ type kubeletDirs struct {
 	PodResources string
 	// Runtime, when set, runs pods' containers as real containers.
 	Runtime *OCIRuntime
+	// Logs is the node's /var/log: the containers' log files and links.
+	Logs string
+	// Processes, when set, takes the containers' declared loads
+	// (SimLoadEnv): the node's simulated machine.
+	Processes simProcesses
 }
 
 // startKubelet runs the node's kubelet until ctx ends; the returned channel
@@ -140,7 +158,11 @@ func startKubelet(ctx context.Context, node string, client, reporter kubernetes.
 		recorder: recorder,
 		gone:     map[string]*v1.Pod{},
 		procs:    map[types.UID]*processPod{},
-		runtime:  dirs.Runtime, containers: map[types.UID][]string{},
+		runtime:  dirs.Runtime, containers: map[types.UID][]runningContainer{},
+		logRoot: dirs.Logs, sims: dirs.Processes,
+	}
+	if dirs.Runtime != nil {
+		k.runner = dirs.Runtime
 	}
 	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.enqueue(obj) },
@@ -313,6 +335,9 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		}
 		return nil
 	}
+	if running, err := k.startedAndRunning(ctx, pod); err != nil || running {
+		return err
+	}
 
 	if err := k.dra.PrepareResources(ctx, pod); err != nil {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
@@ -326,17 +351,52 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedPrepare, err.Error())
 		return err
 	}
+	loads, badContainer, err := podSimLoads(pod)
+	if err != nil {
+		// As the kubelet treats a container it cannot configure (a
+		// missing ConfigMap key): not started, the error on its status.
+		k.recordConfigError(ctx, pod, badContainer, err)
+		return err
+	}
 	if k.runtime != nil && run == nil {
-		if err := k.startContainers(ctx, pod, views, specs); err != nil {
+		if err := k.startContainers(ctx, pod, views, specs, loads); err != nil {
 			k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedStart, err.Error())
 			return err
 		}
+	}
+	if len(loads) > 0 && (k.runtime == nil || run != nil || k.sims == nil) {
+		// Said, not failed: the same pods run on real GPUs (make
+		// gpu-smoke) and on nodes that only resolve containers.
+		k.recorder.Event(pod, v1.EventTypeWarning, reasonSimLoadIgnored, SimLoadEnv+
+			" ignored: this node runs no real containers, or its GPUs are not simulated")
 	}
 	if err := k.markRunning(ctx, pod, views); err != nil {
 		return err
 	}
 	logger.V(2).Info("Pod running", "containers", len(views))
 	return nil
+}
+
+// startedAndRunning says whether the pod's containers run already and the
+// API server has it Running: the informer lags the kubelet's own writes
+// (the annotation's patch comes back before the status update), and a
+// sync that saw the pod Pending would start its running containers again.
+// Only containers that run make it ask: once per pod.
+func (k *kubelet) startedAndRunning(ctx context.Context, pod *v1.Pod) (bool, error) {
+	k.mu.Lock()
+	started := len(k.containers[pod.UID]) > 0
+	k.mu.Unlock()
+	if !started || processCommand(pod) != nil {
+		return false, nil
+	}
+	fresh, err := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("pod's status: %w", err)
+	}
+	return fresh.UID == pod.UID && fresh.Status.Phase == v1.PodRunning, nil
 }
 
 // syncGone stops a force-deleted pod of this key, unless its UID is
@@ -443,6 +503,34 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")
 	}
 	return nil
+}
+
+// recordConfigError says why container could not be started, as the
+// kubelet does for a container it cannot configure: a Failed event, and
+// the container waiting with reason CreateContainerConfigError and the
+// error as its message (written once: a retry with the same error does not
+// write the status again).
+func (k *kubelet) recordConfigError(ctx context.Context, pod *v1.Pod, container string, cause error) {
+	k.recorder.Event(pod, v1.EventTypeWarning, reasonFailedStart, "Error: "+cause.Error())
+	want := v1.ContainerStateWaiting{Reason: reasonConfigError, Message: cause.Error()}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == container && cs.State.Waiting != nil && *cs.State.Waiting == want {
+			return
+		}
+	}
+	updated := pod.DeepCopy()
+	updated.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		waiting := v1.ContainerStateWaiting{Reason: "ContainerCreating"}
+		if c.Name == container {
+			waiting = want
+		}
+		updated.Status.ContainerStatuses = append(updated.Status.ContainerStatuses, v1.ContainerStatus{
+			Name: c.Name, Image: c.Image, State: v1.ContainerState{Waiting: &waiting}})
+	}
+	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		klog.FromContext(ctx).V(2).Info("Record a container's configuration error", "container", container, "err", err)
+	}
 }
 
 func setCondition(status *v1.PodStatus, cond v1.PodCondition) {

@@ -111,9 +111,11 @@ type Node struct {
 	// own pod UID (and sockets), as in the chart's DaemonSet.
 	starts int
 	dp     *devicePluginInstance
-	// metrics and telemetry are a DRA node's telemetry (telemetry.go).
+	// metrics, telemetry and health are the node's telemetry
+	// (telemetry.go), in either mode.
 	metrics   *prometheus.Registry
 	telemetry *telemetry.Collector
+	health    *telemetry.HealthMetrics
 }
 
 // PluginInstance is one running plugin pod of a node.
@@ -151,6 +153,11 @@ func (i *PluginInstance) KillContainer() (int, error) {
 
 // CDIDir is where the node's plugin writes CDI specs.
 func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
+
+// ContainerLogDir is the node's /var/log/containers: the kubelet's links
+// <pod>_<namespace>_<container>-<container id>.log to its containers' logs
+// (below the node's var/log/pods), for as long as each container runs.
+func (n *Node) ContainerLogDir() string { return filepath.Join(n.Dir, "var", "log", "containers") }
 
 // DevDir is the simulated machine's /dev (sim.Machine.WriteDevNodes):
 // real character devices with NVIDIA's majors and minors, where mknod is
@@ -254,6 +261,12 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// whatever the node's mode, so that a node can switch modes
 	// (SwitchMode).
 	dirs.DevicePlugins, dirs.PodResources = n.DevicePluginDir(), n.PodResourcesSocket()
+	dirs.Logs = filepath.Dir(n.ContainerLogDir())
+	// Containers' declared loads go to the node's GPUs where they are
+	// simulated (a Machine, or a Backend that is one).
+	if sims, ok := n.backend.(simProcesses); ok {
+		dirs.Processes = sims
+	}
 	if opts.Runtime == nil {
 		opts.Runtime = c.runtime
 	}
@@ -308,8 +321,8 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if opts.MigDevices != nil {
 		n.pluginCfg.MigDevices = *opts.MigDevices
 	}
-	if opts.Mode == ModeDRA {
-		n.startTelemetry()
+	if err := n.startTelemetry(ctx); err != nil {
+		return nil, err
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err

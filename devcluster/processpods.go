@@ -162,7 +162,9 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 			c.Devices = nvidiaDeviceNodes(k.devRoot)
 		}
 		id := runcID(pod.UID, c.Name)
-		k.containers[pod.UID] = []string{id}
+		// No cgroup or log of the kubelet's: the process runs in the
+		// runtime's (OCIRuntime.Run).
+		k.containers[pod.UID] = []runningContainer{{Name: c.Name, ID: id}}
 		runOnce = func(ctx context.Context) error { return k.runtime.Run(ctx, id, c, processStopTimeout-5*time.Second) }
 	}
 	go func() {

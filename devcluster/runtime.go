@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -172,13 +173,63 @@ func (r *OCIRuntime) Stop(ctx context.Context, id string) error {
 	return os.RemoveAll(filepath.Join(r.Root, "bundles", id))
 }
 
+// PID is the host PID of the container's first process (the probe), as
+// runc's state tells it.
+func (r *OCIRuntime) PID(ctx context.Context, id string) (int, error) {
+	out, err := exec.CommandContext(ctx, r.Runc, "--root", filepath.Join(r.Root, "state"), "state", id).Output()
+	if err != nil {
+		return 0, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	var state struct {
+		Pid    int    `json:"pid"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &state); err != nil {
+		return 0, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	if state.Pid <= 0 || state.Status != "running" {
+		return 0, fmt.Errorf("container %s is %s (pid %d), not running", id, state.Status, state.Pid)
+	}
+	return state.Pid, nil
+}
+
+// cgroupRoot is where the host's cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// RemoveCgroup removes a cgroup that held containers (a pod's, once its
+// containers are deleted: runc deletes a container's own cgroup, not its
+// parents), in every hierarchy: each cgroup v1 controller's and the v2
+// one, whether unified at the root or beside v1 (hybrid). A cgroup that
+// still holds a container or a child stays (rmdir refuses it); one absent
+// is no error.
+func (r *OCIRuntime) RemoveCgroup(cgroup string) error {
+	if !filepath.IsAbs(cgroup) || filepath.Clean(cgroup) == "/" {
+		return fmt.Errorf("remove cgroup %q: want a cgroup below the root", cgroup)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cgroup))
+	dirs = append(dirs, filepath.Join(cgroupRoot, cgroup))
+	var errs []error
+	for _, d := range dirs {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) && !isNotEmpty(err) && !errors.Is(err, syscall.EBUSY) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // spec completes the CDI-edited spec the way containerd's CRI plugin does
 // for a container: its own PID, mount, IPC, UTS and network namespaces,
 // the usual /proc, /dev, /sys mounts, a device cgroup that denies every
 // device but the ones the spec allows (runc adds the standard null, zero,
-// random, tty ones), a read-only root holding only the probe (and the
+// random, tty ones), the cgroup the spec names (the kubelet's) or one of
+// its own, a read-only root holding only the probe (and the
 // CUDA check where given).
 func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error) {
+	// The kubelet's (containerCgroupPath) where it gives one.
+	cgroupsPath := edited.Linux.CgroupsPath
+	if cgroupsPath == "" {
+		cgroupsPath = "/devcluster/" + id
+	}
 	s := &oci.Spec{
 		Version:  oci.Version,
 		Hostname: id,
@@ -206,7 +257,7 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 		Linux: &oci.Linux{
 			Namespaces: []oci.LinuxNamespace{{Type: oci.PIDNamespace}, {Type: oci.MountNamespace}, {Type: oci.IPCNamespace},
 				{Type: oci.UTSNamespace}, {Type: oci.NetworkNamespace}},
-			CgroupsPath: "/devcluster/" + id,
+			CgroupsPath: cgroupsPath,
 			Devices:     edited.Linux.Devices,
 			Resources: &oci.LinuxResources{Devices: append([]oci.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 				edited.Linux.Resources.Devices...)},
