@@ -14,12 +14,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/prepared"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 	"github.com/gpudra/gpudra/pkg/telemetry"
 )
 
@@ -35,7 +38,7 @@ type node struct {
 	tel    *telemetry.Collector
 	health *telemetry.HealthMetrics
 	reg    *prometheus.Registry
-	attr   *attribution // device plugin mode only
+	kube   *kubelet
 	target map[string]string
 
 	mu     sync.Mutex
@@ -49,8 +52,9 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 	t.Cleanup(func() { _ = m.Close() })
 	inv, err := m.Inventory(ctx)
 	require.NoError(t, err)
-	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: &reader{m: m}}
+	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: &reader{m: m}, kube: newKubelet(t)}
 	n.tel = telemetry.NewCollector(n.rd, name, scrapeInterval)
+	n.tel.SetAttribution(n.kube.cfg) // in both modes, as the plugin binary does
 	n.health = telemetry.NewHealthMetrics(name, inv.GPUs)
 	require.NoError(t, telemetry.FollowHealth(ctx, m, n.health, nvdevice.DefaultXIDPolicy))
 	if dra {
@@ -63,8 +67,6 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 		n.target = targetLabels(name, "gpudra-kubelet-plugin-metrics")
 	} else {
 		n.reg = deviceplugin.NewMetrics().Registry
-		n.attr = &attribution{node: name, up: true}
-		n.reg.MustRegister(n.attr)
 		n.target = targetLabels(name, "gpudra-kubelet-plugin-metrics")
 	}
 	n.reg.MustRegister(n.tel, n.health)
@@ -86,8 +88,30 @@ func telemetryDeviceName(g nvdevice.GPU) string {
 	return telemetry.DeviceName(&nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor})
 }
 
-func (n *node) load(t *testing.T, i int, load float64) {
-	require.NoError(t, n.m.SetLoad(n.gpu(i).UUID, load))
+// claimedBy runs a container of pod ns/pod that uses claim on GPU i (DRA
+// mode): the kubelet lists the claim's device on it.
+func (n *node) claimedBy(t *testing.T, i int, ns, pod, name, claim string) container {
+	return n.kube.run(t, ns, pod, name, nil, []*podresourcesv1.DynamicResource{{ClaimName: claim, ClaimNamespace: ns,
+		ClaimResources: []*podresourcesv1.ClaimResource{{DriverName: slicebuilder.DriverName, PoolName: n.name, DeviceName: telemetryDeviceName(n.gpu(i))}}}})
+}
+
+// allocatedTo runs a container of pod ns/pod that the device plugin gave
+// GPU i (device plugin mode).
+func (n *node) allocatedTo(t *testing.T, i int, ns, pod, name string) container {
+	return n.kube.run(t, ns, pod, name, []*podresourcesv1.ContainerDevices{{ResourceName: deviceplugin.DefaultGPUResourceName, DeviceIds: []string{n.gpu(i).UUID}}}, nil)
+}
+
+// start starts (or, for a PID already on the GPU, changes) process pid of
+// c on GPU i in the simulator, keeping smShare of its SMs busy and holding
+// memoryBytes.
+func (n *node) start(t *testing.T, i, pid int, c container, smShare float64, memoryBytes uint64) {
+	n.kube.process(t, pid, c)
+	require.NoError(t, n.m.StartProcess(n.gpu(i).UUID, pid, smShare, memoryBytes))
+}
+
+// ecc counts uncorrected ECC errors on GPU i in the simulated driver.
+func (n *node) ecc(t *testing.T, i int, uncorrected uint64) {
+	require.NoError(t, n.m.InjectECC(n.gpu(i).UUID, 0, uncorrected))
 }
 
 // xid injects an XID through the simulated driver and waits until the
@@ -100,79 +124,38 @@ func (n *node) xid(t *testing.T, i int, xid uint64) {
 		5*time.Second, time.Millisecond, "the health metrics count the XID")
 }
 
-// attribution stands in for the attribution collector (pkg/telemetry,
-// both modes), which lands with this part of issue 36, with the labels
-// /work/contract36.md gives its series.
-// TODO(issue 36): use telemetry.Collector.SetAttribution over the
-// simulator's processes once it is on main.
-type attribution struct {
-	node string
-
-	mu   sync.Mutex
-	up   bool
-	pods []pod
-}
-
-type pod struct {
-	gpu, device, namespace, name, container string
-	memoryBytes, sm                         float64
-}
-
-var (
-	descPodInfo = prometheus.NewDesc("gpudra_device_pod_info", "test", []string{"gpu", "device", "node", "namespace", "pod", "container", "claim"}, nil)
-	descCtrMem  = prometheus.NewDesc("gpudra_container_gpu_memory_used_bytes", "test", []string{"gpu", "device", "node", "namespace", "pod", "container"}, nil)
-	descCtrSM   = prometheus.NewDesc("gpudra_container_gpu_sm_utilization_ratio", "test", []string{"gpu", "device", "node", "namespace", "pod", "container"}, nil)
-	descAttrUp  = prometheus.NewDesc("gpudra_telemetry_attribution_up", "test", []string{"node"}, nil)
-)
-
-func (a *attribution) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descPodInfo
-	ch <- descCtrMem
-	ch <- descCtrSM
-	ch <- descAttrUp
-}
-
-func (a *attribution) Collect(ch chan<- prometheus.Metric) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	up := 0.0
-	if a.up {
-		up = 1
-	}
-	ch <- prometheus.MustNewConstMetric(descAttrUp, prometheus.GaugeValue, up, a.node)
-	if !a.up {
-		return // could not tell: no series, never a 0
-	}
-	for _, p := range a.pods {
-		ch <- prometheus.MustNewConstMetric(descPodInfo, prometheus.GaugeValue, 1, p.gpu, p.device, a.node, p.namespace, p.name, p.container, "")
-		ch <- prometheus.MustNewConstMetric(descCtrMem, prometheus.GaugeValue, p.memoryBytes, p.gpu, p.device, a.node, p.namespace, p.name, p.container)
-		ch <- prometheus.MustNewConstMetric(descCtrSM, prometheus.GaugeValue, p.sm, p.gpu, p.device, a.node, p.namespace, p.name, p.container)
-	}
-}
-
 // run is one Prometheus's view of a small cluster: node-a in DRA mode,
 // node-b in device plugin mode, and the controller's per-class gauges.
 type run struct {
 	a, b *node
 	ctl  *prometheus.Registry
+	// The workloads' containers and their processes' PIDs (fake, in each
+	// node's fake /proc).
+	trainer, server container
 }
+
+const (
+	pidTrainer = 4100 // team-a's trainer on node-a's gpu-2
+	pidServer  = 4200 // team-b's server on node-b's gpu-4
+)
 
 func newRun(t *testing.T, ctx context.Context) *run {
 	r := &run{a: newNode(t, ctx, "node-a", true), b: newNode(t, ctx, "node-b", false), ctl: prometheus.NewRegistry()}
-	// The healthy baseline: a claim of team-a trains on node-a's gpu-2, a
-	// pod of team-b keeps node-b's gpu-4 fully busy (at its power cap, as
-	// a busy H100 is: sw_power_cap, which is no alert).
+	// The healthy baseline: a claim of team-a, prepared on node-a's gpu-2,
+	// whose pod's container trains on it; a pod of team-b whose container
+	// node-b's device plugin gave gpu-4 keeps it 90% busy.
 	r.a.claim(2, "team-a", "train")
-	r.a.load(t, 2, 0.6)
-	g := r.b.gpu(4)
-	r.b.attr.pods = []pod{{gpu: g.UUID, device: telemetryDeviceName(g), namespace: "team-b", name: "infer-0", container: "server", memoryBytes: 10 << 30, sm: 0.9}}
-	r.b.load(t, 4, 1)
+	r.trainer = r.a.claimedBy(t, 2, "team-a", "train-0", "trainer", "train")
+	r.a.start(t, 2, pidTrainer, r.trainer, 0.6, 20<<30)
+	r.server = r.b.allocatedTo(t, 4, "team-b", "infer-0", "server")
+	r.b.start(t, 4, pidServer, r.server, 0.9, 10<<30)
 
-	// The controller's leader. TODO(issue 36): gpudra_class_devices gains
-	// node_pool and gpudra_class_demand_devices lands with this part;
-	// these stand in for the gang controller's own until then.
-	devices := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpudra_class_devices", Help: "test"}, []string{"device_class", "node_pool", "state"})
-	demand := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpudra_class_demand_devices", Help: "test"}, []string{"device_class", "node_pool", "source"})
+	// The controller's leader: the gang controller's per-class gauges,
+	// stood in for (driving the controller to these counts takes
+	// ResourceSlices, DeviceClasses, claims and pods), by its own metrics'
+	// names and label names, and its demand sources' values.
+	devices := standIn(t, "gpudra_class_devices", "device_class", "node_pool", "state")
+	demand := standIn(t, "gpudra_class_demand_devices", "device_class", "node_pool", "source")
 	r.ctl.MustRegister(devices, demand)
 	for _, d := range []struct {
 		pool, state string
@@ -180,10 +163,21 @@ func newRun(t *testing.T, ctx context.Context) *run {
 	}{{"pool-1", "free", 10}, {"pool-1", "allocated", 5}, {"pool-1", "held", 1}, {"pool-2", "free", 0}, {"pool-2", "allocated", 8}, {"pool-2", "held", 0}} {
 		devices.WithLabelValues("gpu.gpudra.dev", d.pool, d.state).Set(d.v)
 	}
-	demand.WithLabelValues("gpu.gpudra.dev", "pool-1", "pending_pods").Set(3)
-	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", "gangs").Set(4)
-	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", "reservations").Set(0)
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-1", gang.DemandPendingPods).Set(3)
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", gang.DemandGangs).Set(4)
+	demand.WithLabelValues("gpu.gpudra.dev", "pool-2", gang.DemandReservations).Set(0)
 	return r
+}
+
+// standIn is a gauge vector named as one of the controller's metrics,
+// after checking that the real controller describes it with these label
+// names: a rename in pkg/controller/gang fails here.
+func standIn(t *testing.T, name string, labelNames ...string) *prometheus.GaugeVec {
+	t.Helper()
+	got, ok := controllerLabels(t)[name]
+	require.True(t, ok, "the controller describes no %s", name)
+	require.Equal(t, labelNames, got, "%s's label names", name)
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: "test"}, labelNames)
 }
 
 // adjustment edits a scrape of one node at a time since the start: what a
@@ -277,6 +271,7 @@ func (sc scenario) run(t *testing.T) evaluation {
 }
 
 func TestRulesOverScrapes(t *testing.T) {
+	// The simulator has no thermal throttling: the reader sets the reason.
 	thermal := func(on bool) func(t *testing.T, r *run) {
 		return func(t *testing.T, r *run) {
 			r.a.rd.set(false, r.a.gpu(2).UUID, func(s *nvdevice.TelemetrySample) {
@@ -286,13 +281,8 @@ func TestRulesOverScrapes(t *testing.T) {
 			})
 		}
 	}
-	ecc := func(i int, n float64) func(t *testing.T, r *run) {
-		return func(t *testing.T, r *run) {
-			r.a.rd.set(false, r.a.gpu(i).UUID, func(s *nvdevice.TelemetrySample) {
-				s.ECCVolatileUncorrected = nvdevice.Read(n)
-				s.ECCAggregateUncorrected = nvdevice.Read(n + 7)
-			})
-		}
+	ecc := func(i int, n uint64) func(t *testing.T, r *run) {
+		return func(t *testing.T, r *run) { r.a.ecc(t, i, n) }
 	}
 	for _, sc := range []scenario{
 		{name: "healthy: nothing fires", check: checkHealthyRecords},
@@ -344,14 +334,16 @@ func TestRulesOverScrapes(t *testing.T) {
 
 		// Idle claims.
 		{name: "a claimed GPU idle for two hours (DRA)",
-			setup: func(t *testing.T, r *run) { r.a.load(t, 2, 0) },
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
 			want:  []string{`GpudraClaimedGPUIdle{device="gpu-2",node="node-a"}`}},
 		{name: "a GPU a container holds idle for two hours (device plugin mode)",
-			setup: func(t *testing.T, r *run) { r.b.load(t, 4, 0) },
+			setup: func(t *testing.T, r *run) { r.b.start(t, 4, pidServer, r.server, 0, 10<<30) },
 			want:  []string{`GpudraClaimedGPUIdle{device="gpu-4",node="node-b"}`}},
 		{name: "a claimed GPU idle for 50 minutes, then busy",
-			setup: func(t *testing.T, r *run) { r.a.load(t, 2, 0) },
-			at:    map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) { r.a.load(t, 2, 0.5) }}},
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
+			at: map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) {
+				r.a.start(t, 2, pidTrainer, r.trainer, 0.5, 20<<30)
+			}}},
 
 		// Telemetry.
 		{name: "the GPUs cannot be read",
@@ -359,9 +351,7 @@ func TestRulesOverScrapes(t *testing.T) {
 			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
 		{name: "the pod-resources API cannot be read",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) {
-				r.b.attr.mu.Lock()
-				r.b.attr.up = false
-				r.b.attr.mu.Unlock()
+				r.b.kube.setDown(true)
 			}},
 			want: []string{`GpudraAttributionDown{node="node-b"}`}},
 
@@ -445,8 +435,8 @@ func checkHealthyRecords(t *testing.T, ev evaluation) {
 	}
 	assert.Equal(t, map[string]float64{"team-a": 1, "team-b": 1}, byLabel(t, ev, "namespace:gpudra_devices_held:count", "namespace"),
 		"devices per namespace: team-a's through its claim, team-b's through its container; never the plugin pod's namespace")
-	assert.Equal(t, map[string]float64{"team-b": 10 << 30}, byLabel(t, ev, "namespace:gpudra_container_gpu_memory_used_bytes:sum", "namespace"))
-	assert.Equal(t, map[string]float64{"team-b": 0.9}, byLabel(t, ev, "namespace:gpudra_container_gpu_sm_utilization_ratio:sum", "namespace"))
+	assert.Equal(t, map[string]float64{"team-a": 20 << 30, "team-b": 10 << 30}, byLabel(t, ev, "namespace:gpudra_container_gpu_memory_used_bytes:sum", "namespace"))
+	assert.Equal(t, map[string]float64{"team-a": 0.6, "team-b": 0.9}, byLabel(t, ev, "namespace:gpudra_container_gpu_sm_utilization_ratio:sum", "namespace"))
 	for expr, want := range map[string]float64{
 		"device_class:gpudra_class_devices_capacity:sum":  24,
 		"device_class:gpudra_class_devices_allocated:sum": 13,

@@ -262,8 +262,9 @@ func groupOrder(t testing.TB) map[string]int {
 }
 
 // reader is the simulator's telemetry with what the simulator cannot make
-// happen: a failed read, and per-GPU edits of a sample (an ECC count, a
-// throttle reason), applied to what the simulator read.
+// happen: a failed read, and per-GPU edits of a sample (a thermal throttle
+// reason), applied to what the simulator read. Load, processes, GPM and
+// ECC errors are the simulator's own (StartProcess, InjectECC).
 type reader struct {
 	m *sim.Machine
 
