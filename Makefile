@@ -63,11 +63,17 @@ test-fuzz:
 
 # The end-to-end suite: the examples on a real control plane (devcluster).
 # It builds the control plane first, with progress: the first build is long.
+# The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
+SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 test-e2e: devcluster helm probe $(RUNC)
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
+	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)
 	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
-		GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim CGO_ENABLED=0 $(GO) test -count=1 -timeout 45m ./...
+		GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -timeout 45m ./...
+	@# The shipped XID alert over what a devcluster node really exported
+	@# before and after an XID on a GPU a pod holds (TestTelemetryPerPod).
+	cd hack/promrules && GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -run '^TestXIDAlertOverDevclusterScrapes$$' .
 
 # The Helm chart: lint and render with default and non-default values. The
 # e2e suite installs it into devcluster and checks that wrong values fail.

@@ -62,10 +62,11 @@ func scrapeNode(t *testing.T, node string) scrape {
 	return s
 }
 
-// keepScrapes writes the scrapes to $GPUDRA_SCRAPES_DIR, when set, for
-// the tests of the alerting and recording rules to evaluate; nothing
-// otherwise.
-func keepScrapes(t *testing.T, scrapes ...scrape) {
+// keepScrapes writes the scrapes to $GPUDRA_SCRAPES_DIR, when set, as
+// <test>-<when>-<node>.prom, for the tests of the alerting and recording
+// rules to evaluate (hack/promrules, TestXIDAlertOverDevclusterScrapes);
+// nothing otherwise.
+func keepScrapes(t *testing.T, when string, scrapes ...scrape) {
 	t.Helper()
 	dir := os.Getenv("GPUDRA_SCRAPES_DIR")
 	if dir == "" {
@@ -73,7 +74,7 @@ func keepScrapes(t *testing.T, scrapes ...scrape) {
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	for _, s := range scrapes {
-		name := fmt.Sprintf("%s-%s.prom", strings.ReplaceAll(t.Name(), "/", "-"), s.node)
+		name := fmt.Sprintf("%s-%s-%s.prom", strings.ReplaceAll(t.Name(), "/", "-"), when, s.node)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(s.text), 0o644))
 	}
 }
@@ -373,6 +374,7 @@ func TestTelemetryPerPod(t *testing.T) {
 		return 0
 	}
 	before := xids()
+	keepScrapes(t, "before-xid", scrapeNode(t, wholeNode))
 	require.NoError(t, cluster.Node(wholeNode).Machine.InjectXID(exclusiveGPU, "", 43))
 	require.Eventually(t, func() bool { return xids() == before+1 }, 10*time.Second, 100*time.Millisecond,
 		"gpudra_gpu_xid_errors_total{xid=\"43\"} on %s: %v, want %v", exclusiveGPU, xids(), before+1)
@@ -384,7 +386,7 @@ func TestTelemetryPerPod(t *testing.T) {
 		inUse = inUse || (m.labels["gpu"] == exclusiveGPU && m.labels["pod"] == "exclusive")
 	}
 	assert.True(t, inUse, "the XID's GPU %s has the exclusive pod's pod_info series", exclusiveGPU)
-	keepScrapes(t, final, scrapes[migNode])
+	keepScrapes(t, "after-xid", final)
 
 	// Once the pods are gone, so are their processes and their series.
 	deleteAllPods(t, ns)
@@ -553,7 +555,7 @@ func TestTelemetryOfTheDemo(t *testing.T) {
 	for _, n := range sortedKeys(scrapes) {
 		kept = append(kept, scrapes[n])
 	}
-	keepScrapes(t, kept...)
+	keepScrapes(t, "demo", kept...)
 }
 
 // podNode is the node of the named pod.
