@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,9 +21,9 @@ import (
 func TestConditionWriterKeepsTheLatest(t *testing.T) {
 	a, b := plain("a", "g", "2"), plain("b", "g", "2")
 	client := fake.NewClientset(a, b)
-	patches := 0
+	var patches atomic.Int32 // the writers' goroutines count, the test reads
 	client.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-		patches++
+		patches.Add(1)
 		return false, nil, nil
 	})
 	w := newConditionWriter(client)
@@ -33,7 +34,7 @@ func TestConditionWriterKeepsTheLatest(t *testing.T) {
 		require.NoError(t, w.set(ctx, a, gangConditionPatch(corev1.ConditionFalse, reason, "m")))
 	}
 	require.NoError(t, w.set(ctx, b, gangConditionPatch(corev1.ConditionFalse, "WaitingForPods", "m")))
-	assert.Zero(t, patches, "nothing written in the caller's goroutine")
+	assert.Zero(t, patches.Load(), "nothing written in the caller's goroutine")
 	go w.run(ctx, 2)
 	require.Eventually(t, func() bool {
 		w.mu.Lock()
@@ -44,6 +45,11 @@ func TestConditionWriterKeepsTheLatest(t *testing.T) {
 		p, err := client.CoreV1().Pods("ns").Get(ctx, "a", metav1.GetOptions{})
 		return err == nil && len(p.Status.Conditions) == 1 && p.Status.Conditions[0].Reason == "WaitingForDevices"
 	}, 10*time.Second, 10*time.Millisecond, "the latest condition")
+	// The queue is empty once the workers took both pods, which may be
+	// before the second write is made: wait for it, then make sure no
+	// third one follows.
+	require.Eventually(t, func() bool { return patches.Load() >= 2 }, 10*time.Second, 10*time.Millisecond, "both pods written")
+	time.Sleep(100 * time.Millisecond)
 	cancel()
-	assert.Equal(t, 2, patches, "one write per pod")
+	assert.Equal(t, int32(2), patches.Load(), "one write per pod")
 }
