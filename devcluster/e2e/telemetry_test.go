@@ -2,13 +2,9 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
@@ -23,32 +19,17 @@ type attribution struct {
 	free map[string]float64
 }
 
-// scrapeAttribution scrapes the node's telemetry (Node.ScrapeMetrics) and
-// keeps its claim attribution series.
+// scrapeAttribution scrapes the node's telemetry (scrapeNode) and keeps
+// its claim attribution series.
 func scrapeAttribution(t *testing.T, node string) attribution {
 	t.Helper()
-	text, err := cluster.Node(node).ScrapeMetrics()
-	require.NoError(t, err)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	require.NoError(t, err)
-	labels := func(m *dto.Metric) map[string]string {
-		l := map[string]string{}
-		for _, p := range m.GetLabel() {
-			l[p.GetName()] = p.GetValue()
-		}
-		return l
-	}
+	s := scrapeNode(t, node)
 	a := attribution{free: map[string]float64{}}
-	if f := families["gpudra_device_claim_info"]; f != nil {
-		for _, m := range f.GetMetric() {
-			a.info = append(a.info, labels(m))
-		}
+	for _, m := range s.series["gpudra_device_claim_info"] {
+		a.info = append(a.info, m.labels)
 	}
-	if f := families["gpudra_device_free"]; f != nil {
-		for _, m := range f.GetMetric() {
-			a.free[labels(m)["device"]] = m.GetGauge().GetValue()
-		}
+	for _, m := range s.series["gpudra_device_free"] {
+		a.free[m.labels["device"]] = m.value
 	}
 	return a
 }

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
@@ -91,17 +90,6 @@ func newClassCounter(celCache *cel.Cache, poolLabels ...string) *classCounter {
 		devices: map[devKey]*countedDevice{}, setMembers: map[setKey][]devKey{}, setUsed: map[setKey]int{},
 		claims: map[string]countedClaim{}, use: map[devKey]deviceUse{}, held: sets.New[string](), counts: map[classPool]*classCount{},
 		poolLabels: poolLabels, nodePools: map[string]string{}, sliceNodes: map[types.UID]string{}, nodeSlices: map[string]sets.Set[types.UID]{}}
-}
-
-// NodePool is a node's pool: the value of the first of keys among its
-// labels, "" when it has none of them.
-func NodePool(labels map[string]string, keys []string) string {
-	for _, k := range keys {
-		if v, ok := labels[k]; ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // state is a published device's state now.
@@ -237,68 +225,6 @@ func (c *classCounter) upsertSlice(ctx context.Context, sl *resourceapi.Resource
 		c.slices[sl.UID] = keys
 		c.setSliceNode(sl.UID, ptr.Deref(sl.Spec.NodeName, ""))
 	})
-}
-
-// setSliceNode records the node a slice is on ("": none, or the slice is
-// gone).
-func (c *classCounter) setSliceNode(uid types.UID, node string) {
-	if old, ok := c.sliceNodes[uid]; ok {
-		if c.nodeSlices[old].Delete(uid).Len() == 0 {
-			delete(c.nodeSlices, old)
-		}
-		delete(c.sliceNodes, uid)
-	}
-	if node == "" {
-		return
-	}
-	c.sliceNodes[uid] = node
-	if c.nodeSlices[node] == nil {
-		c.nodeSlices[node] = sets.New[types.UID]()
-	}
-	c.nodeSlices[node].Insert(uid)
-}
-
-// upsertNode records a node's pool; when it changed, the node's devices
-// are counted in the new pool. It reports whether the counts changed.
-func (c *classCounter) upsertNode(n *corev1.Node) bool {
-	pool := NodePool(n.Labels, c.poolLabels)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.nodePools[n.Name]; ok && old == pool {
-		return false
-	}
-	return c.setNodePool(n.Name, pool)
-}
-
-func (c *classCounter) deleteNode(n *corev1.Node) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.nodePools[n.Name]; !ok {
-		return false
-	}
-	changed := c.setNodePool(n.Name, "")
-	delete(c.nodePools, n.Name)
-	return changed
-}
-
-// setNodePool moves the node's devices to pool.
-func (c *classCounter) setNodePool(node, pool string) bool {
-	c.nodePools[node] = pool
-	var keys []devKey
-	for uid := range c.nodeSlices[node] {
-		keys = append(keys, c.slices[uid]...)
-	}
-	if len(keys) == 0 {
-		return false
-	}
-	c.change(keys, nil, func() {
-		for _, k := range keys {
-			if d := c.devices[k]; d != nil {
-				d.pool = pool
-			}
-		}
-	})
-	return true
 }
 
 func (c *classCounter) deleteSlice(sl *resourceapi.ResourceSlice) {
@@ -568,28 +494,6 @@ func matches(ctx context.Context, cache *cel.Cache, class *resourceapi.DeviceCla
 		}
 	}
 	return true
-}
-
-// nodeHandler feeds the counter the nodes' pools; changed is called when
-// a node's pool moved devices between pools (the gauges are stale).
-func (c *classCounter) nodeHandler(changed func()) cache.ResourceEventHandler {
-	upsert := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok && c.upsertNode(n) {
-			changed()
-		}
-	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    upsert,
-		UpdateFunc: func(_, obj any) { upsert(obj) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if n, ok := obj.(*corev1.Node); ok && c.deleteNode(n) {
-				changed()
-			}
-		},
-	}
 }
 
 // countClasses sets the per-class gauges: the devices by node pool and
