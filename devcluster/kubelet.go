@@ -328,6 +328,12 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return nil
 	}
+	if inProcessPod(pod) {
+		if pod.Status.Phase == v1.PodRunning {
+			return nil
+		}
+		return k.markRunning(ctx, pod, nil)
+	}
 	run := processCommand(pod)
 	if pod.Status.Phase == v1.PodRunning {
 		if run != nil {
@@ -481,6 +487,10 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	status.StartTime = &now
 	status.HostIP = "127.0.0.1"
 	status.HostIPs = []v1.HostIP{{IP: "127.0.0.1"}}
+	if ip := pod.Annotations[PodIPAnnotation]; ip != "" {
+		status.PodIP = ip
+		status.PodIPs = []v1.PodIP{{IP: ip}}
+	}
 	for _, t := range []v1.PodConditionType{v1.PodInitialized, v1.PodReadyToStartContainers, v1.ContainersReady, v1.PodReady} {
 		setCondition(status, v1.PodCondition{Type: t, Status: v1.ConditionTrue, LastTransitionTime: now})
 	}
@@ -497,7 +507,7 @@ func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string
 	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("set pod running: %w", err)
 	}
-	if k.runtime != nil && (processCommand(pod) == nil || k.runtime.MPSServer != "") {
+	if k.runtime != nil && !inProcessPod(pod) && (processCommand(pod) == nil || k.runtime.MPSServer != "") {
 		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (runc)")
 	} else {
 		k.recorder.Event(pod, v1.EventTypeNormal, reasonStarted, "Containers started (simulated by devcluster)")

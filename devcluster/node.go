@@ -324,6 +324,9 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err := n.startTelemetry(ctx); err != nil {
 		return nil, err
 	}
+	if err := n.serveMetricsPod(ctx, c); err != nil {
+		return nil, err
+	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
 	}

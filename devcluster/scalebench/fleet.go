@@ -260,3 +260,18 @@ func firstLine(b []byte) string {
 	}
 	return string(b)
 }
+
+// PublishFleet adds nodes API-only nodes of the named mix (MixMigOff: eight
+// whole H100s in an NVLink domain each), as the benchmark's points do: Node
+// objects, Ready, and the slices their plugins would publish. Used by
+// other benchmarks that need a fleet and not its pods (the dashboard's).
+func PublishFleet(ctx context.Context, client kubernetes.Interface, mixName string, nodes, workers int) error {
+	m, err := newMix(mixName, slicebuilder.MigPolicyAll)
+	if err != nil {
+		return err
+	}
+	return publish(ctx, client, m, 0, nodes, func(int) string { return poolGeneral }, workers)
+}
+
+// FleetNodeName is the name of the i-th node PublishFleet adds.
+func FleetNodeName(i int) string { return nodeName(i) }

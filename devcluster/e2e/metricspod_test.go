@@ -1,0 +1,43 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/pkg/top"
+)
+
+// TestPluginMetricsThroughTheAPIServerProxy: every node's plugin telemetry
+// is reachable as a real plugin pod's is, through kube-apiserver's pods
+// proxy to the pod's metrics port (how gpudra dashboard reads usage), and
+// it is that node's: the GPUs of its slices.
+func TestPluginMetricsThroughTheAPIServerProxy(t *testing.T) {
+	ctx := context.Background()
+	for _, node := range []string{"dgx-h100-0", nomigNode} {
+		pod, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).Get(ctx, devcluster.MetricsPodName(node), metav1.GetOptions{})
+		require.NoError(t, err)
+		require.NotEmpty(t, pod.Status.PodIP, "%s: the metrics pod has an IP", node)
+		port := pod.Spec.Containers[0].Ports[0]
+		require.Equal(t, devcluster.MetricsPort, port.Name)
+		body, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).ProxyGet("http", pod.Name, strconv.Itoa(int(port.ContainerPort)), "/metrics", nil).DoRaw(ctx)
+		require.NoError(t, err, "%s: /metrics through the API server's proxy", node)
+		fams, err := top.ParseMetrics(bytes.NewReader(body))
+		require.NoError(t, err)
+		snap := top.FromMetrics(fams, "proxy", pod.CreationTimestamp.Time)
+		assert.Equal(t, node, snap.Node)
+		gpus := 0
+		for _, d := range snap.Devices {
+			if d.Profile == "" {
+				gpus++
+			}
+		}
+		assert.Equal(t, 8, gpus, "%s: its 8 GPUs", node)
+	}
+}
