@@ -27,6 +27,7 @@
     drawn: new Map(),
     fetching: false,
     again: false,
+    announced: 0,
     frame: 0,
   };
 
@@ -277,27 +278,29 @@
     return el('div', { class: classes.join(' '), title: [g.uuid, (g.classes || []).join(', ')].filter(Boolean).join('\n'), data: { testid: 'gpu', node: n.name, gpu: g.name, state: g.state } },
       el('div', { class: 'gpu-head' },
         el('span', { class: 'gpu-name', text: g.name }),
-        el('span', { class: `badge st-${g.state}`, text: g.state }),
-        g.idleClaimed && el('span', { class: 'badge idle-badge', title: 'Claimed but no kernel ran in the window the server can tell', text: 'idle' })),
-      el('div', { class: 'gpu-model', text: [g.model, g.memoryBytes ? `${gib(g.memoryBytes)} GiB` : '', g.mig ? 'MIG' : ''].filter(Boolean).join(' · ') }),
+        el('span', { class: `badge st-${g.state}`, text: g.state })),
+      el('div', { class: 'gpu-model', title: [g.model, g.memoryBytes ? `${gib(g.memoryBytes)} GiB` : ''].filter(Boolean).join(', ') },
+        el('span', { class: 'model-name', text: [(g.model || '').replace(/^NVIDIA /, ''), g.mig ? 'MIG' : ''].filter(Boolean).join(' · ') }),
+        g.idleClaimed && el('span', { class: 'badge idle-badge', title: 'Claimed, but no kernel ran in the window the server can tell', text: 'idle' })),
       g.health && el('div', { class: 'health', title: g.health, text: `⚠ ${g.health}` }),
       g.mig ? migStrip(n, g) : el('div', { class: 'holders' }, (g.holders || []).map(holder)),
       el('div', { class: 'usage' },
-        bar('util', u.utilization, 100, `${pct(u.utilization)} util`),
-        bar('mem', u.memoryUsedBytes, memTotal, u.memoryUsedBytes == null ? 'mem —' : `${gib(u.memoryUsedBytes)}/${gib(memTotal)} GiB`),
+        bar('util', u.utilization, 100, pct(u.utilization), `utilization ${pct(u.utilization)}`),
+        bar('mem', u.memoryUsedBytes, memTotal, u.memoryUsedBytes == null ? '—' : `${gib(u.memoryUsedBytes)}G`,
+          u.memoryUsedBytes == null ? 'memory not read' : `memory ${gib(u.memoryUsedBytes)} of ${gib(memTotal)} GiB`),
         spark(u.spark)));
   }
 
-  function bar(kind, value, max, label) {
+  function bar(kind, value, max, label, title) {
     const fill = el('span', { class: 'fill' });
     fill.style.width = value == null || !max ? '0' : `${Math.min(100, (100 * value) / max).toFixed(1)}%`;
-    return el('div', { class: `meter ${kind}${value == null ? ' unread' : ''}` }, el('span', { class: 'track' }, fill), el('span', { class: 'meter-label', text: label }));
+    return el('div', { class: `meter ${kind}${value == null ? ' unread' : ''}`, title }, el('span', { class: 'track' }, fill), el('span', { class: 'meter-label', text: label }));
   }
 
   // spark draws the utilization of the last minutes; a point not read
   // breaks the line instead of reading as 0.
   function spark(points) {
-    const w = 64;
+    const w = 56;
     const h = 18;
     const s = svg('svg', { class: 'spark', viewBox: `0 0 ${w} ${h}`, width: w, height: h, 'aria-hidden': 'true' });
     if (!points || points.length < 2) return s;
@@ -334,8 +337,10 @@
       title: holderTitle(h),
       data: { testid: 'holder', namespace: h.namespace || '', claim: h.claim || '', pods: (h.pods || []).join(','), user: h.user || '', local: h.local || '' },
     },
-    el('span', { class: 'holder-name', text: holderText(h) }),
-    h.pods && h.pods.length ? el('span', { class: 'holder-pods', text: h.pods.join(', ') }) : null);
+    // The claim (or local allocation) first: it is what a card is too
+    // narrow to show whole; the namespace and pods under it.
+    el('span', { class: 'holder-name', text: h.local || h.user ? holderText(h) : h.claim || '' }),
+    el('span', { class: 'holder-pods', text: [h.namespace, ...(h.pods || [])].filter(Boolean).join(' · ') }));
   }
 
   // migStrip draws the memory slices and each placement over [start,
@@ -533,7 +538,9 @@
       $('live-text').textContent = `cannot load the view: ${err.message}`;
     } finally {
       state.fetching = false;
-      if (state.again) { state.again = false; load(); }
+      const behind = !state.view || state.view.revision < state.announced;
+      if (state.again && behind) load();
+      state.again = false;
     }
   }
   function setConnected(on) {
@@ -546,7 +553,8 @@
     // EventSource reconnects by itself (the server asks for 2 s).
     es.onerror = () => setConnected(false);
     es.addEventListener('revision', (e) => {
-      if (!state.view || Number(e.data) !== state.view.revision) load();
+      state.announced = Number(e.data);
+      if (!state.view || state.announced !== state.view.revision) load();
     });
   }
 
