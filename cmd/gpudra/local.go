@@ -178,7 +178,7 @@ process from the GPUs it was not given. Where users do not trust each other,
 use the cluster (the DRA kubelet plugin).`,
 	}
 	cmd.AddCommand(newLocalRunCommand(), newLocalAllocateCommand(), newLocalReleaseCommand(), newLocalPsCommand(),
-		newLocalDrainCommand(true), newLocalDrainCommand(false), newLocalReserveCommand(), newLocalPolicyCommand())
+		newLocalDrainCommand(true), newLocalDrainCommand(false), newLocalReserveCommand(), newLocalPolicyCommand(), newLocalDashboardCommand())
 	return cmd
 }
 

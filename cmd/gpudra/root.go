@@ -67,7 +67,7 @@ func newRootCommand() *cobra.Command {
 		Version: version.Version,
 	}
 	root.SetVersionTemplate(version.String("gpudra") + "\n")
-	root.AddCommand(newInventoryCommand(), newSlicesCommand(), newGroupsCommand(kubeconfigClient), newLocalCommand(), newTopCommand(), &cobra.Command{
+	root.AddCommand(newInventoryCommand(), newSlicesCommand(), newGroupsCommand(kubeconfigClient), newLocalCommand(), newTopCommand(), newDashboardCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version and commit",
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.String("gpudra")) },
