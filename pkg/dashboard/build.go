@@ -359,13 +359,14 @@ func (b *builder) addClaims() {
 				continue
 			}
 			shared := r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess)
-			b.attach(b.node(r.Pool), r.Device, claimRef{claim: c, shared: shared})
+			b.attach(b.node(r.Pool), r.Device, b.holder(claimRef{claim: c, shared: shared}))
 		}
 	}
 }
 
-func (b *builder) attach(n *nodeAcc, device string, ref claimRef) {
-	h := b.holder(ref)
+// attach puts a holder on a device by name (a GPU, or a MIG device on its
+// GPU), making the device when nothing else showed it.
+func (b *builder) attach(n *nodeAcc, device string, h Holder) {
 	if strings.Contains(device, "-mig-") {
 		g := n.gpu(parentName(device))
 		g.gpu.MIG = true
