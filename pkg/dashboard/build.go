@@ -1,0 +1,1032 @@
+package dashboard
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+	"github.com/gpudra/gpudra/pkg/top"
+)
+
+// ClusterInputs is everything Build needs, as plain objects: what the
+// informers hold, the last usage reads, and the history the source keeps.
+// A nil list is "not read" only where Notes say so: Build cannot tell an
+// empty cluster from a forbidden resource, the source can.
+type ClusterInputs struct {
+	Now time.Time
+	// Context names the kubeconfig context and user.
+	Context       string
+	Nodes         []*corev1.Node
+	Slices        []*resourceapi.ResourceSlice
+	Claims        []*resourceapi.ResourceClaim
+	Pods          []*corev1.Pod
+	DeviceClasses []*resourceapi.DeviceClass
+	Queues        []*gpudrav1.GpuQueue
+	Reservations  []*gpudrav1.GpuReservation
+	// Usage is the last usage read per node name; UsageSource says what
+	// read it ("plugin", "prometheus").
+	Usage       map[string]*top.Snapshot
+	UsageSource string
+	// Spark is each device's recent utilization, by SparkKey(node,
+	// device), oldest first (History.Sparks).
+	Spark map[string][]*float64
+	// Allocation is the allocation over time (from Prometheus, or what
+	// the source saw); nil: none yet.
+	Allocation *Allocation
+	// Notes say what the source could not read.
+	Notes []string
+}
+
+// SparkKey is a device's key in ClusterInputs.Spark.
+func SparkKey(node, device string) string { return node + "/" + device }
+
+// DevicePluginResource is the extended resource the chart's device plugin
+// mode advertises by default: a node that has it and no slices runs the
+// device plugin.
+const DevicePluginResource corev1.ResourceName = "nvidia.com/gpu"
+
+// Build is the View of a cluster. It is a pure function of in (the
+// DeviceClass selectors it evaluates are compiled once per expression and
+// cached), so that the source rebuilds after any change without
+// remembering what changed.
+func Build(in ClusterInputs) *View {
+	b := &builder{in: in, nodes: map[string]*nodeAcc{}, pods: make(map[string]*corev1.Pod, len(in.Pods)),
+		claims: make(map[string]*resourceapi.ResourceClaim, len(in.Claims))}
+	for _, p := range in.Pods {
+		b.pods[p.Namespace+"/"+p.Name] = p
+	}
+	for _, c := range in.Claims {
+		b.claims[c.Namespace+"/"+c.Name] = c
+	}
+	b.classes = newClassMatcher(in.DeviceClasses)
+	b.addSlices()
+	b.addClaims()
+	b.addDevicePluginNodes()
+	v := &View{Mode: "cluster", At: in.Now, Context: in.Context}
+	v.Domains = b.domains(v)
+	v.Queues = b.queues(v)
+	if in.Allocation != nil {
+		v.Allocation = *in.Allocation
+	} else {
+		v.Allocation = Allocation{Source: "seen"}
+	}
+	v.Filters = b.filters(v)
+	v.Notes = append(append([]string(nil), in.Notes...), usageNotes(in.Usage)...)
+	return v
+}
+
+type builder struct {
+	in      ClusterInputs
+	nodes   map[string]*nodeAcc
+	pods    map[string]*corev1.Pod
+	claims  map[string]*resourceapi.ResourceClaim
+	classes *classMatcher
+	// namespaces seen on holders and waiting items, for the filter menu.
+	namespaces map[string]bool
+}
+
+// nodeAcc gathers one node's GPUs while the slices and claims are read.
+type nodeAcc struct {
+	name   string
+	mode   string
+	gpus   map[string]*gpuAcc // by device name (gpu-0)
+	byUUID map[string]*gpuAcc
+}
+
+type gpuAcc struct {
+	gpu GPU
+	// domain is the GPU's nvlinkDomain attribute.
+	domain string
+	// placements by device name.
+	placements map[string]*Placement
+	classes    []string
+	// unhealthy: a NoSchedule or NoExecute taint on the GPU or one of its
+	// MIG devices.
+	unhealthy bool
+}
+
+func (b *builder) node(name string) *nodeAcc {
+	n := b.nodes[name]
+	if n == nil {
+		n = &nodeAcc{name: name, gpus: map[string]*gpuAcc{}, byUUID: map[string]*gpuAcc{}}
+		b.nodes[name] = n
+	}
+	return n
+}
+
+func (n *nodeAcc) gpu(name string) *gpuAcc {
+	g := n.gpus[name]
+	if g == nil {
+		g = &gpuAcc{gpu: GPU{Name: name}, placements: map[string]*Placement{}}
+		n.gpus[name] = g
+	}
+	return g
+}
+
+// poolNode is the node a pool's devices are on: gpudra names its pool
+// after its node.
+func sliceNode(s *resourceapi.ResourceSlice) string {
+	if s.Spec.NodeName != nil && *s.Spec.NodeName != "" {
+		return *s.Spec.NodeName
+	}
+	return s.Spec.Pool.Name
+}
+
+func attrString(d *resourceapi.Device, name resourceapi.QualifiedName) string {
+	if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+// addSlices reads gpudra's devices from the current generation of each
+// pool: whole GPUs first, so that MIG devices find their parent by UUID.
+func (b *builder) addSlices() {
+	gen := map[string]int64{}
+	for _, s := range b.in.Slices {
+		if s.Spec.Driver == slicebuilder.DriverName {
+			gen[s.Spec.Pool.Name] = max(gen[s.Spec.Pool.Name], s.Spec.Pool.Generation)
+		}
+	}
+	current := func(s *resourceapi.ResourceSlice) bool {
+		return s.Spec.Driver == slicebuilder.DriverName && s.Spec.Pool.Generation == gen[s.Spec.Pool.Name]
+	}
+	for _, s := range b.in.Slices {
+		if !current(s) {
+			continue
+		}
+		n := b.node(sliceNode(s))
+		n.mode = "dra"
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if attrString(d, "type") != slicebuilder.TypeMIG {
+				b.addGPUDevice(n, d)
+			}
+		}
+	}
+	for _, s := range b.in.Slices {
+		if !current(s) {
+			continue
+		}
+		n := b.node(sliceNode(s))
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if attrString(d, "type") == slicebuilder.TypeMIG {
+				b.addMIGDevice(n, d)
+			}
+		}
+	}
+}
+
+func (b *builder) addGPUDevice(n *nodeAcc, d *resourceapi.Device) {
+	g := n.gpu(d.Name)
+	g.gpu.UUID = attrString(d, "uuid")
+	if g.gpu.UUID != "" {
+		n.byUUID[g.gpu.UUID] = g
+	}
+	g.gpu.Model = attrString(d, "productName")
+	if c, ok := d.Capacity[slicebuilder.CapacityMemory]; ok {
+		g.gpu.MemoryBytes = c.Value.Value()
+	}
+	if a, ok := d.Attributes["migEnabled"]; ok && a.BoolValue != nil && *a.BoolValue {
+		g.gpu.MIG = true
+	}
+	g.domain = attrString(d, "nvlinkDomain")
+	b.taints(g, d.Taints)
+	b.addClasses(g, d)
+}
+
+func (b *builder) addMIGDevice(n *nodeAcc, d *resourceapi.Device) {
+	g := n.byUUID[attrString(d, "parentUUID")]
+	if g == nil {
+		// The whole GPU is not published (someone else's MIG devices on
+		// it, or only existing ones offered): the card still shows.
+		g = n.gpu(parentName(d.Name))
+		if u := attrString(d, "parentUUID"); u != "" && g.gpu.UUID == "" {
+			g.gpu.UUID = u
+			n.byUUID[u] = g
+		}
+		if g.gpu.Model == "" {
+			g.gpu.Model = attrString(d, "productName")
+		}
+	}
+	g.gpu.MIG = true
+	p := g.placement(d.Name)
+	p.Profile = attrString(d, "migProfile")
+	var mem int64
+	if c, ok := d.Capacity[slicebuilder.CapacityMemory]; ok {
+		mem = c.Value.Value()
+	}
+	p.Start, p.Size = placementOf(d, g.gpu.MemoryBytes, mem)
+	b.taints(g, d.Taints)
+	b.addClasses(g, d)
+}
+
+func (g *gpuAcc) placement(name string) *Placement {
+	p := g.placements[name]
+	if p == nil {
+		p = &Placement{Name: name}
+		g.placements[name] = p
+	}
+	return p
+}
+
+// memorySlicePrefix names the counters of a GPU's memory slices
+// (slicebuilder: memory-slice-N).
+const memorySlicePrefix = "memory-slice-"
+
+// placementOf is where a MIG device sits on its GPU's memory slices: the
+// memory-slice counters it consumes; for a device that consumes none (an
+// existing MIG device, published as it is), its name's start and its
+// memory's share of the GPU's.
+func placementOf(d *resourceapi.Device, gpuMemory, memory int64) (start, size int) {
+	lo, hi := math.MaxInt, -1
+	for _, c := range d.ConsumesCounters {
+		for name := range c.Counters {
+			if rest, ok := strings.CutPrefix(name, memorySlicePrefix); ok {
+				if i, err := strconv.Atoi(rest); err == nil {
+					lo, hi = min(lo, i), max(hi, i)
+				}
+			}
+		}
+	}
+	if hi >= 0 {
+		return lo, hi - lo + 1
+	}
+	start = nameStart(d.Name)
+	size = 1
+	if gpuMemory > 0 && memory > 0 {
+		size = max(1, int(math.Round(float64(memory)*nvdevice.MemorySlices/float64(gpuMemory))))
+	}
+	return start, size
+}
+
+// nameStart is the placement start in a MIG device's name
+// (gpu-0-mig-3g-40gb-4 -> 4).
+func nameStart(name string) int {
+	i := strings.LastIndexByte(name, '-')
+	n, err := strconv.Atoi(name[i+1:])
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// parentName is a MIG device's GPU's name (gpu-0-mig-3g-40gb-4 -> gpu-0).
+func parentName(name string) string {
+	if i := strings.Index(name, "-mig-"); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// computeSlices is the memory slices of a profile known only by its name
+// label (a device seen only through a claim): from its compute slices, as
+// the H100 family lays them out (1g: 1, 2g: 2, 3g and 4g: 4, 7g: 8). A 1g
+// profile with twice the memory (1g.20gb) takes 2 but is drawn as 1: the
+// label does not say.
+func computeSlices(profileLabel string) int {
+	g, _, _ := strings.Cut(profileLabel, "g")
+	switch g {
+	case "2":
+		return 2
+	case "3", "4":
+		return 4
+	case "7":
+		return 8
+	default:
+		return 1
+	}
+}
+
+// taints marks a GPU unhealthy from a taint that keeps pods off.
+func (b *builder) taints(g *gpuAcc, taints []resourceapi.DeviceTaint) {
+	for _, t := range taints {
+		if t.Effect != resourceapi.DeviceTaintEffectNoSchedule && t.Effect != resourceapi.DeviceTaintEffectNoExecute {
+			continue
+		}
+		g.unhealthy = true
+		if g.gpu.Health == "" {
+			g.gpu.Health = t.Key
+			if t.Value != "" {
+				g.gpu.Health += "=" + t.Value
+			}
+		}
+	}
+}
+
+func (b *builder) addClasses(g *gpuAcc, d *resourceapi.Device) {
+	for _, c := range b.classes.match(d) {
+		if !slices.Contains(g.classes, c) {
+			g.classes = append(g.classes, c)
+		}
+	}
+}
+
+// claimRef is one claim's hold on one device.
+type claimRef struct {
+	claim  *resourceapi.ResourceClaim
+	shared bool
+}
+
+// addClaims attaches each allocated claim to its devices, making the
+// devices the slices did not show (slices forbidden, a node gone).
+func (b *builder) addClaims() {
+	for _, c := range b.in.Claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		results := c.Status.Allocation.Devices.Results
+		for i, r := range results {
+			// A claim with two results on one device (two shares) holds it once.
+			if r.Driver != slicebuilder.DriverName || slices.ContainsFunc(results[:i], func(o resourceapi.DeviceRequestAllocationResult) bool {
+				return o.Pool == r.Pool && o.Device == r.Device && o.Driver == r.Driver
+			}) {
+				continue
+			}
+			shared := r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess)
+			b.attach(b.node(r.Pool), r.Device, b.holder(claimRef{claim: c, shared: shared}))
+		}
+	}
+}
+
+// attach puts a holder on a device by name (a GPU, or a MIG device on its
+// GPU), making the device when nothing else showed it.
+func (b *builder) attach(n *nodeAcc, device string, h Holder) {
+	if strings.Contains(device, "-mig-") {
+		g := n.gpu(parentName(device))
+		g.gpu.MIG = true
+		p, known := g.placements[device]
+		if !known {
+			// Seen only through the claim: its geometry from its name.
+			p = g.placement(device)
+			label := strings.TrimSuffix(device[len(parentName(device))+len("-mig-"):], fmt.Sprintf("-%d", nameStart(device)))
+			p.Profile = strings.Replace(label, "-", ".", 1) // 3g-40gb -> 3g.40gb
+			p.Start, p.Size = nameStart(device), computeSlices(label)
+		}
+		p.Holders = append(p.Holders, h)
+		return
+	}
+	g := n.gpu(device)
+	g.gpu.Holders = append(g.gpu.Holders, h)
+}
+
+func (b *builder) holder(ref claimRef) Holder {
+	c := ref.claim
+	h := Holder{Namespace: c.Namespace, Claim: c.Name, Shared: ref.shared, Reservation: c.Labels[gpudrav1.LabelReservation],
+		Kubectl: kubectlClaim(c.Namespace, c.Name)}
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		h.Pods = append(h.Pods, r.Name)
+		if p := b.pods[c.Namespace+"/"+r.Name]; p != nil && h.Gang == "" {
+			h.Gang = p.Labels[gpudrav1.LabelGang]
+		}
+	}
+	slices.Sort(h.Pods)
+	b.seeNamespace(c.Namespace)
+	return h
+}
+
+func (b *builder) seeNamespace(ns string) {
+	if ns == "" {
+		return
+	}
+	if b.namespaces == nil {
+		b.namespaces = map[string]bool{}
+	}
+	b.namespaces[ns] = true
+}
+
+// addDevicePluginNodes shows the nodes that run the device plugin (the
+// extended resource, no slices), with the GPUs their usage read lists.
+func (b *builder) addDevicePluginNodes() {
+	for _, node := range b.in.Nodes {
+		if _, dra := b.nodes[node.Name]; dra {
+			continue
+		}
+		if q, ok := node.Status.Allocatable[DevicePluginResource]; !ok || q.IsZero() {
+			continue
+		}
+		n := b.node(node.Name)
+		n.mode = "device-plugin"
+		snap := b.in.Usage[node.Name]
+		if snap == nil {
+			continue
+		}
+		for _, d := range snap.Devices {
+			if d.GPU != "" {
+				continue // a MIG device: drawn from its GPU's usage only
+			}
+			g := n.gpu(d.Name)
+			g.gpu.UUID, g.gpu.Model = d.UUID, d.Model
+			for _, h := range d.Holders {
+				var pods []string
+				for _, p := range h.Pods {
+					// namespace/pod/container
+					parts := strings.SplitN(p, "/", 3)
+					if len(parts) >= 2 {
+						pods = append(pods, parts[1])
+						b.seeNamespace(parts[0])
+					}
+				}
+				g.gpu.Holders = append(g.gpu.Holders, Holder{Namespace: namespaceOfPods(h.Pods), Pods: pods})
+			}
+		}
+	}
+}
+
+func namespaceOfPods(pods []string) string {
+	if len(pods) == 0 {
+		return ""
+	}
+	ns, _, _ := strings.Cut(pods[0], "/")
+	return ns
+}
+
+// finish settles a GPU's states (its own, its placements') from its
+// holders, and attaches its usage.
+func (b *builder) finish(node string, g *gpuAcc, snap map[string]*top.Device) GPU {
+	out := g.gpu
+	out.Classes = g.classes
+	slices.Sort(out.Classes)
+	// Two claims on one device share it (each claim holds a device once).
+	if len(out.Holders) > 1 {
+		for i := range out.Holders {
+			out.Holders[i].Shared = true
+		}
+	}
+	slices.SortFunc(out.Holders, compareHolders)
+	whole := len(out.Holders) > 0
+	var held []Placement
+	for _, p := range g.placements {
+		slices.SortFunc(p.Holders, compareHolders)
+		if len(p.Holders) > 1 {
+			for i := range p.Holders {
+				p.Holders[i].Shared = true
+			}
+		}
+		if len(p.Holders) > 0 {
+			held = append(held, *p)
+		}
+	}
+	out.Placements = make([]Placement, 0, len(g.placements))
+	for _, p := range g.placements {
+		q := *p
+		switch {
+		case len(q.Holders) > 0:
+			q.State = StateAllocated
+		case whole || overlapsAny(q, held):
+			q.State = StateBlocked
+		default:
+			q.State = StateFree
+		}
+		q.Usage = b.usage(node, q.Name, snap)
+		out.Placements = append(out.Placements, q)
+	}
+	slices.SortFunc(out.Placements, func(a, b Placement) int {
+		return cmp.Or(cmp.Compare(a.Start, b.Start), cmp.Compare(b.Size, a.Size), cmp.Compare(a.Name, b.Name))
+	})
+	if len(out.Placements) == 0 {
+		out.Placements = nil
+	}
+	if out.MIG {
+		out.MemorySlices = nvdevice.MemorySlices
+	}
+	switch {
+	case g.unhealthy:
+		out.State = StateUnhealthy
+	case whole:
+		out.State = StateAllocated
+	case len(held) > 0:
+		out.State = StatePartial
+	default:
+		out.State = StateFree
+	}
+	out.Usage = b.usage(node, out.Name, snap)
+	out.IdleClaimed = idleClaimed(out, whole, held)
+	return out
+}
+
+// idleClaimed: held, and every reading the source has of what is held
+// says nothing ran. A GPU in MIG mode has no utilization reading: its
+// held MIG devices' SM activity tells. No reading at all is not idle.
+func idleClaimed(g GPU, whole bool, held []Placement) bool {
+	if whole {
+		return idle(g.Usage, func(u *Usage) *float64 { return u.Utilization })
+	}
+	if len(held) == 0 {
+		return false
+	}
+	for _, p := range g.Placements {
+		if p.State == StateAllocated && !idle(p.Usage, func(u *Usage) *float64 { return u.SMActive }) {
+			return false
+		}
+	}
+	return true
+}
+
+// idle: the reading is 0 now, and every point of the sparkline that was
+// read is 0 too.
+func idle(u *Usage, reading func(*Usage) *float64) bool {
+	if u == nil || reading(u) == nil || *reading(u) != 0 {
+		return false
+	}
+	for _, p := range u.Spark {
+		if p != nil && *p != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func overlapsAny(p Placement, held []Placement) bool {
+	for _, h := range held {
+		if p.Start < h.Start+h.Size && h.Start < p.Start+p.Size {
+			return true
+		}
+	}
+	return false
+}
+
+func compareHolders(a, b Holder) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Claim, b.Claim), cmp.Compare(a.Local, b.Local))
+}
+
+// usage is a device's usage from its node's last read, nil when none was
+// read (the page shows "not read", not 0).
+func (b *builder) usage(node, device string, snap map[string]*top.Device) *Usage {
+	d := snap[device]
+	spark := b.in.Spark[SparkKey(node, device)]
+	if d == nil && len(spark) == 0 {
+		return nil
+	}
+	u := &Usage{Spark: spark}
+	if d != nil {
+		u.Utilization, u.SMActive, u.MemoryUsedBytes, u.MemoryTotalBytes, u.PowerWatts =
+			d.Utilization, d.SMActive, d.MemoryUsedBytes, d.MemoryTotalBytes, d.PowerWatts
+	}
+	return u
+}
+
+// domains groups the nodes by the NVLink domain most of their GPUs are in.
+func (b *builder) domains(v *View) []Domain {
+	byDomain := map[string][]Node{}
+	names := make([]string, 0, len(b.nodes))
+	for name := range b.nodes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		n := b.nodes[name]
+		var devs map[string]*top.Device
+		snap := b.in.Usage[name]
+		if snap != nil {
+			devs = make(map[string]*top.Device, len(snap.Devices))
+			for i := range snap.Devices {
+				devs[snap.Devices[i].Name] = &snap.Devices[i]
+			}
+		}
+		node := Node{Name: name, Mode: n.mode, Kubectl: kubectlNodeSlices(name)}
+		if snap != nil {
+			node.UsageSource = b.in.UsageSource
+		}
+		votes := map[string]int{}
+		node.GPUs = make([]GPU, 0, len(n.gpus))
+		for _, g := range n.gpus {
+			gpu := b.finish(name, g, devs)
+			node.GPUs = append(node.GPUs, gpu)
+			if g.domain != "" {
+				votes[g.domain]++
+			}
+			v.Summary.GPUs++
+			switch {
+			case gpu.State == StateUnhealthy:
+				v.Summary.Unhealthy++
+			case gpu.State == StateFree:
+				v.Summary.Free++
+			}
+			if len(gpu.Holders) > 0 || slices.ContainsFunc(gpu.Placements, func(p Placement) bool { return len(p.Holders) > 0 }) {
+				v.Summary.Allocated++
+			}
+			if gpu.IdleClaimed {
+				v.Summary.IdleClaimed++
+			}
+		}
+		slices.SortFunc(node.GPUs, func(a, b GPU) int {
+			return cmp.Or(cmp.Compare(minorOf(a.Name), minorOf(b.Name)), cmp.Compare(a.Name, b.Name))
+		})
+		domain := ""
+		for d, n := range votes {
+			if n > votes[domain] || (n == votes[domain] && d < domain) {
+				domain = d
+			}
+		}
+		byDomain[domain] = append(byDomain[domain], node)
+		v.Summary.Nodes++
+	}
+	out := make([]Domain, 0, len(byDomain))
+	for name, nodes := range byDomain {
+		out = append(out, Domain{Name: name, Nodes: nodes})
+	}
+	slices.SortFunc(out, func(a, b Domain) int {
+		if (a.Name == "") != (b.Name == "") {
+			if a.Name == "" {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// minorOf is the GPU minor of a device name ("gpu-3"), -1 for another.
+func minorOf(name string) int {
+	rest, ok := strings.CutPrefix(name, "gpu-")
+	if !ok {
+		return -1
+	}
+	digits, _, _ := strings.Cut(rest, "-")
+	n, err := strconv.Atoi(digits)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func (b *builder) filters(v *View) Filters {
+	f := Filters{States: []string{StateFree, StatePartial, StateAllocated, StateBlocked, StateUnhealthy}}
+	classes := map[string]bool{}
+	for _, d := range v.Domains {
+		for _, n := range d.Nodes {
+			f.Nodes = append(f.Nodes, n.Name)
+			for _, g := range n.GPUs {
+				for _, c := range g.Classes {
+					classes[c] = true
+				}
+			}
+		}
+	}
+	slices.Sort(f.Nodes)
+	for c := range classes {
+		f.Classes = append(f.Classes, c)
+	}
+	slices.Sort(f.Classes)
+	for ns := range b.namespaces {
+		f.Namespaces = append(f.Namespaces, ns)
+	}
+	slices.Sort(f.Namespaces)
+	return f
+}
+
+// usageNotes are the nodes' usage notes, each text once with the nodes
+// that said it: a thousand plugins without attribution make one note.
+func usageNotes(usage map[string]*top.Snapshot) []string {
+	byText := map[string][]string{}
+	for node, s := range usage {
+		if s == nil {
+			continue
+		}
+		for _, n := range s.Notes {
+			byText[n] = append(byText[n], node)
+		}
+	}
+	out := make([]string, 0, len(byText))
+	for text, nodes := range byText {
+		slices.Sort(nodes)
+		switch {
+		case len(nodes) == 1:
+			out = append(out, nodes[0]+": "+text)
+		case len(nodes) <= 3:
+			out = append(out, strings.Join(nodes, ", ")+": "+text)
+		default:
+			out = append(out, fmt.Sprintf("%d nodes (%s, ...): %s", len(nodes), strings.Join(nodes[:3], ", "), text))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// classMatcher tells which DeviceClasses select a device, with the
+// scheduler's own CEL. Devices of one kind share the attributes a class
+// selects on (type, profile, product), so the answer is kept per kind:
+// 8,000 GPUs of one model cost one evaluation per class, not 8,000.
+type classMatcher struct {
+	classes []*resourceapi.DeviceClass
+	byKind  map[deviceKind][]string
+}
+
+// deviceKind is what the chart's classes select on.
+type deviceKind struct {
+	typ, profile, product, sharing string
+	mig                            bool
+}
+
+var celCache = cel.NewCache(64, cel.Features{})
+
+func newClassMatcher(classes []*resourceapi.DeviceClass) *classMatcher {
+	return &classMatcher{classes: classes, byKind: map[deviceKind][]string{}}
+}
+
+func (m *classMatcher) match(d *resourceapi.Device) []string {
+	if len(m.classes) == 0 {
+		return nil
+	}
+	kind := deviceKind{typ: attrString(d, "type"), profile: attrString(d, "migProfile"), product: attrString(d, "productName"), sharing: attrString(d, "sharing")}
+	if a, ok := d.Attributes["migEnabled"]; ok && a.BoolValue != nil && *a.BoolValue {
+		kind.mig = true
+	}
+	if got, ok := m.byKind[kind]; ok {
+		return got
+	}
+	var out []string
+	dev := cel.Device{Driver: slicebuilder.DriverName, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: d.AllowMultipleAllocations}
+	for _, c := range m.classes {
+		if classSelects(c, dev) {
+			out = append(out, c.Name)
+		}
+	}
+	m.byKind[kind] = out
+	return out
+}
+
+// classSelects: every selector of the class matches; a selector that
+// does not compile or fails on the device does not.
+func classSelects(c *resourceapi.DeviceClass, dev cel.Device) bool {
+	if len(c.Spec.Selectors) == 0 {
+		return false // a class that selects everything says nothing about GPUs
+	}
+	for _, s := range c.Spec.Selectors {
+		if s.CEL == nil {
+			return false
+		}
+		res := celCache.GetOrCompile(s.CEL.Expression)
+		if res.Error != nil {
+			return false
+		}
+		ok, _, err := res.DeviceMatches(context.Background(), dev)
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// The queues: every GpuQueue, the queued reservations and gated gangs in
+// the queues they name (positions as the controller reported them), and
+// the pending pods with claims that are in no gang, under the queue ""
+// (not queued: the scheduler's reason is why they wait).
+
+// positionRE reads the position the gang controller writes into its
+// condition's message (pkg/controller/gang: reportWaiting).
+var positionRE = regexp.MustCompile(`^position (\d+) in queue (\S+): `)
+
+func (b *builder) queues(v *View) []Queue {
+	byName := map[string]*Queue{}
+	queue := func(name string) *Queue {
+		q := byName[name]
+		if q == nil {
+			q = &Queue{Name: name, Policy: string(gpudrav1.FCFS), Items: []QueueItem{}}
+			byName[name] = q
+		}
+		return q
+	}
+	for _, gq := range b.in.Queues {
+		q := queue(gq.Name)
+		q.Exists = true
+		q.Kubectl = kubectlQueue(gq.Name)
+		if gq.Spec.Policy != "" {
+			q.Policy = string(gq.Spec.Policy)
+		}
+	}
+	for _, r := range b.in.Reservations {
+		if r.Status.Phase != gpudrav1.ReservationQueued && r.Status.Phase != "" {
+			continue
+		}
+		name := cmp.Or(r.Spec.Queue, gpudrav1.DefaultQueue)
+		it := QueueItem{Kind: gpudrav1.KindGpuReservation, Namespace: r.Namespace, Name: r.Name, Position: int(r.Status.QueuePosition),
+			Reason: r.Status.Reason, Message: r.Status.Message, Devices: int64(max(r.Spec.Claims, 1)) * max(r.Spec.Count, 1),
+			Kubectl: kubectlReservation(r.Namespace, r.Name)}
+		since := r.CreationTimestamp.Time
+		if r.Status.QueuedAt != nil {
+			since = r.Status.QueuedAt.Time
+		}
+		if !since.IsZero() {
+			it.Since = &since
+		}
+		if r.Spec.Duration != nil {
+			it.Duration = r.Spec.Duration.Duration.String()
+		}
+		b.seeNamespace(r.Namespace)
+		q := queue(name)
+		q.Items = append(q.Items, it)
+	}
+	for _, g := range b.gangs() {
+		q := queue(g.queue)
+		q.Items = append(q.Items, g.item)
+	}
+	for _, it := range b.pendingPods() {
+		q := queue("")
+		q.Items = append(q.Items, it)
+	}
+	out := make([]Queue, 0, len(byName))
+	for _, q := range byName {
+		slices.SortFunc(q.Items, compareItems)
+		if q.Name != "" {
+			estimate(q.Items, b.in.Now)
+			v.Summary.Waiting += len(q.Items)
+		}
+		out = append(out, *q)
+	}
+	slices.SortFunc(out, func(a, b Queue) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// compareItems orders a queue: by the controller's position, items
+// without one (not yet seen by it) after them by arrival.
+func compareItems(a, b QueueItem) int {
+	if (a.Position == 0) != (b.Position == 0) {
+		if a.Position == 0 {
+			return 1
+		}
+		return -1
+	}
+	if c := cmp.Compare(a.Position, b.Position); c != 0 {
+		return c
+	}
+	var as, bs time.Time
+	if a.Since != nil {
+		as = *a.Since
+	}
+	if b.Since != nil {
+		bs = *b.Since
+	}
+	return cmp.Or(as.Compare(bs), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// estimate sets each item's EstimatedStart: now plus the declared
+// durations of the items ahead of it, run one after another; none from
+// the first item that follows one without a declared duration.
+func estimate(items []QueueItem, now time.Time) {
+	at := now
+	for i := range items {
+		start := at
+		items[i].EstimatedStart = &start
+		d, err := time.ParseDuration(items[i].Duration)
+		if err != nil || d <= 0 {
+			return
+		}
+		at = at.Add(d)
+	}
+}
+
+type gangWait struct {
+	queue string
+	item  QueueItem
+}
+
+// gangs are the gangs with a pod still gated by gpudra, one item per
+// (namespace, gang), with the condition the controller set on its pods.
+func (b *builder) gangs() []gangWait {
+	type acc struct {
+		pods   []*corev1.Pod
+		gated  bool
+		claims map[string]bool
+	}
+	byKey := map[string]*acc{}
+	for _, p := range b.in.Pods {
+		name := p.Labels[gpudrav1.LabelGang]
+		if name == "" {
+			continue
+		}
+		key := p.Namespace + "/" + name
+		a := byKey[key]
+		if a == nil {
+			a = &acc{claims: map[string]bool{}}
+			byKey[key] = a
+		}
+		a.pods = append(a.pods, p)
+		if slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate }) {
+			a.gated = true
+		}
+	}
+	var out []gangWait
+	for _, a := range byKey {
+		if !a.gated {
+			continue
+		}
+		slices.SortFunc(a.pods, func(x, y *corev1.Pod) int { return cmp.Compare(x.Name, y.Name) })
+		first := a.pods[0]
+		name := first.Labels[gpudrav1.LabelGang]
+		g := gangWait{queue: cmp.Or(first.Annotations[gpudrav1.AnnotationQueue], gpudrav1.DefaultQueue)}
+		it := QueueItem{Kind: "Gang", Namespace: first.Namespace, Name: name, Kubectl: kubectlGang(first.Namespace, name)}
+		if d, err := time.ParseDuration(first.Annotations[gpudrav1.AnnotationDuration]); err == nil && d > 0 {
+			it.Duration = d.String()
+		}
+		since := first.CreationTimestamp.Time
+		for _, p := range a.pods {
+			if p.CreationTimestamp.Time.Before(since) {
+				since = p.CreationTimestamp.Time
+			}
+			for _, c := range p.Status.Conditions {
+				if string(c.Type) != gpudrav1.GroupName+"/GangAllocated" || c.Status != corev1.ConditionFalse || it.Reason != "" {
+					continue
+				}
+				it.Reason, it.Message = c.Reason, c.Message
+				if m := positionRE.FindStringSubmatch(c.Message); m != nil {
+					it.Position, _ = strconv.Atoi(m[1])
+					it.Message = strings.TrimPrefix(c.Message, m[0])
+				}
+			}
+			it.Devices += b.podDevices(p, a.claims)
+		}
+		if !since.IsZero() {
+			it.Since = &since
+		}
+		b.seeNamespace(first.Namespace)
+		g.item = it
+		out = append(out, g)
+	}
+	return out
+}
+
+// podDevices counts the devices a pod's claims ask for (exact counts;
+// a claim counted once however many pods share it).
+func (b *builder) podDevices(p *corev1.Pod, counted map[string]bool) int64 {
+	var n int64
+	for _, name := range podClaimNames(p) {
+		key := p.Namespace + "/" + name
+		c := b.claims[key]
+		if c == nil || counted[key] {
+			continue
+		}
+		counted[key] = true
+		for _, r := range c.Spec.Devices.Requests {
+			switch {
+			case r.Exactly != nil:
+				n += max(r.Exactly.Count, 1)
+			case len(r.FirstAvailable) > 0:
+				n += max(r.FirstAvailable[0].Count, 1)
+			}
+		}
+	}
+	return n
+}
+
+// podClaimNames are the names of a pod's claims: named in its spec, or
+// generated from a template (the pod's status says which).
+func podClaimNames(p *corev1.Pod) []string {
+	var out []string
+	for _, rc := range p.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil {
+			out = append(out, *rc.ResourceClaimName)
+		}
+	}
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			out = append(out, *s.ResourceClaimName)
+		}
+	}
+	return out
+}
+
+// pendingPods are the unscheduled pods with claims in no gang, with the
+// scheduler's reason where it gave one.
+func (b *builder) pendingPods() []QueueItem {
+	var out []QueueItem
+	for _, p := range b.in.Pods {
+		if len(p.Spec.ResourceClaims) == 0 || p.Spec.NodeName != "" || p.Labels[gpudrav1.LabelGang] != "" ||
+			p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil {
+			continue
+		}
+		it := QueueItem{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, Kubectl: kubectlPod(p.Namespace, p.Name)}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				it.Reason, it.Message = c.Reason, c.Message
+			}
+		}
+		if since := p.CreationTimestamp.Time; !since.IsZero() {
+			it.Since = &since
+		}
+		it.Devices = b.podDevices(p, map[string]bool{})
+		b.seeNamespace(p.Namespace)
+		out = append(out, it)
+	}
+	return out
+}
