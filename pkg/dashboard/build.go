@@ -528,22 +528,22 @@ func (b *builder) finish(node string, g *gpuAcc, snap map[string]*top.Device) GP
 // held MIG devices' SM activity tells. No reading at all is not idle.
 func idleClaimed(g GPU, whole bool, held []Placement) bool {
 	if whole {
-		return idle(g.Usage, func(u *Usage) *float64 { return u.Utilization })
+		return idleReading(g.Usage, func(u *Usage) *float64 { return u.Utilization })
 	}
 	if len(held) == 0 {
 		return false
 	}
 	for _, p := range g.Placements {
-		if p.State == StateAllocated && !idle(p.Usage, func(u *Usage) *float64 { return u.SMActive }) {
+		if p.State == StateAllocated && !idleReading(p.Usage, func(u *Usage) *float64 { return u.SMActive }) {
 			return false
 		}
 	}
 	return true
 }
 
-// idle: the reading is 0 now, and every point of the sparkline that was
+// idleReading: the reading is 0 now, and every point of the sparkline that was
 // read is 0 too.
-func idle(u *Usage, reading func(*Usage) *float64) bool {
+func idleReading(u *Usage, reading func(*Usage) *float64) bool {
 	if u == nil || reading(u) == nil || *reading(u) != 0 {
 		return false
 	}
@@ -849,7 +849,7 @@ func (b *builder) queues(v *View) []Queue {
 	for _, q := range byName {
 		slices.SortFunc(q.Items, compareItems)
 		if q.Name != "" {
-			estimate(q.Items, b.in.Now)
+			estimateStarts(q.Items, b.in.Now)
 			v.Summary.Waiting += len(q.Items)
 		}
 		out = append(out, *q)
@@ -880,10 +880,10 @@ func compareItems(a, b QueueItem) int {
 	return cmp.Or(as.Compare(bs), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
-// estimate sets each item's EstimatedStart: now plus the declared
+// estimateStarts sets each item's EstimatedStart: now plus the declared
 // durations of the items ahead of it, run one after another; none from
 // the first item that follows one without a declared duration.
-func estimate(items []QueueItem, now time.Time) {
+func estimateStarts(items []QueueItem, now time.Time) {
 	at := now
 	for i := range items {
 		start := at

@@ -21,7 +21,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/top"
 )
 
-var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+var testNow = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 // twoGPUs is two H100s without NVLink, the second in MIG mode.
 const twoGPUs = "name: dash-test\ngpuCount: 2\nnvlink: none\nmigEnabled: [1]\n"
@@ -49,7 +49,7 @@ func nodeSlices(t testing.TB, node, spec string, opts slicebuilder.Options) []*r
 }
 
 // allocated is a claim allocated on devices of one pool, reserved for pods.
-func allocated(ns, name, pool string, devices []string, pods ...string) *resourceapi.ResourceClaim {
+func allocatedClaim(ns, name, pool string, devices []string, pods ...string) *resourceapi.ResourceClaim {
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev", Count: int64(len(devices))}}}
 	c.Status.Allocation = &resourceapi.AllocationResult{}
@@ -70,8 +70,8 @@ func pendingClaim(ns, name string, count int64) *resourceapi.ResourceClaim {
 	return c
 }
 
-func pod(ns, name string, edit func(p *corev1.Pod)) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))}}
+func testPod(ns, name string, edit func(p *corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(testNow.Add(-time.Hour))}}
 	p.Status.Phase = corev1.PodPending
 	if edit != nil {
 		edit(p)
@@ -88,7 +88,7 @@ func withClaim(claim string) func(p *corev1.Pod) {
 
 // gangPod is a gated member of a gang, with the controller's condition.
 func gangPod(ns, name, gang, queue, duration, reason, message string, claim string) *corev1.Pod {
-	return pod(ns, name, func(p *corev1.Pod) {
+	return testPod(ns, name, func(p *corev1.Pod) {
 		p.Labels = map[string]string{gpudrav1.LabelGang: gang}
 		p.Annotations = map[string]string{}
 		if queue != "" {
@@ -105,11 +105,11 @@ func gangPod(ns, name, gang, queue, duration, reason, message string, claim stri
 	})
 }
 
-func reservation(ns, name, queue string, position int32, duration time.Duration) *gpudrav1.GpuReservation {
-	r := &gpudrav1.GpuReservation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(now.Add(-2 * time.Hour))},
+func testReservation(ns, name, queue string, position int32, duration time.Duration) *gpudrav1.GpuReservation {
+	r := &gpudrav1.GpuReservation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(testNow.Add(-2 * time.Hour))},
 		Spec: gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 4, Queue: queue}}
 	r.Status = gpudrav1.GpuReservationStatus{Phase: gpudrav1.ReservationQueued, Reason: gpudrav1.ReasonWaitingForDevices,
-		Message: "needs 8 GPUs in one NVLink domain", QueuePosition: position, QueuedAt: &metav1.Time{Time: now.Add(-90 * time.Minute)}}
+		Message: "needs 8 GPUs in one NVLink domain", QueuePosition: position, QueuedAt: &metav1.Time{Time: testNow.Add(-90 * time.Minute)}}
 	if duration > 0 {
 		r.Spec.Duration = &metav1.Duration{Duration: duration}
 	}
@@ -117,7 +117,7 @@ func reservation(ns, name, queue string, position int32, duration time.Duration)
 }
 
 // find returns the named node's named GPU.
-func find(t *testing.T, v *View, node, gpu string) GPU {
+func findGPU(t *testing.T, v *View, node, gpu string) GPU {
 	t.Helper()
 	for _, d := range v.Domains {
 		for _, n := range d.Nodes {
@@ -135,7 +135,7 @@ func find(t *testing.T, v *View, node, gpu string) GPU {
 	return GPU{}
 }
 
-func placement(t *testing.T, g GPU, name string) Placement {
+func findPlacement(t *testing.T, g GPU, name string) Placement {
 	t.Helper()
 	for _, p := range g.Placements {
 		if p.Name == name {
@@ -157,7 +157,7 @@ func queueNamed(t *testing.T, v *View, name string) Queue {
 	return Queue{}
 }
 
-func f(v float64) *float64 { return &v }
+func fp(v float64) *float64 { return &v }
 
 func TestBuild(t *testing.T) {
 	unhealthy := slicebuilder.Options{Taints: map[string][]resourceapi.DeviceTaint{
@@ -171,11 +171,11 @@ func TestBuild(t *testing.T) {
 		name: "exclusive GPU: its holder, its pods and gang, the other GPU free",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "train-gpu", "node-a", []string{"gpu-0"}, "train-0")},
-				Pods:   []*corev1.Pod{pod("team-a", "train-0", func(p *corev1.Pod) { p.Labels = map[string]string{gpudrav1.LabelGang: "train"} })}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "train-gpu", "node-a", []string{"gpu-0"}, "train-0")},
+				Pods:   []*corev1.Pod{testPod("team-a", "train-0", func(p *corev1.Pod) { p.Labels = map[string]string{gpudrav1.LabelGang: "train"} })}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-0")
+			g := findGPU(t, v, "node-a", "gpu-0")
 			assert.Equal(t, StateAllocated, g.State)
 			require.Len(t, g.Holders, 1)
 			assert.Equal(t, Holder{Namespace: "team-a", Claim: "train-gpu", Pods: []string{"train-0"}, Gang: "train",
@@ -183,7 +183,7 @@ func TestBuild(t *testing.T) {
 			assert.NotEmpty(t, g.UUID)
 			assert.Equal(t, "NVIDIA H100 80GB HBM3", g.Model)
 			assert.Greater(t, g.MemoryBytes, int64(80e9))
-			assert.Equal(t, StateFree, find(t, v, "node-a", "gpu-1").State)
+			assert.Equal(t, StateFree, findGPU(t, v, "node-a", "gpu-1").State)
 			assert.Equal(t, Summary{Nodes: 1, GPUs: 2, Allocated: 1, Free: 1}, v.Summary)
 			assert.Equal(t, "dra", v.Domains[0].Nodes[0].Mode)
 			assert.Equal(t, "kubectl get resourceslices --field-selector spec.nodeName=node-a", v.Domains[0].Nodes[0].Kubectl)
@@ -192,20 +192,20 @@ func TestBuild(t *testing.T) {
 		name: "MIG placements: the held one allocated, those on its slices blocked, the others free",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-b", "small", "node-a", []string{"gpu-1-mig-3g-40gb-4"})}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-b", "small", "node-a", []string{"gpu-1-mig-3g-40gb-4"})}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-1")
+			g := findGPU(t, v, "node-a", "gpu-1")
 			assert.True(t, g.MIG)
 			assert.Equal(t, 8, g.MemorySlices)
 			assert.Equal(t, StatePartial, g.State)
-			held := placement(t, g, "gpu-1-mig-3g-40gb-4")
+			held := findPlacement(t, g, "gpu-1-mig-3g-40gb-4")
 			assert.Equal(t, Placement{Name: "gpu-1-mig-3g-40gb-4", Profile: "3g.40gb", Start: 4, Size: 4, State: StateAllocated,
 				Holders: []Holder{{Namespace: "team-b", Claim: "small", Kubectl: kubectlClaim("team-b", "small")}}}, held)
-			assert.Equal(t, StateBlocked, placement(t, g, "gpu-1-mig-1g-10gb-5").State, "on the held slices")
-			assert.Equal(t, StateBlocked, placement(t, g, "gpu-1-mig-7g-80gb-0").State, "the whole GPU's profile overlaps")
-			assert.Equal(t, StateFree, placement(t, g, "gpu-1-mig-4g-40gb-0").State, "slices 0-3 are free")
-			assert.Equal(t, StateFree, placement(t, g, "gpu-1-mig-1g-10gb-0").State)
+			assert.Equal(t, StateBlocked, findPlacement(t, g, "gpu-1-mig-1g-10gb-5").State, "on the held slices")
+			assert.Equal(t, StateBlocked, findPlacement(t, g, "gpu-1-mig-7g-80gb-0").State, "the whole GPU's profile overlaps")
+			assert.Equal(t, StateFree, findPlacement(t, g, "gpu-1-mig-4g-40gb-0").State, "slices 0-3 are free")
+			assert.Equal(t, StateFree, findPlacement(t, g, "gpu-1-mig-1g-10gb-0").State)
 			assert.Equal(t, 1, v.Summary.Allocated)
 			assert.Equal(t, 1, v.Summary.Free, "gpu-0; gpu-1 is partial")
 			for i := 1; i < len(g.Placements); i++ {
@@ -216,10 +216,10 @@ func TestBuild(t *testing.T) {
 		name: "a whole GPU in MIG mode held: every placement blocked",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-b", "whole", "node-a", []string{"gpu-1"})}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-b", "whole", "node-a", []string{"gpu-1"})}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-1")
+			g := findGPU(t, v, "node-a", "gpu-1")
 			assert.Equal(t, StateAllocated, g.State)
 			require.NotEmpty(t, g.Placements)
 			for _, p := range g.Placements {
@@ -229,18 +229,18 @@ func TestBuild(t *testing.T) {
 	}, {
 		name: "shared: two claims on one GPU, and a claim with a share ID",
 		in: func(t *testing.T) ClusterInputs {
-			share := allocated("team-c", "frac", "node-a", []string{"gpu-1-mig-1g-10gb-0"})
+			share := allocatedClaim("team-c", "frac", "node-a", []string{"gpu-1-mig-1g-10gb-0"})
 			share.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("s-1"))
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "ts-1", "node-a", []string{"gpu-0"}), allocated("team-b", "ts-2", "node-a", []string{"gpu-0"}), share}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "ts-1", "node-a", []string{"gpu-0"}), allocatedClaim("team-b", "ts-2", "node-a", []string{"gpu-0"}), share}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-0")
+			g := findGPU(t, v, "node-a", "gpu-0")
 			require.Len(t, g.Holders, 2)
 			assert.Equal(t, "ts-1", g.Holders[0].Claim)
 			assert.True(t, g.Holders[0].Shared)
 			assert.True(t, g.Holders[1].Shared)
-			p := placement(t, find(t, v, "node-a", "gpu-1"), "gpu-1-mig-1g-10gb-0")
+			p := findPlacement(t, findGPU(t, v, "node-a", "gpu-1"), "gpu-1-mig-1g-10gb-0")
 			require.Len(t, p.Holders, 1)
 			assert.True(t, p.Holders[0].Shared)
 		},
@@ -248,19 +248,19 @@ func TestBuild(t *testing.T) {
 		name: "an exclusive claim is not shared",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "only", "node-a", []string{"gpu-0"})}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "only", "node-a", []string{"gpu-0"})}}
 		},
 		check: func(t *testing.T, v *View) {
-			assert.False(t, find(t, v, "node-a", "gpu-0").Holders[0].Shared)
+			assert.False(t, findGPU(t, v, "node-a", "gpu-0").Holders[0].Shared)
 		},
 	}, {
 		name: "unhealthy taint: state, health, summary; the holder still shows",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, unhealthy),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "hit", "node-a", []string{"gpu-0"})}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "hit", "node-a", []string{"gpu-0"})}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-0")
+			g := findGPU(t, v, "node-a", "gpu-0")
 			assert.Equal(t, StateUnhealthy, g.State)
 			assert.Equal(t, "gpu.gpudra.dev/unhealthy=xid-79", g.Health)
 			assert.Len(t, g.Holders, 1)
@@ -270,14 +270,14 @@ func TestBuild(t *testing.T) {
 		name: "slices forbidden: the devices of the claims, under their pools' nodes",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Notes: []string{"ResourceSlices: forbidden"},
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "one", "node-b", []string{"gpu-3"}), allocated("team-a", "mig", "node-b", []string{"gpu-2-mig-3g-40gb-4"})}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "one", "node-b", []string{"gpu-3"}), allocatedClaim("team-a", "mig", "node-b", []string{"gpu-2-mig-3g-40gb-4"})}}
 		},
 		check: func(t *testing.T, v *View) {
-			assert.Equal(t, StateAllocated, find(t, v, "node-b", "gpu-3").State)
-			g := find(t, v, "node-b", "gpu-2")
+			assert.Equal(t, StateAllocated, findGPU(t, v, "node-b", "gpu-3").State)
+			g := findGPU(t, v, "node-b", "gpu-2")
 			assert.Equal(t, StatePartial, g.State)
 			assert.True(t, g.MIG)
-			p := placement(t, g, "gpu-2-mig-3g-40gb-4")
+			p := findPlacement(t, g, "gpu-2-mig-3g-40gb-4")
 			assert.Equal(t, "3g.40gb", p.Profile)
 			assert.Equal(t, [2]int{4, 4}, [2]int{p.Start, p.Size})
 			assert.Equal(t, []string{"ResourceSlices: forbidden"}, v.Notes)
@@ -310,8 +310,8 @@ func TestBuild(t *testing.T) {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}), DeviceClasses: local.Classes()}
 		},
 		check: func(t *testing.T, v *View) {
-			assert.Equal(t, []string{"gpu-mps.gpudra.dev", "gpu-timesliced.gpudra.dev", "gpu.gpudra.dev"}, find(t, v, "node-a", "gpu-0").Classes)
-			assert.Contains(t, find(t, v, "node-a", "gpu-1").Classes, "mig.gpudra.dev")
+			assert.Equal(t, []string{"gpu-mps.gpudra.dev", "gpu-timesliced.gpudra.dev", "gpu.gpudra.dev"}, findGPU(t, v, "node-a", "gpu-0").Classes)
+			assert.Contains(t, findGPU(t, v, "node-a", "gpu-1").Classes, "mig.gpudra.dev")
 			assert.Equal(t, []string{"gpu-mps.gpudra.dev", "gpu-timesliced.gpudra.dev", "gpu.gpudra.dev", "mig.gpudra.dev"}, v.Filters.Classes)
 		},
 	}, {
@@ -319,25 +319,25 @@ func TestBuild(t *testing.T) {
 		in: func(t *testing.T) ClusterInputs {
 			sl := append(nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}), nodeSlices(t, "node-b", twoGPUs, slicebuilder.Options{})...)
 			return ClusterInputs{Slices: sl, UsageSource: "plugin",
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "idle", "node-a", []string{"gpu-0"}), allocated("team-a", "busy", "node-a", []string{"gpu-1-mig-3g-40gb-4"})},
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "idle", "node-a", []string{"gpu-0"}), allocatedClaim("team-a", "busy", "node-a", []string{"gpu-1-mig-3g-40gb-4"})},
 				Usage: map[string]*top.Snapshot{"node-a": {Node: "node-a", Devices: []top.Device{
-					{Name: "gpu-0", Utilization: f(0), MemoryUsedBytes: f(1 << 30), MemoryTotalBytes: f(80 << 30)},
-					{Name: "gpu-1-mig-3g-40gb-4", SMActive: f(0.4)},
+					{Name: "gpu-0", Utilization: fp(0), MemoryUsedBytes: fp(1 << 30), MemoryTotalBytes: fp(80 << 30)},
+					{Name: "gpu-1-mig-3g-40gb-4", SMActive: fp(0.4)},
 				}, Notes: []string{"the plugin exports no process attribution: no processes shown"}}},
-				Spark: map[string][]*float64{SparkKey("node-a", "gpu-0"): {nil, f(0), f(0)}}}
+				Spark: map[string][]*float64{SparkKey("node-a", "gpu-0"): {nil, fp(0), fp(0)}}}
 		},
 		check: func(t *testing.T, v *View) {
-			g := find(t, v, "node-a", "gpu-0")
+			g := findGPU(t, v, "node-a", "gpu-0")
 			require.NotNil(t, g.Usage)
 			assert.Equal(t, 0.0, *g.Usage.Utilization)
 			assert.Equal(t, float64(1<<30), *g.Usage.MemoryUsedBytes)
 			assert.Nil(t, g.Usage.PowerWatts, "not read is absent, not 0")
 			assert.Len(t, g.Usage.Spark, 3)
 			assert.True(t, g.IdleClaimed)
-			mig := find(t, v, "node-a", "gpu-1")
+			mig := findGPU(t, v, "node-a", "gpu-1")
 			assert.False(t, mig.IdleClaimed, "its MIG device is busy")
-			assert.Equal(t, 0.4, *placement(t, mig, "gpu-1-mig-3g-40gb-4").Usage.SMActive)
-			assert.Nil(t, find(t, v, "node-b", "gpu-0").Usage, "node-b was not read")
+			assert.Equal(t, 0.4, *findPlacement(t, mig, "gpu-1-mig-3g-40gb-4").Usage.SMActive)
+			assert.Nil(t, findGPU(t, v, "node-b", "gpu-0").Usage, "node-b was not read")
 			assert.Equal(t, 1, v.Summary.IdleClaimed)
 			assert.Equal(t, "plugin", v.Domains[0].Nodes[0].UsageSource)
 			assert.Equal(t, "", v.Domains[0].Nodes[1].UsageSource)
@@ -347,20 +347,20 @@ func TestBuild(t *testing.T) {
 		name: "a GPU busy once in its sparkline is not idle",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("team-a", "idle", "node-a", []string{"gpu-0"})},
-				Usage:  map[string]*top.Snapshot{"node-a": {Devices: []top.Device{{Name: "gpu-0", Utilization: f(0)}}}},
-				Spark:  map[string][]*float64{SparkKey("node-a", "gpu-0"): {f(0.9), f(0)}}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "idle", "node-a", []string{"gpu-0"})},
+				Usage:  map[string]*top.Snapshot{"node-a": {Devices: []top.Device{{Name: "gpu-0", Utilization: fp(0)}}}},
+				Spark:  map[string][]*float64{SparkKey("node-a", "gpu-0"): {fp(0.9), fp(0)}}}
 		},
 		check: func(t *testing.T, v *View) {
-			assert.False(t, find(t, v, "node-a", "gpu-0").IdleClaimed)
+			assert.False(t, findGPU(t, v, "node-a", "gpu-0").IdleClaimed)
 		},
 	}, {
 		name: "gang in its queue with the controller's position and reason; reservation queued ahead; estimates from durations",
 		in: func(t *testing.T) ClusterInputs {
 			msg := "position 2 in queue training: 8 GPUs in one NVLink domain are not free"
-			return ClusterInputs{Now: now,
+			return ClusterInputs{Now: testNow,
 				Queues:       []*gpudrav1.GpuQueue{{ObjectMeta: metav1.ObjectMeta{Name: "training"}, Spec: gpudrav1.GpuQueueSpec{Policy: gpudrav1.Priority}}},
-				Reservations: []*gpudrav1.GpuReservation{reservation("team-r", "hold", "training", 1, 30*time.Minute)},
+				Reservations: []*gpudrav1.GpuReservation{testReservation("team-r", "hold", "training", 1, 30*time.Minute)},
 				Claims:       []*resourceapi.ResourceClaim{pendingClaim("team-g", "w-0", 4), pendingClaim("team-g", "w-1", 4)},
 				Pods: []*corev1.Pod{
 					gangPod("team-g", "w-1", "llm", "training", "2h", gpudrav1.ReasonBehindInQueue, msg, "w-1"),
@@ -379,33 +379,33 @@ func TestBuild(t *testing.T) {
 			assert.Equal(t, int64(8), res.Devices)
 			assert.Equal(t, gpudrav1.ReasonWaitingForDevices, res.Reason)
 			assert.Equal(t, "30m0s", res.Duration)
-			assert.Equal(t, now, *res.EstimatedStart)
-			assert.Equal(t, now.Add(-90*time.Minute), *res.Since)
+			assert.Equal(t, testNow, *res.EstimatedStart)
+			assert.Equal(t, testNow.Add(-90*time.Minute), *res.Since)
 			assert.Equal(t, "kubectl get gpureservation -n team-r hold -o yaml", res.Kubectl)
 			assert.Equal(t, QueueItem{Kind: "Gang", Namespace: "team-g", Name: "llm", Position: 2, Reason: gpudrav1.ReasonBehindInQueue,
-				Message: "8 GPUs in one NVLink domain are not free", Devices: 8, Since: ptr.To(now.Add(-time.Hour)), Duration: "2h0m0s",
-				EstimatedStart: ptr.To(now.Add(30 * time.Minute)), Kubectl: "kubectl get pods -n team-g -l gpudra.dev/gang=llm"}, gang)
+				Message: "8 GPUs in one NVLink domain are not free", Devices: 8, Since: ptr.To(testNow.Add(-time.Hour)), Duration: "2h0m0s",
+				EstimatedStart: ptr.To(testNow.Add(30 * time.Minute)), Kubectl: "kubectl get pods -n team-g -l gpudra.dev/gang=llm"}, gang)
 			assert.Equal(t, 2, v.Summary.Waiting)
 		},
 	}, {
 		name: "estimates stop after an item without a declared duration; a queue with no GpuQueue",
 		in: func(t *testing.T) ClusterInputs {
-			return ClusterInputs{Now: now, Reservations: []*gpudrav1.GpuReservation{
-				reservation("ns", "first", "", 1, 0), reservation("ns", "second", "", 2, time.Hour), reservation("ns", "third", "", 3, time.Hour)}}
+			return ClusterInputs{Now: testNow, Reservations: []*gpudrav1.GpuReservation{
+				testReservation("ns", "first", "", 1, 0), testReservation("ns", "second", "", 2, time.Hour), testReservation("ns", "third", "", 3, time.Hour)}}
 		},
 		check: func(t *testing.T, v *View) {
 			q := queueNamed(t, v, "default")
 			assert.False(t, q.Exists)
 			assert.Equal(t, "FCFS", q.Policy)
 			require.Len(t, q.Items, 3)
-			assert.Equal(t, now, *q.Items[0].EstimatedStart, "the head starts now")
+			assert.Equal(t, testNow, *q.Items[0].EstimatedStart, "the head starts now")
 			assert.Nil(t, q.Items[1].EstimatedStart, "behind one that declares no duration")
 			assert.Nil(t, q.Items[2].EstimatedStart)
 		},
 	}, {
 		name: "a held reservation is not waiting",
 		in: func(t *testing.T) ClusterInputs {
-			r := reservation("ns", "held", "", 0, 0)
+			r := testReservation("ns", "held", "", 0, 0)
 			r.Status.Phase = gpudrav1.ReservationHeld
 			return ClusterInputs{Reservations: []*gpudrav1.GpuReservation{r}}
 		},
@@ -418,13 +418,13 @@ func TestBuild(t *testing.T) {
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Claims: []*resourceapi.ResourceClaim{pendingClaim("team-p", "nb", 1)},
 				Pods: []*corev1.Pod{
-					pod("team-p", "notebook", func(p *corev1.Pod) {
+					testPod("team-p", "notebook", func(p *corev1.Pod) {
 						withClaim("nb")(p)
 						p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable",
 							Message: "0/3 nodes are available: 3 cannot allocate all claims."}}
 					}),
-					pod("team-p", "cpu-only", nil),
-					pod("team-p", "running", func(p *corev1.Pod) { withClaim("nb")(p); p.Spec.NodeName = "node-a" }),
+					testPod("team-p", "cpu-only", nil),
+					testPod("team-p", "running", func(p *corev1.Pod) { withClaim("nb")(p); p.Spec.NodeName = "node-a" }),
 				}}
 		},
 		check: func(t *testing.T, v *View) {
@@ -432,7 +432,7 @@ func TestBuild(t *testing.T) {
 			assert.False(t, q.Exists)
 			require.Len(t, q.Items, 1)
 			assert.Equal(t, QueueItem{Kind: "Pod", Namespace: "team-p", Name: "notebook", Reason: "Unschedulable",
-				Message: "0/3 nodes are available: 3 cannot allocate all claims.", Devices: 1, Since: ptr.To(now.Add(-time.Hour)),
+				Message: "0/3 nodes are available: 3 cannot allocate all claims.", Devices: 1, Since: ptr.To(testNow.Add(-time.Hour)),
 				Kubectl: "kubectl describe pod -n team-p notebook"}, q.Items[0])
 			assert.Zero(t, v.Summary.Waiting, "not queued")
 		},
@@ -440,10 +440,10 @@ func TestBuild(t *testing.T) {
 		name: "the namespace filter lists holders' and waiters' namespaces once, sorted; states always offered",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-				Claims: []*resourceapi.ResourceClaim{allocated("zeta", "a", "node-a", []string{"gpu-0"}), allocated("alpha", "b", "node-a", []string{"gpu-1-mig-1g-10gb-0"}),
-					allocated("zeta", "c", "node-a", []string{"gpu-1-mig-1g-10gb-1"}), pendingClaim("mid", "p", 1)},
-				Reservations: []*gpudrav1.GpuReservation{reservation("queued-ns", "r", "", 1, 0)},
-				Pods:         []*corev1.Pod{pod("mid", "p", withClaim("p"))}}
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("zeta", "a", "node-a", []string{"gpu-0"}), allocatedClaim("alpha", "b", "node-a", []string{"gpu-1-mig-1g-10gb-0"}),
+					allocatedClaim("zeta", "c", "node-a", []string{"gpu-1-mig-1g-10gb-1"}), pendingClaim("mid", "p", 1)},
+				Reservations: []*gpudrav1.GpuReservation{testReservation("queued-ns", "r", "", 1, 0)},
+				Pods:         []*corev1.Pod{testPod("mid", "p", withClaim("p"))}}
 		},
 		check: func(t *testing.T, v *View) {
 			assert.Equal(t, []string{"alpha", "mid", "queued-ns", "zeta"}, v.Filters.Namespaces)
@@ -462,8 +462,8 @@ func TestBuild(t *testing.T) {
 // TestBuildIsPure: the same inputs give the same View, and Build changes
 // none of them (the informers' objects are shared).
 func TestBuildIsPure(t *testing.T) {
-	in := ClusterInputs{Now: now, Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
-		Claims: []*resourceapi.ResourceClaim{allocated("a", "x", "node-a", []string{"gpu-0"}), allocated("b", "y", "node-a", []string{"gpu-0"})}}
+	in := ClusterInputs{Now: testNow, Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),
+		Claims: []*resourceapi.ResourceClaim{allocatedClaim("a", "x", "node-a", []string{"gpu-0"}), allocatedClaim("b", "y", "node-a", []string{"gpu-0"})}}
 	before := in.Claims[0].DeepCopy()
 	v1, v2 := Build(in), Build(in)
 	assert.Equal(t, v1, v2)
@@ -472,10 +472,10 @@ func TestBuildIsPure(t *testing.T) {
 
 // fleet is n nodes of 8 GPUs (every fourth node with 2 GPUs in MIG mode),
 // one claim per GPU or MIG device held: what the benchmark builds.
-func fleet(b testing.TB, nodes int) ClusterInputs {
+func buildFleet(b testing.TB, nodes int) ClusterInputs {
 	plain := nodeSlices(b, "tmpl", "name: f\ngpuCount: 8\nnvlink: nvswitch\n", slicebuilder.Options{})
 	mig := nodeSlices(b, "tmpl", "name: f\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: [6, 7]\n", slicebuilder.Options{})
-	in := ClusterInputs{Now: now, DeviceClasses: local.Classes(), Usage: map[string]*top.Snapshot{}, UsageSource: "plugin", Spark: map[string][]*float64{}}
+	in := ClusterInputs{Now: testNow, DeviceClasses: local.Classes(), Usage: map[string]*top.Snapshot{}, UsageSource: "plugin", Spark: map[string][]*float64{}}
 	for i := range nodes {
 		node := fmt.Sprintf("node-%04d", i)
 		tmpl := plain
@@ -497,10 +497,10 @@ func fleet(b testing.TB, nodes int) ClusterInputs {
 			}
 			ns := fmt.Sprintf("team-%d", i%40)
 			name := fmt.Sprintf("c-%d-%d", i, g)
-			in.Claims = append(in.Claims, allocated(ns, name, node, []string{dev}, name+"-pod"))
-			in.Pods = append(in.Pods, pod(ns, name+"-pod", func(p *corev1.Pod) { p.Spec.NodeName = node; p.Status.Phase = corev1.PodRunning }))
-			snap.Devices = append(snap.Devices, top.Device{Name: dev, Utilization: f(float64(g) / 8), MemoryUsedBytes: f(1e9)})
-			in.Spark[SparkKey(node, dev)] = []*float64{f(0), f(0.5)}
+			in.Claims = append(in.Claims, allocatedClaim(ns, name, node, []string{dev}, name+"-pod"))
+			in.Pods = append(in.Pods, testPod(ns, name+"-pod", func(p *corev1.Pod) { p.Spec.NodeName = node; p.Status.Phase = corev1.PodRunning }))
+			snap.Devices = append(snap.Devices, top.Device{Name: dev, Utilization: fp(float64(g) / 8), MemoryUsedBytes: fp(1e9)})
+			in.Spark[SparkKey(node, dev)] = []*float64{fp(0), fp(0.5)}
 		}
 		in.Usage[node] = snap
 	}
@@ -508,7 +508,7 @@ func fleet(b testing.TB, nodes int) ClusterInputs {
 }
 
 func BenchmarkBuild1000Nodes(b *testing.B) {
-	in := fleet(b, 1000)
+	in := buildFleet(b, 1000)
 	require.Len(b, in.Claims, 8000)
 	v := Build(in)
 	require.Equal(b, 8000, v.Summary.GPUs)

@@ -448,14 +448,14 @@ func (s *ClusterSource) inputs() ClusterInputs {
 	if s.allocNote != "" {
 		in.Notes = append(in.Notes, s.allocNote)
 	}
-	in.Nodes = typed[*corev1.Node](st.nodes)
-	in.Slices = typed[*resourceapi.ResourceSlice](st.slices)
-	in.DeviceClasses = typed[*resourceapi.DeviceClass](st.classes)
+	in.Nodes = storeList[*corev1.Node](st.nodes)
+	in.Slices = storeList[*resourceapi.ResourceSlice](st.slices)
+	in.DeviceClasses = storeList[*resourceapi.DeviceClass](st.classes)
 	for _, p := range st.pods {
-		in.Pods = append(in.Pods, typed[*corev1.Pod](p)...)
+		in.Pods = append(in.Pods, storeList[*corev1.Pod](p)...)
 	}
 	for _, c := range st.claims {
-		in.Claims = append(in.Claims, typed[*resourceapi.ResourceClaim](c)...)
+		in.Claims = append(in.Claims, storeList[*resourceapi.ResourceClaim](c)...)
 	}
 	var bad int
 	in.Queues, bad = decoded[gpudrav1.GpuQueue](st.queues)
@@ -480,7 +480,7 @@ func usageSourceOf(r UsageReader) string {
 	}
 }
 
-func typed[T any](st cache.Store) []T {
+func storeList[T any](st cache.Store) []T {
 	if st == nil {
 		return nil
 	}
@@ -543,7 +543,7 @@ func pluginPodsFrom(st *clusterStores, pu *PluginProxyUsage) func() []*corev1.Po
 	store := st.pods[0]
 	return func() []*corev1.Pod {
 		var out []*corev1.Pod
-		for _, p := range typed[*corev1.Pod](store) {
+		for _, p := range storeList[*corev1.Pod](store) {
 			if p.Namespace == pu.Namespace && selector.Matches(labels.Set(p.Labels)) {
 				out = append(out, p)
 			}

@@ -23,7 +23,7 @@ import (
 )
 
 // waitView waits until the source's View satisfies ok.
-func waitView(t *testing.T, src Source, within time.Duration, ok func(v *View) bool) *View {
+func waitSourceView(t *testing.T, src Source, within time.Duration, ok func(v *View) bool) *View {
 	t.Helper()
 	deadline := time.After(within)
 	for {
@@ -77,8 +77,8 @@ func forbid(resource string, cond func(a k8stesting.Action) bool) k8stesting.Rea
 // and not watched (never "empty"); claims still show their devices; pods
 // forbidden cluster-wide fall back to the kubeconfig's namespace.
 func TestClusterSourceForbidden(t *testing.T) {
-	claim := allocated("team-a", "mine", "node-a", []string{"gpu-0"}, "runner")
-	client := fake.NewClientset(claim, pod("team-a", "runner", nil), pod("team-b", "other", withClaim("x")))
+	claim := allocatedClaim("team-a", "mine", "node-a", []string{"gpu-0"}, "runner")
+	client := fake.NewClientset(claim, testPod("team-a", "runner", nil), testPod("team-b", "other", withClaim("x")))
 	var sliceLists atomic.Int32
 	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
 		sliceLists.Add(1)
@@ -93,7 +93,7 @@ func TestClusterSourceForbidden(t *testing.T) {
 	go func() { done <- src.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 
-	v := waitView(t, src, 5*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateAllocated })
+	v := waitSourceView(t, src, 5*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateAllocated })
 	notes := strings.Join(v.Notes, "\n")
 	assert.Contains(t, notes, "ResourceSlices: forbidden")
 	assert.Contains(t, notes, "pods: forbidden in all namespaces: showing namespace team-a only")
@@ -131,13 +131,13 @@ func TestClusterSourcePublishesAClaimChange(t *testing.T) {
 		require.NoError(t, err)
 	}
 	queue := &gpudrav1.GpuQueue{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: gpudrav1.GpuQueueSpec{Policy: gpudrav1.FairShare}}
-	src := NewClusterSource(ClusterConfig{Client: client, Dynamic: dynClient(t, queue, reservation("team-a", "r", "", 1, 0)), Debounce: 100 * time.Millisecond})
+	src := NewClusterSource(ClusterConfig{Client: client, Dynamic: dynClient(t, queue, testReservation("team-a", "r", "", 1, 0)), Debounce: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
 
-	v := waitView(t, src, 5*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateFree })
+	v := waitSourceView(t, src, 5*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateFree })
 	assert.Empty(t, v.Notes)
 	require.Len(t, v.Queues, 1)
 	assert.Equal(t, "FairShare", v.Queues[0].Policy, "GpuQueues through the dynamic informer")
@@ -146,11 +146,11 @@ func TestClusterSourcePublishesAClaimChange(t *testing.T) {
 	assert.Equal(t, "seen", v.Allocation.Source)
 	before := v.Revision
 
-	c := allocated("team-a", "job", "node-a", []string{"gpu-0"}, "p")
+	c := allocatedClaim("team-a", "job", "node-a", []string{"gpu-0"}, "p")
 	start := time.Now()
 	_, err := client.ResourceV1().ResourceClaims("team-a").UpdateStatus(ctx, c, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	v = waitView(t, src, 2*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateAllocated })
+	v = waitSourceView(t, src, 2*time.Second, func(v *View) bool { return gpuState(v, "node-a", "gpu-0") == StateAllocated })
 	assert.Less(t, time.Since(start), 2*time.Second)
 	assert.Equal(t, []string{"team-a"}, v.Filters.Namespaces)
 	require.NotEmpty(t, v.Allocation.Series, "the seen history counts the allocation")

@@ -15,17 +15,17 @@ func TestSparklines(t *testing.T) {
 	read := func(devs ...top.Device) map[string]*top.Snapshot {
 		return map[string]*top.Snapshot{"n": {Devices: devs}}
 	}
-	h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: f(0.5)}, top.Device{Name: "gpu-1-mig-3g-40gb-4", SMActive: f(0.2)}, top.Device{Name: "gpu-2"}))
+	h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: fp(0.5)}, top.Device{Name: "gpu-1-mig-3g-40gb-4", SMActive: fp(0.2)}, top.Device{Name: "gpu-2"}))
 	first := h.Sparks()
-	h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: f(0.7)}))
+	h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: fp(0.7)}))
 	s := h.Sparks()
-	assert.Equal(t, []*float64{f(0.5), f(0.7)}, s[SparkKey("n", "gpu-0")])
-	assert.Equal(t, []*float64{f(0.2), nil}, s[SparkKey("n", "gpu-1-mig-3g-40gb-4")], "a MIG device's SM activity; not read is null, not 0")
+	assert.Equal(t, []*float64{fp(0.5), fp(0.7)}, s[SparkKey("n", "gpu-0")])
+	assert.Equal(t, []*float64{fp(0.2), nil}, s[SparkKey("n", "gpu-1-mig-3g-40gb-4")], "a MIG device's SM activity; not read is null, not 0")
 	assert.NotContains(t, s, SparkKey("n", "gpu-2"), "never read: no line")
 	assert.Len(t, first[SparkKey("n", "gpu-0")], 1, "what was handed out does not change")
 
 	for i := range SparkPoints + 5 {
-		h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: f(float64(i))}))
+		h.RecordUsage(read(top.Device{Name: "gpu-0", Utilization: fp(float64(i))}))
 	}
 	line := h.Sparks()[SparkKey("n", "gpu-0")]
 	require.Len(t, line, SparkPoints)
@@ -42,8 +42,8 @@ func TestSeenAllocation(t *testing.T) {
 	view := func(at time.Time, gpus ...GPU) *View {
 		return &View{At: at, Domains: []Domain{{Nodes: []Node{{Name: "n", GPUs: gpus}}}}}
 	}
-	busy := &Usage{Utilization: f(0.9)}
-	idleU := &Usage{Utilization: f(0)}
+	busy := &Usage{Utilization: fp(0.9)}
+	idleU := &Usage{Utilization: fp(0)}
 	a, b := Holder{Namespace: "a", Claim: "x"}, Holder{Namespace: "b", Claim: "y"}
 	h.Observe(view(t0, GPU{Name: "gpu-0", Holders: []Holder{a}, Usage: busy}, GPU{Name: "gpu-1", Holders: []Holder{a, b}, Usage: idleU},
 		GPU{Name: "gpu-2", Placements: []Placement{{Name: "m", Holders: []Holder{b}}}}))
@@ -55,7 +55,7 @@ func TestSeenAllocation(t *testing.T) {
 	assert.Equal(t, 30, got.StepSeconds)
 	require.Len(t, got.Series, 2)
 	assert.Equal(t, "a", got.Series[0].Owner)
-	assert.Equal(t, []AllocationPoint{{At: t0, Allocated: 1, Used: f(1)}, {At: t0.Add(30 * time.Second), Allocated: 0}}, got.Series[0].Points)
+	assert.Equal(t, []AllocationPoint{{At: t0, Allocated: 1, Used: fp(1)}, {At: t0.Add(30 * time.Second), Allocated: 0}}, got.Series[0].Points)
 	assert.Equal(t, []AllocationPoint{{At: t0, Allocated: 0}, {At: t0.Add(30 * time.Second), Allocated: 1}}, got.Series[1].Points,
 		"b's GPU had no usage reading: used unknown, not 0")
 
@@ -64,7 +64,7 @@ func TestSeenAllocation(t *testing.T) {
 	h2.Observe(view(t0, GPU{Name: "gpu-1", Holders: []Holder{a, b, {Namespace: "a", Claim: "z"}}, Usage: idleU}))
 	s := h2.Allocation().Series
 	require.Len(t, s, 2)
-	assert.Equal(t, AllocationPoint{At: t0, Allocated: 1, Used: f(0)}, s[0].Points[0])
+	assert.Equal(t, AllocationPoint{At: t0, Allocated: 1, Used: fp(0)}, s[0].Points[0])
 
 	for i := range 10 {
 		h.Observe(view(t0.Add(time.Duration(i+2)*30*time.Second), GPU{Name: "gpu-0", Holders: []Holder{a}}))

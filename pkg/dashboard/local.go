@@ -77,7 +77,7 @@ func BuildLocal(in LocalInputs) *View {
 		}
 	}
 	v.Queues = []Queue{localQueue(in, v.Summary.GPUs)}
-	v.Summary.Waiting = len(v.Queues[0].Items) - holding(v.Queues[0].Items)
+	v.Summary.Waiting = len(v.Queues[0].Items) - holdingItems(v.Queues[0].Items)
 	v.Filters = b.filters(v)
 	if in.Allocation != nil {
 		v.Allocation = *in.Allocation
@@ -91,7 +91,7 @@ func BuildLocal(in LocalInputs) *View {
 	return v
 }
 
-func holding(items []QueueItem) int {
+func holdingItems(items []QueueItem) int {
 	n := 0
 	for _, it := range items {
 		if it.Holding {

@@ -59,7 +59,7 @@ func TestLocalDashboard(t *testing.T) {
 			assert.Equal(t, "local", v.Mode)
 			assert.Equal(t, "box", v.Context)
 
-			g0 := find(t, v, "box", "gpu-0")
+			g0 := findGPU(t, v, "box", "gpu-0")
 			assert.Equal(t, StateAllocated, g0.State)
 			assert.Equal(t, []Holder{{Local: "train", User: "alice"}}, g0.Holders)
 			require.NotNil(t, g0.Usage)
@@ -67,13 +67,13 @@ func TestLocalDashboard(t *testing.T) {
 			assert.InDelta(t, 0.5, *g0.Usage.Utilization, 0.01)
 			assert.Len(t, g0.Usage.Spark, 1)
 
-			g1 := find(t, v, "box", "gpu-1")
+			g1 := findGPU(t, v, "box", "gpu-1")
 			assert.Equal(t, StatePartial, g1.State)
-			held := placement(t, g1, small.Devices[0].Name)
+			held := findPlacement(t, g1, small.Devices[0].Name)
 			assert.Equal(t, StateAllocated, held.State)
 			assert.Equal(t, []Holder{{Local: "notebook", User: "bob"}}, held.Holders)
 			assert.Equal(t, 4, held.Size)
-			assert.Equal(t, StateBlocked, placement(t, g1, "gpu-1-mig-7g-80gb-0").State)
+			assert.Equal(t, StateBlocked, findPlacement(t, g1, "gpu-1-mig-7g-80gb-0").State)
 			var free int
 			for _, p := range g1.Placements {
 				if p.State == StateFree {
@@ -121,10 +121,10 @@ func TestBuildLocalWithoutState(t *testing.T) {
 	src := NewLocalSource(LocalConfig{Telemetry: m, Node: "box", Backend: "sim", StateDir: t.TempDir()})
 	src.Refresh(context.Background())
 	v, _ := src.Current()
-	assert.Equal(t, StateFree, find(t, v, "box", "gpu-0").State)
-	g1 := find(t, v, "box", "gpu-1")
+	assert.Equal(t, StateFree, findGPU(t, v, "box", "gpu-0").State)
+	g1 := findGPU(t, v, "box", "gpu-1")
 	assert.True(t, g1.MIG)
-	p := placement(t, g1, "gpu-1-mig-3g-40gb-4")
+	p := findPlacement(t, g1, "gpu-1-mig-3g-40gb-4")
 	assert.Equal(t, [3]any{"3g.40gb", 4, 4}, [3]any{p.Profile, p.Start, p.Size})
 	assert.Empty(t, v.Queues[0].Items)
 	assert.Equal(t, "sim", v.Domains[0].Nodes[0].UsageSource)

@@ -56,7 +56,7 @@ func pluginPod(name, node string, port int32) corev1.Pod {
 
 // apiServer stands in for the API server's pod list and pods proxy, at
 // the paths client-go's ProxyGet calls; proxy answers one pod's proxy.
-func apiServer(t *testing.T, pods []corev1.Pod, proxy func(w http.ResponseWriter, pod, port string)) (kubernetes.Interface, *atomic.Int32) {
+func fakeAPIServer(t *testing.T, pods []corev1.Pod, proxy func(w http.ResponseWriter, pod, port string)) (kubernetes.Interface, *atomic.Int32) {
 	t.Helper()
 	var proxied atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -80,7 +80,7 @@ func apiServer(t *testing.T, pods []corev1.Pod, proxy func(w http.ResponseWriter
 	return c, &proxied
 }
 
-func forbidden(w http.ResponseWriter) {
+func writeForbidden(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusForbidden)
 	_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
@@ -93,7 +93,7 @@ func TestPluginProxyUsage(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 	t.Run("scrapes through the proxy, by the port's number", func(t *testing.T) {
-		client, _ := apiServer(t, pods, func(w http.ResponseWriter, pod, port string) {
+		client, _ := fakeAPIServer(t, pods, func(w http.ResponseWriter, pod, port string) {
 			assert.Equal(t, "9477", port)
 			if b, ok := scrapes[pod]; ok {
 				_, _ = w.Write(b)
@@ -126,7 +126,7 @@ func TestPluginProxyUsage(t *testing.T) {
 	})
 
 	t.Run("pods/proxy forbidden: one note, no request per pod after it", func(t *testing.T) {
-		client, proxied := apiServer(t, pods, func(w http.ResponseWriter, _, _ string) { forbidden(w) })
+		client, proxied := fakeAPIServer(t, pods, func(w http.ResponseWriter, _, _ string) { writeForbidden(w) })
 		u := &PluginProxyUsage{Client: client, Namespace: "gpudra", Concurrency: 1}
 		got, notes := u.Read(context.Background(), nil)
 		assert.Empty(t, got)
@@ -220,8 +220,8 @@ func TestPrometheusRange(t *testing.T) {
 	assert.Equal(t, 90, a.StepSeconds)
 	require.Len(t, a.Series, 2)
 	assert.Equal(t, "team-a", a.Series[0].Owner)
-	assert.Equal(t, []AllocationPoint{{At: at.Add(-time.Minute), Allocated: 0, Used: f(0)}, {At: at, Allocated: 4, Used: f(1)}}, a.Series[0].Points)
-	assert.Equal(t, []AllocationPoint{{At: at.Add(-time.Minute), Allocated: 2, Used: f(0)}, {At: at, Allocated: 3, Used: f(0)}}, a.Series[1].Points)
+	assert.Equal(t, []AllocationPoint{{At: at.Add(-time.Minute), Allocated: 0, Used: fp(0)}, {At: at, Allocated: 4, Used: fp(1)}}, a.Series[0].Points)
+	assert.Equal(t, []AllocationPoint{{At: at.Add(-time.Minute), Allocated: 2, Used: fp(0)}, {At: at, Allocated: 3, Used: fp(0)}}, a.Series[1].Points)
 	assert.Equal(t, []string{allocatedQuery, usedQuery}, ranges)
 
 	// No usage series at all: used unknown, not 0.
