@@ -91,6 +91,7 @@ func TestLocalDashboardShowsHolderAndWaiter(t *testing.T) {
 	poll(`document.querySelector('[data-testid="queue-item"][data-kind="Local"][data-name="eval"][data-position="1"][data-holding="false"]') !== null`)
 	poll(`document.querySelector('[data-testid="queue-item"][data-kind="Local"][data-name="train"][data-holding="true"]') !== null`)
 	if dir := os.Getenv("GPUDRA_SCREENSHOTS_DIR"); dir != "" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
 		_, err = chromedp.Run(ctx, browser.Screenshot(filepath.Join(dir, "dashboard-local-queue.png")))
 		require.NoError(t, err)
 	}

@@ -45,7 +45,7 @@ type dashPage struct {
 // openDashboard serves the dashboard on cfg's credentials (usage through
 // the plugins' metrics pods, as the chart's plugin pods are read) and
 // opens it at fragment (the page's filter state, "" for none).
-func openDashboard(t *testing.T, cfg *rest.Config, namespace, fragment string) *dashPage {
+func openDashboard(t *testing.T, cfg *rest.Config, namespace, fallback, fragment string) *dashPage {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	urls := make(chan string, 1)
@@ -53,7 +53,7 @@ func openDashboard(t *testing.T, cfg *rest.Config, namespace, fragment string) *
 	go func() {
 		done <- dashboard.RunCluster(ctx, dashboard.ClusterRunConfig{
 			ServeConfig: dashboard.ServeConfig{Address: "127.0.0.1:0", Listening: func(u string) { urls <- u }},
-			RESTConfig:  cfg, Context: "devcluster", Namespace: namespace, FallbackNamespace: namespace,
+			RESTConfig:  cfg, Context: "devcluster", Namespace: namespace, FallbackNamespace: fallback,
 			PluginNamespace: devcluster.PluginNamespace, UsageInterval: time.Second,
 		})
 	}()
@@ -114,9 +114,43 @@ func (p *dashPage) waitFor(cond string, timeout time.Duration) {
 	_, err := chromedp.Run(p.ctx, chromedp.Poll[bool](cond, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(20*time.Millisecond)))
 	if err != nil {
 		var state string
-		p.eval(`JSON.stringify({revision: document.body.dataset.revision, connected: document.body.dataset.connected, hash: location.hash, notes: document.getElementById('notes').textContent})`, &state)
-		p.t.Fatalf("waiting for %s: %v (page: %s)", cond, err, state)
+		p.eval(`JSON.stringify({revision: document.body.dataset.revision, connected: document.body.dataset.connected, hash: location.hash, notes: document.getElementById('notes').textContent, match: document.getElementById('match-count').textContent, search: document.getElementById('search').value, ns: document.getElementById('filter-namespace').value, cards: [...document.querySelectorAll('[data-testid="gpu"]')].map((c) => c.dataset.node + '/' + c.dataset.gpu + ':' + [...c.querySelectorAll('[data-testid="holder"]')].map((h) => h.dataset.claim).join('+'))})`, &state)
+		p.t.Fatalf("waiting for %s: %v (page: %s)\nthe View: %s", cond, err, state, p.viewJSON())
 	}
+}
+
+// viewJSON is the View the server sends now, for failure messages.
+func (p *dashPage) viewJSON() string {
+	raw, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`fetch('/api/view').then((r) => r.text())`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		return err.Error()
+	}
+	var v dashboard.View
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		return err.Error()
+	}
+	// The queues and the held devices only: the whole View is long.
+	type held struct {
+		Node, GPU, Device string
+		Holders           []dashboard.Holder
+	}
+	var hs []held
+	for _, d := range v.Domains {
+		for _, n := range d.Nodes {
+			for _, g := range n.GPUs {
+				if len(g.Holders) > 0 {
+					hs = append(hs, held{n.Name, g.Name, "", g.Holders})
+				}
+				for _, pl := range g.Placements {
+					if len(pl.Holders) > 0 {
+						hs = append(hs, held{n.Name, g.Name, pl.Name, pl.Holders})
+					}
+				}
+			}
+		}
+	}
+	out, _ := json.Marshal(map[string]any{"queues": v.Queues, "held": hs, "notes": v.Notes})
+	return string(out)
 }
 
 func (p *dashPage) screenshot(name string) {
@@ -205,14 +239,14 @@ func TestDashboardShowsTheDemo(t *testing.T) {
 	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 
-	p := openDashboard(t, cluster.RESTConfig, "", "namespace="+ns)
+	p := openDashboard(t, cluster.RESTConfig, "", "", "ns="+ns)
 	checked := 0
 	for _, pod := range pods.Items {
 		if len(pod.Spec.ResourceClaims) == 0 {
 			continue
 		}
 		// The card must be in view: the search narrows the fleet to it.
-		p.setHash(url.Values{"search": {pod.Name}, "namespace": {ns}}.Encode())
+		p.setHash(url.Values{"q": {pod.Name}, "ns": {ns}}.Encode())
 		for _, rc := range pod.Spec.ResourceClaims {
 			claim := podClaim(t, &pod, rc.Name)
 			require.NotNil(t, claim.Status.Allocation, "%s: claim %s allocated", pod.Name, claim.Name)
@@ -239,7 +273,7 @@ func TestDashboardShowsTheDemo(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, checked, 15, "the demo's devices were all checked")
 
-	p.setHash(url.Values{"search": {"no-claim"}}.Encode())
+	p.setHash(url.Values{"q": {"no-claim"}}.Encode())
 	time.Sleep(500 * time.Millisecond)
 	for _, h := range p.holders() {
 		assert.NotContains(t, strings.Split(h.Pods, ","), "no-claim", "a pod without a claim is drawn on %s/%s", h.Node, h.GPU)
@@ -263,7 +297,7 @@ func TestDashboardShowsTheDemo(t *testing.T) {
 func TestDashboardLiveClaims(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
-	p := openDashboard(t, cluster.RESTConfig, "", url.Values{"namespace": {ns}}.Encode())
+	p := openDashboard(t, cluster.RESTConfig, "", "", url.Values{"ns": {ns}}.Encode())
 	create(t, ns, gpus("one", 1), gpuPod("live", "one"))
 	var claim *resourceapi.ResourceClaim
 	var allocatedAt time.Time
@@ -334,7 +368,7 @@ func TestDashboardQueue(t *testing.T) {
 	}
 	gangCondition(t, ns, "b-0", v1.ConditionFalse, gpudrav1.ReasonBehindInQueue)
 
-	p := openDashboard(t, cluster.RESTConfig, "", "tab=queues")
+	p := openDashboard(t, cluster.RESTConfig, "", "", "tab=queues")
 	rowCond := func(name, position, reason string) string {
 		return fmt.Sprintf(`document.querySelector('[data-testid="queue-item"][data-queue=%q][data-namespace=%q][data-name=%q][data-position=%q][data-reason=%q]') !== null`,
 			qname, ns, name, position, reason)
@@ -371,14 +405,14 @@ func TestDashboardTenantSeesOnlyItsNamespace(t *testing.T) {
 	cfg := rest.CopyConfig(cluster.RESTConfig)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
 
-	p := openDashboard(t, cfg, "", "")
+	p := openDashboard(t, cfg, "", mine, "")
 	mineClaim := podClaim(t, waitRunning(t, mine, "job"), "gpu")
 	theirClaim := podClaim(t, waitRunning(t, theirs, "job"), "gpu")
 	p.waitFor(holderCond(mine, mineClaim.Name, true), 30*time.Second)
 	for _, h := range p.holders() {
 		assert.Equal(t, mine, h.Namespace, "the tenant sees a holder of another namespace: %+v", h)
 	}
-	p.setHash(url.Values{"search": {theirClaim.Name}}.Encode())
+	p.setHash(url.Values{"q": {theirClaim.Name}}.Encode())
 	p.waitFor(holderCond(theirs, theirClaim.Name, false), 5*time.Second)
 	var notes string
 	p.eval(`document.getElementById('notes').textContent`, &notes)

@@ -901,7 +901,23 @@ type gangWait struct {
 	item  QueueItem
 }
 
-// gangs are the gangs with a pod still gated by gpudra, one item per
+// gangHeldBack says whether a gang's pod waits for its gang: gated by
+// gpudra (the gates path), or unbound with the controller's
+// GangAllocated=False (the Workload API path, where the pods are not gated
+// but wait for a PodGroup the controller has not made yet).
+func gangHeldBack(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Spec.NodeName != "" {
+		return false
+	}
+	if slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate }) {
+		return true
+	}
+	return slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return string(c.Type) == gpudrav1.GroupName+"/GangAllocated" && c.Status == corev1.ConditionFalse
+	})
+}
+
+// gangs are the gangs with a pod held back (gangHeldBack), one item per
 // (namespace, gang), with the condition the controller set on its pods.
 func (b *builder) gangs() []gangWait {
 	type acc struct {
@@ -922,7 +938,7 @@ func (b *builder) gangs() []gangWait {
 			byKey[key] = a
 		}
 		a.pods = append(a.pods, p)
-		if slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gpudrav1.SchedulingGate }) {
+		if gangHeldBack(p) {
 			a.gated = true
 		}
 	}

@@ -427,9 +427,18 @@ func nodeNames(st clusterStores) []string {
 			}
 		}
 	}
-	if len(out) == 0 && st.nodes != nil {
+	// Device-plugin nodes publish no slices: their GPUs show only
+	// through the usage read (and with no slices at all, every node is
+	// asked).
+	if st.nodes != nil {
+		noSlices := len(out) == 0
 		for _, o := range st.nodes.List() {
-			if n, ok := o.(*corev1.Node); ok {
+			n, ok := o.(*corev1.Node)
+			if !ok || seen[n.Name] {
+				continue
+			}
+			if q, dp := n.Status.Allocatable[DevicePluginResource]; noSlices || (dp && !q.IsZero()) {
+				seen[n.Name] = true
 				out = append(out, n.Name)
 			}
 		}

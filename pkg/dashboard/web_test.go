@@ -93,6 +93,11 @@ func wantCards(v *View, keep func(Node, GPU) bool) []cardHooks {
 					continue
 				}
 				c := cardHooks{Node: n.Name, GPU: g.Name, State: g.State, Holders: wantHolders(g.Holders), Placements: []placementHooks{}}
+				// A GPU in MIG mode held whole shows its holder, not its strip.
+				if g.MIG && len(g.Holders) > 0 {
+					out = append(out, c)
+					continue
+				}
 				for _, p := range g.Placements {
 					c.Placements = append(c.Placements, placementHooks{Node: n.Name, GPU: g.Name, Device: p.Name, State: p.State, Holders: wantHolders(p.Holders)})
 				}

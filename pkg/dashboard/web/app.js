@@ -283,7 +283,9 @@
         el('span', { class: 'model-name', text: [(g.model || '').replace(/^NVIDIA /, ''), g.mig ? 'MIG' : ''].filter(Boolean).join(' · ') }),
         g.idleClaimed && el('span', { class: 'badge idle-badge', title: 'Claimed, but no kernel ran in the window the server can tell', text: 'idle' })),
       g.health && el('div', { class: 'health', title: g.health, text: `⚠ ${g.health}` }),
-      g.mig ? migStrip(n, g) : el('div', { class: 'holders' }, (g.holders || []).map(holder)),
+      // A GPU in MIG mode held whole (every placement blocked) shows its
+      // holder instead of the strip: who holds it is what matters.
+      g.mig && !(g.holders || []).length ? migStrip(n, g) : el('div', { class: 'holders' }, (g.holders || []).map(holder)),
       el('div', { class: 'usage' },
         bar('util', u.utilization, 100, pct(u.utilization), `utilization ${pct(u.utilization)}`),
         bar('mem', u.memoryUsedBytes, memTotal, u.memoryUsedBytes == null ? '—' : `${gib(u.memoryUsedBytes)}G`,
