@@ -36,7 +36,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
+.PHONY: all build browser test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
 all: build
 
 build:
@@ -47,7 +47,17 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint test-unit test-nvml test-fuzz test-chart test-rules test-e2e
+test: lint browser test-unit test-nvml test-fuzz test-chart test-rules test-e2e
+# Under make test the browser tests fail, not skip, without a browser.
+test: export GPUDRA_REQUIRE_BROWSER := 1
+
+# The dashboard's tests drive a real browser: Debian's chromium, headless,
+# installed here where missing (make test does all of its own set-up).
+browser:
+	@command -v chromium >/dev/null || { echo "Installing Debian's chromium for the dashboard's browser tests."; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	@chromium --version
 
 test-unit:
 	CGO_ENABLED=0 $(GO) test -count=1 $(PURE_PKGS)

@@ -470,6 +470,11 @@
         svg('polyline', { class: 'allocated', stroke: colour, points: alloc }));
       const used = line('used');
       if (used) chart.append(svg('polyline', { class: 'used', stroke: colour, points: used }));
+      // Dots where points are few: a server that just started has one,
+      // which a line cannot show.
+      if (s.points.length <= 120) {
+        for (const p of s.points) chart.append(svg('circle', { class: 'dot', fill: colour, cx: x(Date.parse(p.at)).toFixed(1), cy: y(p.allocated).toFixed(1), r: 3 }));
+      }
       const lastP = s.points[s.points.length - 1];
       const sw = el('span', { class: 'swatch' });
       sw.style.background = colour;
