@@ -628,7 +628,7 @@ func (b *builder) domains(v *View) []Domain {
 			}
 		}
 		slices.SortFunc(node.GPUs, func(a, b GPU) int {
-			return cmp.Or(cmp.Compare(minorOf(a.Name), minorOf(b.Name)), cmp.Compare(a.Name, b.Name))
+			return cmp.Or(cmp.Compare(slicebuilder.GPUMinor(a.Name), slicebuilder.GPUMinor(b.Name)), cmp.Compare(a.Name, b.Name))
 		})
 		domain := ""
 		for d, n := range votes {
@@ -653,20 +653,6 @@ func (b *builder) domains(v *View) []Domain {
 		return cmp.Compare(a.Name, b.Name)
 	})
 	return out
-}
-
-// minorOf is the GPU minor of a device name ("gpu-3"), -1 for another.
-func minorOf(name string) int {
-	rest, ok := strings.CutPrefix(name, "gpu-")
-	if !ok {
-		return -1
-	}
-	digits, _, _ := strings.Cut(rest, "-")
-	n, err := strconv.Atoi(digits)
-	if err != nil {
-		return -1
-	}
-	return n
 }
 
 func (b *builder) filters(v *View) Filters {

@@ -127,21 +127,6 @@ func snapshotDevices(n *nodeAcc, s *top.Snapshot) {
 	}
 }
 
-// requestedDevices is how many devices a request asks for (its first
-// choice for a prioritized list), as gpudra local counts them.
-func requestedDevices(r local.Request) int64 {
-	var n int64
-	for _, req := range r.Devices.Requests {
-		switch {
-		case req.Exactly != nil:
-			n += max(req.Exactly.Count, 1)
-		case len(req.FirstAvailable) > 0:
-			n += max(req.FirstAvailable[0].Count, 1)
-		}
-	}
-	return n
-}
-
 // localQueue is the machine's one queue: holders, then the waiters in
 // order with gpudra local ps's estimates, then failed requests their
 // requesters have not yet seen.
@@ -174,7 +159,7 @@ func localQueue(in LocalInputs, gpus int) Queue {
 		case "Failed":
 			it.Reason, it.Message = "Failed", r.Error
 		default:
-			it.Devices = requestedDevices(byName[r.Name])
+			it.Devices = local.DevicesAsked(byName[r.Name].Devices.Requests)
 		}
 		q.Items = append(q.Items, it)
 	}
@@ -201,7 +186,7 @@ func LocalOrder(s *local.State, now time.Time) []local.Waiter {
 		}
 		byKey[w.Name] = w
 		items = append(items, queue.Item{Key: w.Name, Namespace: w.User, Priority: w.Priority, QueuedAt: w.QueuedAt,
-			Duration: w.Duration, Devices: requestedDevices(w.Request)})
+			Duration: w.Duration, Devices: local.DevicesAsked(w.Request.Devices.Requests)})
 	}
 	out := make([]local.Waiter, 0, len(items))
 	for _, it := range queue.Order(policy, items, now, held) {

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/local"
 )
 
 // The queues: every GpuQueue, the queued reservations and gated gangs in
@@ -218,14 +219,7 @@ func (b *builder) podDevices(p *corev1.Pod, counted map[string]bool) int64 {
 			continue
 		}
 		counted[key] = true
-		for _, r := range c.Spec.Devices.Requests {
-			switch {
-			case r.Exactly != nil:
-				n += max(r.Exactly.Count, 1)
-			case len(r.FirstAvailable) > 0:
-				n += max(r.FirstAvailable[0].Count, 1)
-			}
-		}
+		n += local.DevicesAsked(c.Spec.Devices.Requests)
 	}
 	return n
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/gpudra/v1alpha1"
@@ -366,9 +367,13 @@ func (l *Local) order(s *State, now time.Time) []Waiter {
 
 // requestedDevices is the number of devices a request asks for (its
 // first choice for a prioritized list).
-func requestedDevices(r Request) int64 {
+func requestedDevices(r Request) int64 { return DevicesAsked(r.Devices.Requests) }
+
+// DevicesAsked is how many devices a claim's requests ask for, counting a
+// prioritized list's first choice, as gpudra local counts them.
+func DevicesAsked(reqs []resourceapi.DeviceRequest) int64 {
 	var n int64
-	for _, req := range r.Devices.Requests {
+	for _, req := range reqs {
 		switch {
 		case req.Exactly != nil:
 			n += max(req.Exactly.Count, 1)

@@ -2,6 +2,7 @@ package slicebuilder
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -28,6 +29,21 @@ const (
 // number does not change across restarts and reboots, unlike NVML's index
 // order on some systems.
 func GPUDeviceName(g *nvdevice.GPU) string { return fmt.Sprintf("gpu-%d", g.Minor) }
+
+// GPUMinor is the GPU minor number a device name carries ("gpu-3",
+// "gpu-3-mig-1g-10gb-6": 3), -1 for a name not of that form.
+func GPUMinor(name string) int {
+	rest, ok := strings.CutPrefix(name, "gpu-")
+	if !ok {
+		return -1
+	}
+	digits, _, _ := strings.Cut(rest, "-")
+	n, err := strconv.Atoi(digits)
+	if err != nil {
+		return -1
+	}
+	return n
+}
 
 // MigDeviceName is the stable name of a MIG placement:
 // "gpu-<minor>-mig-<profile>-<placement start>", with the profile turned into

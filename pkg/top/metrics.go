@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -254,7 +254,7 @@ func sortDevices(devs map[string]*Device) []Device {
 }
 
 func compareDevices(a, b Device) int {
-	if c := cmp.Compare(minorOf(a.Name), minorOf(b.Name)); c != 0 {
+	if c := cmp.Compare(slicebuilder.GPUMinor(a.Name), slicebuilder.GPUMinor(b.Name)); c != 0 {
 		return c
 	}
 	am, bm := strings.Contains(a.Name, "-mig-"), strings.Contains(b.Name, "-mig-")
@@ -265,21 +265,6 @@ func compareDevices(a, b Device) int {
 		return -1
 	}
 	return cmp.Compare(a.Name, b.Name)
-}
-
-// minorOf is the GPU minor of a device name ("gpu-3", "gpu-3-mig-..."),
-// -1 for another name.
-func minorOf(name string) int {
-	rest, ok := strings.CutPrefix(name, "gpu-")
-	if !ok {
-		return -1
-	}
-	digits, _, _ := strings.Cut(rest, "-")
-	n, err := strconv.Atoi(digits)
-	if err != nil {
-		return -1
-	}
-	return n
 }
 
 func sortedKeys[V any](m map[string]V) []string {
