@@ -98,7 +98,7 @@ func serve(ctx context.Context, cfg ServeConfig, src Source, run func(context.Co
 	ran := make(chan error, 1)
 	go func() { ran <- run(ctx) }()
 	url := "http://" + ln.Addr().String() + "/"
-	logger.Info("Serving the dashboard", "url", url)
+	logger.V(2).Info("Serving the dashboard", "url", url)
 	if cfg.Listening != nil {
 		cfg.Listening(url)
 	}
