@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -423,4 +424,37 @@ func TestDashboardTenantSeesOnlyItsNamespace(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(raw), &view))
 	assert.NotEmpty(t, view.Notes, "the View says what could not be read")
 	assert.NotContains(t, raw, theirs, "the other namespace appears nowhere in what the tenant's page is sent")
+	var free int
+	p.eval(`document.querySelectorAll('[data-testid="gpu"][data-state="free"]').length`, &free)
+	assert.Zero(t, free, "no GPU shows as free to a tenant who cannot read every claim")
+
+	// Bound to the chart's fleet-viewer role (dashboard.fleetViewerRole),
+	// the same tenant sees every GPU and who holds it, free GPUs as free,
+	// and still no pod of another namespace beyond the claim's own record.
+	ctx := context.Background()
+	rendered, err := devcluster.RenderChart(ctx, devcluster.DefaultChart("../.."), t.TempDir(), "--set", "dashboard.fleetViewerRole=true")
+	require.NoError(t, err)
+	role := slices.IndexFunc(objectsFrom(t, rendered), func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "ClusterRole" && strings.HasSuffix(o.GetName(), "-fleet-viewer")
+	})
+	require.GreaterOrEqual(t, role, 0, "the chart renders the fleet-viewer ClusterRole")
+	roleObj := objectsFrom(t, rendered)[role]
+	roleObj.SetName(roleObj.GetName() + "-" + mine) // one per test: cluster-scoped
+	require.NoError(t, cluster.Apply(ctx, "", []*unstructured.Unstructured{roleObj}))
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: roleObj.GetName()},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: roleObj.GetName()},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	_, err = cluster.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cluster.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+		_ = cluster.Client.RbacV1().ClusterRoles().Delete(context.Background(), roleObj.GetName(), metav1.DeleteOptions{})
+	})
+	fleet := openDashboard(t, cfg, "", mine, url.Values{"q": {theirClaim.Name}}.Encode())
+	fleet.waitFor(holderCond(theirs, theirClaim.Name, true), 30*time.Second)
+	fleet.setHash("")
+	fleet.waitFor(`document.querySelector('[data-testid="gpu"][data-state="free"]') !== null`, 10*time.Second)
+	var unknown int
+	fleet.eval(`document.querySelectorAll('[data-testid="gpu"][data-state="unknown"]').length`, &unknown)
+	assert.Zero(t, unknown, "every claim read: no GPU is unknown")
 }

@@ -46,6 +46,9 @@ type ClusterInputs struct {
 	// Allocation is the allocation over time (from Prometheus, or what
 	// the source saw); nil: none yet.
 	Allocation *Allocation
+	// ClaimsPartial: the claims were read in some namespaces only (or not
+	// at all), so a device with no holder in Claims may still be held.
+	ClaimsPartial bool
 	// Notes say what the source could not read.
 	Notes []string
 }
@@ -492,6 +495,8 @@ func (b *builder) finish(node string, g *gpuAcc, snap map[string]*top.Device) GP
 			q.State = StateAllocated
 		case whole || overlapsAny(q, held):
 			q.State = StateBlocked
+		case b.in.ClaimsPartial:
+			q.State = StateUnknown
 		default:
 			q.State = StateFree
 		}
@@ -514,6 +519,8 @@ func (b *builder) finish(node string, g *gpuAcc, snap map[string]*top.Device) GP
 		out.State = StateAllocated
 	case len(held) > 0:
 		out.State = StatePartial
+	case b.in.ClaimsPartial:
+		out.State = StateUnknown
 	default:
 		out.State = StateFree
 	}
@@ -619,6 +626,8 @@ func (b *builder) domains(v *View) []Domain {
 				v.Summary.Unhealthy++
 			case gpu.State == StateFree:
 				v.Summary.Free++
+			case gpu.State == StateUnknown:
+				v.Summary.Unknown++
 			}
 			if len(gpu.Holders) > 0 || slices.ContainsFunc(gpu.Placements, func(p Placement) bool { return len(p.Holders) > 0 }) {
 				v.Summary.Allocated++
@@ -657,6 +666,9 @@ func (b *builder) domains(v *View) []Domain {
 
 func (b *builder) filters(v *View) Filters {
 	f := Filters{States: []string{StateFree, StatePartial, StateAllocated, StateBlocked, StateUnhealthy}}
+	if b.in.ClaimsPartial {
+		f.States = append(f.States, StateUnknown)
+	}
 	classes := map[string]bool{}
 	for _, d := range v.Domains {
 		for _, n := range d.Nodes {

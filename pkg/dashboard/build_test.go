@@ -189,6 +189,22 @@ func TestBuild(t *testing.T) {
 			assert.Equal(t, "kubectl get resourceslices --field-selector spec.nodeName=node-a", v.Domains[0].Nodes[0].Kubectl)
 		},
 	}, {
+		name: "claims read in one namespace only: what no visible claim holds is unknown, never free",
+		in: func(t *testing.T) ClusterInputs {
+			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}), ClaimsPartial: true,
+				Claims: []*resourceapi.ResourceClaim{allocatedClaim("team-a", "train-gpu", "node-a", []string{"gpu-0"}, "train-0")}}
+		},
+		check: func(t *testing.T, v *View) {
+			assert.Equal(t, StateAllocated, findGPU(t, v, "node-a", "gpu-0").State)
+			g := findGPU(t, v, "node-a", "gpu-1")
+			assert.Equal(t, StateUnknown, g.State)
+			for _, p := range g.Placements {
+				assert.Equal(t, StateUnknown, p.State, p.Name)
+			}
+			assert.Equal(t, Summary{Nodes: 1, GPUs: 2, Allocated: 1, Unknown: 1}, v.Summary)
+			assert.Contains(t, v.Filters.States, StateUnknown)
+		},
+	}, {
 		name: "MIG placements: the held one allocated, those on its slices blocked, the others free",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Slices: nodeSlices(t, "node-a", twoGPUs, slicebuilder.Options{}),

@@ -86,8 +86,9 @@ type ClusterSource struct {
 type clusterStores struct {
 	nodes, slices, classes, queues cache.Store
 	pods, claims, reservations     []cache.Store // one per namespace watched
-	// podsNamespace is the namespace pods are watched in ("": all).
-	podsNamespace string
+	// podsNamespace and claimsNamespace are the namespace pods and claims
+	// are watched in ("": all).
+	podsNamespace, claimsNamespace string
 }
 
 // NewClusterSource returns the source; Run starts it. Until the first
@@ -226,7 +227,7 @@ func (s *ClusterSource) Run(ctx context.Context) error {
 			}
 		}, func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Resource().V1().ResourceClaims().Informer()
-		}, &st.claims, "devices show without holders there, as if free"},
+		}, &st.claims, "no device shows as free or held: state unknown"},
 	} {
 		ns := s.cfg.Namespace
 		ok, note := watchable(ctx, r.what, scopeOf(ns), r.list(ns))
@@ -246,9 +247,15 @@ func (s *ClusterSource) Run(ctx context.Context) error {
 			notes = append(notes, note)
 		}
 		*r.into = append(*r.into, watch(r.inf(factory(ns))))
-		if r.into == &st.pods {
+		switch r.into {
+		case &st.pods:
 			st.podsNamespace = ns
+		case &st.claims:
+			st.claimsNamespace = ns
 		}
+	}
+	if st.claimsNamespace != "" {
+		notes = append(notes, fmt.Sprintf("ResourceClaims read in namespace %s only: a device no claim there holds shows as unknown, not free", st.claimsNamespace))
 	}
 	var dynFactories []dynamicinformer.DynamicSharedInformerFactory
 	if s.cfg.Dynamic == nil {
@@ -466,6 +473,7 @@ func (s *ClusterSource) inputs() ClusterInputs {
 	for _, c := range st.claims {
 		in.Claims = append(in.Claims, storeList[*resourceapi.ResourceClaim](c)...)
 	}
+	in.ClaimsPartial = len(st.claims) == 0 || st.claimsNamespace != ""
 	var bad int
 	in.Queues, bad = decoded[gpudrav1.GpuQueue](st.queues)
 	for _, r := range st.reservations {

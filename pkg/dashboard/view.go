@@ -54,6 +54,9 @@ type Summary struct {
 	Allocated   int `json:"allocated"`
 	Free        int `json:"free"`
 	Unhealthy   int `json:"unhealthy"`
+	// Unknown are GPUs whose claims the viewer cannot all read
+	// (StateUnknown).
+	Unknown     int `json:"unknown,omitempty"`
 	IdleClaimed int `json:"idleClaimed"`
 	// Waiting are the queued gangs, reservations and local waiters.
 	Waiting int `json:"waiting"`
@@ -88,6 +91,10 @@ const (
 	// whole GPU whose MIG devices are allocated.
 	StateBlocked   = "blocked"
 	StateUnhealthy = "unhealthy"
+	// StateUnknown: no holder the viewer can see, but the claims of some
+	// namespaces were not read (forbidden, or --namespace): the device may
+	// be free or held by a claim the viewer cannot read. Never "free".
+	StateUnknown = "unknown"
 )
 
 // GPU is one physical GPU: a card on the page.

@@ -491,7 +491,8 @@
     const chip = (label, n, cls) => el('li', { class: `chip ${cls || ''}` }, el('b', { text: String(n || 0) }), ` ${label}`);
     $('summary').replaceChildren(
       chip('nodes', s.nodes), chip('GPUs', s.gpus), chip('allocated', s.allocated, 'st-allocated'),
-      chip('free', s.free, 'st-free'), chip('unhealthy', s.unhealthy, s.unhealthy ? 'st-unhealthy' : ''),
+      chip('free', s.free, 'st-free'), ...(s.unknown ? [chip('unknown', s.unknown, 'st-unknown')] : []),
+      chip('unhealthy', s.unhealthy, s.unhealthy ? 'st-unhealthy' : ''),
       chip('idle claimed', s.idleClaimed, s.idleClaimed ? 'idle' : ''), chip('waiting', s.waiting));
     const notes = $('notes');
     notes.hidden = !(v.notes && v.notes.length);
