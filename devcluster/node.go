@@ -324,8 +324,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err := n.startTelemetry(ctx); err != nil {
 		return nil, err
 	}
+	// Without it only the dashboard's usage through the pods proxy is
+	// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
+	// reason to refuse the node, on a machine with no global address.
 	if err := n.serveMetricsPod(ctx, c); err != nil {
-		return nil, err
+		klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
 	}
 	if err := n.StartPlugin(); err != nil {
 		return nil, err
