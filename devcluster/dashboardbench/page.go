@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -41,9 +43,6 @@ type pageTimings struct {
 	Revision   uint64  `json:"revision"`
 	Cards      int     `json:"cards"`
 	Allocated  int     `json:"allocated"`
-	// FCP is Chrome's first-contentful-paint (the header, before the
-	// fleet).
-	FCP float64 `json:"fcp"`
 	// The document's and app.js's responses, DOMContentLoaded (app.js is
 	// deferred: it has run by then).
 	DocEnd, ScriptEnd, DOMContentLoaded float64
@@ -51,21 +50,59 @@ type pageTimings struct {
 	// and decoded.
 	ViewStart, ViewFirstByte, ViewEnd float64
 	ViewTransfer, ViewDecoded         int
+	// Painted is after the frame that first shows the fleet rows (a
+	// requestAnimationFrame, then a task, once the first card is in the
+	// DOM): gpudraFirstPaint is when the rows are appended, before the
+	// browser lays them out and paints them.
+	Painted float64
+	// LongTasks are the main thread's tasks over 50 ms up to Painted:
+	// [start, duration] each.
+	LongTasks [][2]float64
 }
+
+// probeScript runs in each new document before the page's own script
+// (the page's CSP does not apply to it): it records the long tasks and
+// when the frame after the first card was drawn.
+const probeScript = `(() => {
+  window.benchLong = [];
+  try {
+    new PerformanceObserver((l) => { for (const e of l.getEntries()) window.benchLong.push([e.startTime, e.duration]); }).observe({type: 'longtask'});
+  } catch (e) { /* no long task timing */ }
+  new MutationObserver((m, o) => {
+    if (!document.querySelector('[data-testid="gpu"]')) return;
+    o.disconnect();
+    requestAnimationFrame(() => setTimeout(() => { window.benchPainted = performance.now(); }));
+  }).observe(document, {subtree: true, childList: true});
+})()`
+
+// viewParse times, in the page, fetching /api/view to a string and
+// JSON.parse of it, three times.
+const viewParse = `(async () => {
+  const out = [];
+  for (let i = 0; i < 3; i++) {
+    const t0 = performance.now();
+    const r = await fetch('/api/view', {cache: 'no-store'});
+    const text = await r.text();
+    const t1 = performance.now();
+    JSON.parse(text);
+    out.push([t1 - t0, performance.now() - t1]);
+  }
+  return out;
+})()`
 
 const readTimings = `(() => {
   const nav = performance.getEntriesByType('navigation')[0] || {};
   const res = performance.getEntriesByType('resource');
   const find = (s) => res.find((e) => e.name.includes(s)) || {};
   const v = find('/api/view'), js = find('/static/app.js');
-  const fcp = performance.getEntriesByName('first-contentful-paint')[0];
   const chip = document.querySelector('#summary .st-allocated b');
   return {firstPaint: window.gpudraFirstPaint, revision: Number(document.body.dataset.revision),
     cards: document.querySelectorAll('[data-testid="gpu"]').length,
-    allocated: chip ? Number(chip.textContent) : -1, fcp: fcp ? fcp.startTime : 0,
+    allocated: chip ? Number(chip.textContent) : -1,
     DocEnd: nav.responseEnd || 0, ScriptEnd: js.responseEnd || 0, DOMContentLoaded: nav.domContentLoadedEventEnd || 0,
     ViewStart: v.startTime || 0, ViewFirstByte: v.responseStart || 0, ViewEnd: v.responseEnd || 0,
-    ViewTransfer: v.transferSize || 0, ViewDecoded: v.decodedBodySize || 0};
+    ViewTransfer: v.transferSize || 0, ViewDecoded: v.decodedBodySize || 0,
+    Painted: window.benchPainted || 0, LongTasks: (window.benchLong || []).filter(([s]) => s <= (window.benchPainted || Infinity))};
 })()`
 
 // firstPaints loads the page in R fresh tabs. All but the last find the
@@ -105,8 +142,26 @@ func (b *bench) firstPaints(ctx context.Context, admin kubernetes.Interface, res
 		b.fetched[tm.Revision] = true
 		res.Paints = append(res.Paints, run)
 		logger.Info("First paint", "run", i+1, "ms", tm.FirstPaint, "cold", run.Cold, "revision", tm.Revision, "cards", tm.Cards,
-			"viewFetch", tm.ViewEnd-tm.ViewStart, "afterView", tm.FirstPaint-tm.ViewEnd)
+			"viewFetch", tm.ViewEnd-tm.ViewStart, "afterView", tm.FirstPaint-tm.ViewEnd, "painted", tm.Painted, "longTasks", tm.LongTasks)
 	}
+	// JSON.parse of the body alone, in a page: what of "after the body"
+	// is parsing, what is drawing.
+	tab, closeTab := chromedp.NewContext(b.bctx)
+	defer closeTab()
+	tctx, cancel := context.WithTimeout(tab, time.Minute)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Navigate(b.base+"healthz")); err != nil {
+		return err
+	}
+	pairs, err := chromedp.Run(tctx, chromedp.Evaluate[[][2]float64](viewParse, chromedp.EvalAwaitPromise))
+	if err != nil {
+		return fmt.Errorf("timing JSON.parse of /api/view: %w", err)
+	}
+	var fetches, parses []float64
+	for _, p := range pairs {
+		fetches, parses = append(fetches, p[0]), append(parses, p[1])
+	}
+	res.ViewFetchText, res.ViewParse = medianF(fetches), medianF(parses)
 	return nil
 }
 
@@ -117,10 +172,14 @@ func (b *bench) load(ctx context.Context, url string) (pageTimings, error) {
 	defer closeTab()
 	tctx, cancel := context.WithTimeout(tab, 90*time.Second)
 	defer cancel()
-	if err := chromedp.Do(tctx, chromedp.Navigate(url)); err != nil {
+	probe := chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: probeScript})
+		return err
+	})
+	if err := chromedp.Do(tctx, probe, chromedp.Navigate(url)); err != nil {
 		return tm, err
 	}
-	if _, err := chromedp.Run(tctx, chromedp.Poll[bool](`window.gpudraFirstPaint !== undefined`,
+	if _, err := chromedp.Run(tctx, chromedp.Poll[bool](`window.gpudraFirstPaint !== undefined && window.benchPainted !== undefined`,
 		chromedp.WithPollingTimeout(60*time.Second), chromedp.WithPollingInterval(20*time.Millisecond))); err != nil {
 		return tm, fmt.Errorf("waiting for window.gpudraFirstPaint: %w", err)
 	}

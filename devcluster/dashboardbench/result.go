@@ -36,6 +36,9 @@ type Result struct {
 	// Build is dashboard.Build over the same objects, Encode the JSON
 	// and gzip the server does once per revision (medians of 5, here).
 	Build, Encode time.Duration
+	// ViewFetchText and ViewParse are, in a page, fetching /api/view to
+	// a string (gzip, warm) and JSON.parse of it: medians of 3, ms.
+	ViewFetchText, ViewParse float64
 }
 
 // PaintRun is one fresh tab's load.
@@ -106,19 +109,25 @@ func (r Result) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "| dashboard summary once synced | %d nodes, %d GPUs, %d allocated |\n", r.Summary.Nodes, r.Summary.GPUs, r.Summary.Allocated)
 	fmt.Fprintf(w, "| dashboard.Build over the same objects | %s |\n", msStr(r.Build))
 	fmt.Fprintf(w, "| the server's encode of one revision (JSON + gzip) | %s |\n", msStr(r.Encode))
+	fmt.Fprintf(w, "| in a page: fetch /api/view to a string, then JSON.parse it (warm, medians of 3) | %.0f ms, then %.0f ms |\n", r.ViewFetchText, r.ViewParse)
 	fmt.Fprintf(w, "| dashboard's live heap (process heap after GC, serving, less before it started) | %.0f MiB |\n", float64(r.Heap)/(1<<20))
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Where each load's time goes (ms from navigation start, Chrome's navigation and resource timings):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| run | revision | document | app.js | DOMContentLoaded | /api/view asked | first byte | last byte | first paint | after the body (parse + draw) | first-contentful-paint | cards |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| run | revision | document | app.js | DOMContentLoaded | /api/view asked | first byte | last byte | first paint | after the body (parse + draw) | frame painted | long tasks (start+ms) | cards |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for i, p := range r.Paints {
 		kind := "warm"
 		if p.Cold {
 			kind = "cold"
 		}
-		fmt.Fprintf(w, "| %d %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | **%.0f** | %.0f | %.0f | %d |\n", i+1, kind, p.Revision,
-			p.DocEnd, p.ScriptEnd, p.DOMContentLoaded, p.ViewStart, p.ViewFirstByte, p.ViewEnd, p.FirstPaint, p.FirstPaint-p.ViewEnd, p.FCP, p.Cards)
+		var long []string
+		for _, t := range p.LongTasks {
+			long = append(long, fmt.Sprintf("%.0f+%.0f", t[0], t[1]))
+		}
+		fmt.Fprintf(w, "| %d %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | **%.0f** | %.0f | %.0f | %s | %d |\n", i+1, kind, p.Revision,
+			p.DocEnd, p.ScriptEnd, p.DOMContentLoaded, p.ViewStart, p.ViewFirstByte, p.ViewEnd, p.FirstPaint, p.FirstPaint-p.ViewEnd, p.Painted,
+			strings.Join(long, ", "), p.Cards)
 	}
 	fmt.Fprintln(w)
 	if len(r.Updates) > 0 {

@@ -33,7 +33,6 @@ func main() {
 	chart := devcluster.DefaultChart(".")
 	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose identities and DeviceClasses the cluster gets")
 	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
-	klog.InitFlags(nil)
 	flag.Parse()
 	cfg.Chart = chart
 	cfg.Out = os.Stdout
