@@ -36,7 +36,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build browser test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
+.PHONY: all build browser test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
 all: build
 
 build:
@@ -173,6 +173,20 @@ bench-scale: build helm
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
 	HELM=$(HELM) $(BIN)/bench-scale --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
 		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
+
+# gpudra dashboard on a large fleet (issue 37): devcluster's control plane
+# with 1,000 API-only nodes of 8 H100s each (the scale benchmark's migoff
+# nodes), half the GPUs held by claims of bound pods, the dashboard's server
+# in the benchmark's process and a headless Chromium: first paint (warm and
+# cold), where its time goes, the /api/view body, the cards in the DOM, how
+# long an allocated or deleted claim takes to show, the dashboard's heap.
+# Tables to stdout and bin/bench-dashboard-results.md; the last line is the
+# summary; the log goes to bin/bench-dashboard.log. BENCH_DASHBOARD_ARGS:
+# e.g. --nodes 300 --runs 9.
+bench-dashboard: helm
+	@mkdir -p $(BIN)
+	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-dashboard ./cmd/bench-dashboard
+	HELM=$(HELM) $(BIN)/bench-dashboard --out $(BIN)/bench-dashboard-results.md $(BENCH_DASHBOARD_ARGS) 2> $(BIN)/bench-dashboard.log || { tail -20 $(BIN)/bench-dashboard.log; exit 1; }
 
 # The same path on a real GPU (docs/gpu-smoke.md): devcluster with one node
 # backed by NVML beside a simulated one; nvidia-smi -L and a CUDA check from
