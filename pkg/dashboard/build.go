@@ -119,6 +119,10 @@ type gpuAcc struct {
 	// unhealthy: a NoSchedule or NoExecute taint on the GPU or one of its
 	// MIG devices.
 	unhealthy bool
+	// noClaims: a device-plugin node's GPU, known only from its usage read:
+	// the kubelet's device assignments are in no API object, so with no
+	// process on it nothing says whether it is free.
+	noClaims bool
 }
 
 func (b *builder) node(name string) *nodeAcc {
@@ -437,6 +441,7 @@ func (b *builder) addDevicePluginNodes() {
 			}
 			g := n.gpu(d.Name)
 			g.gpu.UUID, g.gpu.Model = d.UUID, d.Model
+			g.noClaims = true
 			for _, h := range d.Holders {
 				var pods []string
 				for _, p := range h.Pods {
@@ -519,7 +524,7 @@ func (b *builder) finish(node string, g *gpuAcc, snap map[string]*top.Device) GP
 		out.State = StateAllocated
 	case len(held) > 0:
 		out.State = StatePartial
-	case b.in.ClaimsPartial:
+	case b.in.ClaimsPartial || g.noClaims:
 		out.State = StateUnknown
 	default:
 		out.State = StateFree
@@ -666,7 +671,7 @@ func (b *builder) domains(v *View) []Domain {
 
 func (b *builder) filters(v *View) Filters {
 	f := Filters{States: []string{StateFree, StatePartial, StateAllocated, StateBlocked, StateUnhealthy}}
-	if b.in.ClaimsPartial {
+	if v.Summary.Unknown > 0 {
 		f.States = append(f.States, StateUnknown)
 	}
 	classes := map[string]bool{}

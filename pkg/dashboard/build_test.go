@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -202,6 +203,24 @@ func TestBuild(t *testing.T) {
 				assert.Equal(t, StateUnknown, p.State, p.Name)
 			}
 			assert.Equal(t, Summary{Nodes: 1, GPUs: 2, Allocated: 1, Unknown: 1}, v.Summary)
+			assert.Contains(t, v.Filters.States, StateUnknown)
+		},
+	}, {
+		name: "device-plugin node: GPUs from its usage read, one with a container's processes held, the other unknown, not free",
+		in: func(t *testing.T) ClusterInputs {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dp-a"}}
+			node.Status.Allocatable = corev1.ResourceList{DevicePluginResource: resource.MustParse("2")}
+			return ClusterInputs{Nodes: []*corev1.Node{node}, UsageSource: "plugin", Usage: map[string]*top.Snapshot{"dp-a": {Node: "dp-a", Devices: []top.Device{
+				{Name: "gpu-0", UUID: "GPU-0", Model: "NVIDIA H100 80GB HBM3", ProcessesRead: true, Holders: []top.Holder{{Pods: []string{"team-a/train/main"}}}},
+				{Name: "gpu-1", UUID: "GPU-1", Model: "NVIDIA H100 80GB HBM3", ProcessesRead: true},
+			}}}}
+		},
+		check: func(t *testing.T, v *View) {
+			g := findGPU(t, v, "dp-a", "gpu-0")
+			assert.Equal(t, StateAllocated, g.State)
+			assert.Equal(t, []Holder{{Namespace: "team-a", Pods: []string{"train"}}}, g.Holders)
+			assert.Equal(t, StateUnknown, findGPU(t, v, "dp-a", "gpu-1").State)
+			assert.Equal(t, "device-plugin", v.Domains[0].Nodes[0].Mode)
 			assert.Contains(t, v.Filters.States, StateUnknown)
 		},
 	}, {

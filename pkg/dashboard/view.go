@@ -50,10 +50,10 @@ type Summary struct {
 	Nodes int `json:"nodes"`
 	// GPUs are physical GPUs; Allocated those with any claim (or local
 	// allocation) on the GPU or on one of its MIG devices.
-	GPUs        int `json:"gpus"`
-	Allocated   int `json:"allocated"`
-	Free        int `json:"free"`
-	Unhealthy   int `json:"unhealthy"`
+	GPUs      int `json:"gpus"`
+	Allocated int `json:"allocated"`
+	Free      int `json:"free"`
+	Unhealthy int `json:"unhealthy"`
 	// Unknown are GPUs whose claims the viewer cannot all read
 	// (StateUnknown).
 	Unknown     int `json:"unknown,omitempty"`
