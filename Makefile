@@ -5,8 +5,12 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 # The header of go-nvml marks many functions deprecated; the warnings are noise.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# One version, one source (docs/release.md): the chart's appVersion. A
+# release (RELEASE=1, the release workflow, on the tag v<appVersion>) is
+# exactly it; any other build says which commit it is past it.
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' deployments/helm/gpudra/Chart.yaml)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+VERSION ?= $(if $(RELEASE),$(APP_VERSION),$(APP_VERSION)-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown))
 LDFLAGS := -X github.com/gpudra/gpudra/internal/version.Version=$(VERSION) -X github.com/gpudra/gpudra/internal/version.Commit=$(COMMIT)
 BIN := bin
 
@@ -36,7 +40,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build browser test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
+.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
 all: build
 
 build:
@@ -128,7 +132,18 @@ $(HELM):
 	@echo "Building helm $(HELM_VERSION) from the Go module proxy (about a minute, once)."
 	GOBIN=$(abspath $(BIN)) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
-lint:
+# The workflows' linter, built from the Go module proxy at a pinned version.
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(abspath $(BIN))/actionlint
+$(ACTIONLINT):
+	@mkdir -p $(BIN)
+	GOBIN=$(abspath $(BIN)) CGO_ENABLED=0 $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+print-version:
+	@echo $(VERSION)
+
+lint: $(ACTIONLINT)
+	$(ACTIONLINT) -no-color .github/workflows/*.yml
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)

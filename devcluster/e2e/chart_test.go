@@ -76,6 +76,7 @@ func TestChartRejectsWrongValues(t *testing.T) {
 		{"a port out of range", "kubeletPlugin.metrics.port=70000", "at '/kubeletPlugin/metrics/port'"},
 		{"a webhook timeout the API server refuses", "webhook.timeoutSeconds=60", "at '/webhook/timeoutSeconds'"},
 		{"no controller replica", "controller.replicas=0", "at '/controller/replicas'"},
+		{"an image digest that is a tag", "image.digest=latest", "at '/image/digest'"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

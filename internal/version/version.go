@@ -9,7 +9,8 @@ import (
 )
 
 var (
-	// Version is the release or git describe of the build.
+	// Version is the release (the chart's appVersion) or, for any other
+	// build, <appVersion>-dev.<commit> (the Makefile; docs/release.md).
 	Version = "dev"
 	// Commit is the git commit the build was made from.
 	Commit = "unknown"

@@ -35,7 +35,11 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end -}}
 
 {{- define "gpudra.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpudra.controllerSelector" -}}
