@@ -94,12 +94,12 @@ var archInfos = map[string]archInfo{
 
 // glibcLibraries are the libraries of libc6 the image ships: libc.so.6,
 // which the cgo binaries (the plugin and the CLI) link, and what the host
-// driver's code they load or run from /driver-root links besides:
-// libnvidia-ml.so.1 (dlopened by the plugin), nvidia-smi and
-// nvidia-cuda-mps-control (run by the plugin and the MPS server) name
-// libpthread, libdl, libm and librt, which since glibc 2.34 are stubs of
-// libc, but the loader still has to find them. Nothing else of libc6
-// (locales, gconv, NSS modules, iconv) is shipped.
+// driver's libnvidia-ml.so.1, which they dlopen, links besides: libpthread,
+// libdl, libm (and librt on older drivers). Since glibc 2.34 those are
+// stubs of libc, but the loader still has to find them. The driver's tools
+// (nvidia-smi, nvidia-cuda-mps-control) run through the driver root's own
+// loader and libraries (pkg/drivertools), not these. Nothing else of libc6
+// (locales, gconv, NSS modules, ldconfig) is shipped.
 var glibcLibraries = []string{"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1"}
 
 // debPaths is what the image takes of a package: the paths, symlinks

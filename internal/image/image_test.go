@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"debug/buildinfo"
 	"encoding/hex"
@@ -10,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -574,5 +577,48 @@ func TestParseLock(t *testing.T) {
 		if _, err := ParseLock(strings.NewReader(bad)); err == nil {
 			t.Errorf("ParseLock(%q) accepted it", bad)
 		}
+	}
+}
+
+func TestFetchDeb(t *testing.T) {
+	good := standInDeb(t, "amd64")
+	sum := sha256.Sum256(good)
+	d := Deb{Package: "libc6", Version: "2.36-9+deb12u14", Arch: "amd64", SHA256: hex.EncodeToString(sum[:])}
+	serve := good
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests++
+		w.Write(serve)
+	}))
+	defer srv.Close()
+	d.URL = srv.URL + "/libc6.deb"
+	cache := t.TempDir()
+	ctx := context.Background()
+
+	// A mirror serving other bytes: refused, and nothing cached.
+	serve = append(bytes.Clone(good), 0)
+	if _, err := FetchDeb(ctx, srv.Client(), d, cache, io.Discard); err == nil || !strings.Contains(err.Error(), "libc6") {
+		t.Fatalf("a download whose checksum is not the lock's: error %v, want one naming libc6", err)
+	}
+	if entries, _ := os.ReadDir(cache); len(entries) != 0 {
+		t.Errorf("a refused download was cached: %v", entries)
+	}
+	serve = good
+	data, err := FetchDeb(ctx, srv.Client(), d, cache, io.Discard)
+	if err != nil || !bytes.Equal(data, good) {
+		t.Fatalf("FetchDeb: %v", err)
+	}
+	// Then from the cache, without the network.
+	srv.Close()
+	before := requests
+	if data, err = FetchDeb(ctx, srv.Client(), d, cache, io.Discard); err != nil || !bytes.Equal(data, good) || requests != before {
+		t.Errorf("from the cache: %v, %d requests", err, requests-before)
+	}
+	// A damaged cached copy is not used.
+	if err := os.WriteFile(filepath.Join(cache, d.String()+".deb"), []byte("damaged"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FetchDeb(ctx, srv.Client(), d, cache, io.Discard); err == nil {
+		t.Error("a damaged cached copy was used (the server is gone: it had to fail)")
 	}
 }

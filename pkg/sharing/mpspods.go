@@ -224,7 +224,9 @@ func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 				Name: "mps-server", Image: p.Image, ImagePullPolicy: p.ImagePullPolicy,
 				Command:         []string{"gpudra-mps-server"},
 				Args:            args,
-				SecurityContext: &corev1.SecurityContext{Privileged: &privileged},
+				// Root, explicitly: the image's default user is the
+				// controller's non-root 65532 (docs/image.md).
+				SecurityContext: &corev1.SecurityContext{Privileged: &privileged, RunAsUser: ptr[int64](0)},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "server", MountPath: ServerContainerDir},
 					{Name: "shm", MountPath: "/dev/shm"},
