@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -66,6 +69,7 @@ func TestImageTarballs(t *testing.T) {
 			fsys := readFS(t, img)
 			checkBinaries(t, fsys, arch)
 			checkSBOM(t, fsys, filepath.Join(dir, "sbom-"+arch+".spdx.json"))
+			runFromImage(t, fsys, arch, version)
 		})
 	}
 
@@ -136,7 +140,7 @@ func checkConfig(t *testing.T, cf *v1.ConfigFile, arch, version string) {
 
 type fsEntry struct {
 	hdr  *tar.Header
-	data []byte // regular files under usr/ only
+	data []byte // regular files
 }
 
 // readFS is the image's file system, its layers applied in order (the
@@ -167,7 +171,7 @@ func readFS(t *testing.T, img v1.Image) map[string]fsEntry {
 			if strings.Contains(p, ".wh.") {
 				t.Errorf("whiteout %s in a layer", p)
 			}
-			if h.Typeflag == tar.TypeReg && strings.HasPrefix(p, "/usr/") {
+			if h.Typeflag == tar.TypeReg {
 				if e.data, err = io.ReadAll(tr); err != nil {
 					t.Fatal(err)
 				}
@@ -381,5 +385,60 @@ func checkSBOM(t *testing.T, fsys map[string]fsEntry, beside string) {
 	}
 	if doc.SPDXVersion != "SPDX-2.3" {
 		t.Errorf("SBOM version %q", doc.SPDXVersion)
+	}
+}
+
+// runFromImage runs every binary with --version from the image's own file
+// system, with nothing of the host's: in a chroot of it as the image's user
+// (amd64, as root), or under qemu-aarch64-static with the image as the
+// root of the guest's paths (arm64, where qemu-user is installed). The cgo
+// binaries then start only if the image's loader and glibc serve them.
+func runFromImage(t *testing.T, fsys map[string]fsEntry, arch, version string) {
+	t.Helper()
+	qemu, _ := exec.LookPath("qemu-aarch64-static")
+	switch {
+	case arch == runtime.GOARCH && os.Geteuid() != 0:
+		t.Log("not root: the binaries are not run from a chroot of the image")
+		return
+	case arch != runtime.GOARCH && (arch != "arm64" || qemu == ""):
+		t.Logf("%s binaries are not run here (no qemu-aarch64-static)", arch)
+		return
+	}
+	root := t.TempDir()
+	for p, e := range fsys {
+		dst := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		switch e.hdr.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(dst, os.FileMode(e.hdr.Mode).Perm())
+		case tar.TypeSymlink:
+			err = os.Symlink(e.hdr.Linkname, dst)
+		case tar.TypeReg:
+			err = os.WriteFile(dst, e.data, os.FileMode(e.hdr.Mode).Perm())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range image.Binaries {
+		var cmd *exec.Cmd
+		if arch == runtime.GOARCH {
+			cmd = exec.Command(image.BinDir+"/"+b, "--version")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root, Credential: &syscall.Credential{Uid: image.NonRoot, Gid: image.NonRoot}}
+			cmd.Dir = "/"
+		} else {
+			cmd = exec.Command(qemu, "-L", root, filepath.Join(root, image.BinDir, b), "--version")
+		}
+		cmd.Env = image.Env
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("%s %s (commit ", b, version)
+		if err != nil || !strings.HasPrefix(string(out), want) || !strings.Contains(string(out), "linux/"+arch) {
+			t.Errorf("%s --version from the %s image: %v: %q, want %q... linux/%s", b, arch, err, out, want, arch)
+		} else {
+			t.Logf("%s", bytes.TrimSpace(out))
+		}
 	}
 }
