@@ -262,12 +262,15 @@ cross-cc:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkg >/dev/null || exit 1; \
 	done
 
-# make image twice, into two directories: the same index digest and the
-# same tarballs, byte for byte; then the tarballs as docker load would read
-# them (hack/image's TestImageTarballs).
+# make image twice, into two directories, binaries included: the same index
+# digest and the same tarballs, byte for byte; then the tarballs as docker
+# load would read them (hack/image's TestImageTarballs). Both builds get
+# this one's version, so that an edit in between (git describe's -dirty)
+# is not taken for the recipe's nondeterminism.
+IMAGE_PIN = VERSION=$(VERSION) COMMIT=$(COMMIT) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH)
 test-image:
-	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-a
-	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-b
+	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-a $(IMAGE_PIN)
+	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-b $(IMAGE_PIN)
 	@a=$$(grep -o 'sha256:[0-9a-f]*' $(BIN)/image-check-a/oci/index.json); b=$$(grep -o 'sha256:[0-9a-f]*' $(BIN)/image-check-b/oci/index.json); \
 	  echo "index digests of two builds: $$a $$b"; [ -n "$$a" ] && [ "$$a" = "$$b" ] || { echo "make image is not reproducible"; exit 1; }; \
 	  for arch in $(IMAGE_ARCHES); do cmp $(BIN)/image-check-a/gpudra-$(VERSION)-$$arch.tar $(BIN)/image-check-b/gpudra-$(VERSION)-$$arch.tar || exit 1; done
