@@ -13,6 +13,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION ?= $(if $(RELEASE),$(APP_VERSION),$(APP_VERSION)-dev.$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown))
 LDFLAGS := -X github.com/gpudra/gpudra/internal/version.Version=$(VERSION) -X github.com/gpudra/gpudra/internal/version.Commit=$(COMMIT)
 BIN := bin
+comma := ,
 
 # Everything but the NVML backend builds and tests without cgo.
 NVML_PKG := ./pkg/nvdevice/nvml/...
@@ -40,7 +41,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle clean
+.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -51,7 +52,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint browser test-unit test-nvml test-fuzz test-chart test-rules test-e2e
+test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e
 # Under make test the browser tests fail, not skip, without a browser.
 test: export GPUDRA_REQUIRE_BROWSER := 1
 
@@ -234,6 +235,61 @@ gpu-smoke-bundle: helm probe $(RUNC)
 	cp hack/gpu-smoke/run.sh $(BUNDLE_DIR)/run.sh
 	echo "$(VERSION) $(COMMIT)" > $(BUNDLE_DIR)/VERSION
 	$(if $(filter 1,$(BUNDLE_TAR)),XZ_OPT=-T0 tar -C $(abspath $(BIN)) -cJf $(BUNDLE_DIR).tar.xz $(BUNDLE_NAME) && ls -l $(BUNDLE_DIR).tar.xz)
+
+# gpudra's image (issue 38; docs/image.md), without Docker or a registry:
+# the four binaries for each architecture, glibc from Debian's packages
+# pinned in hack/image/debian.lock, an OCI layout with the index of both
+# architectures (bin/image/oci) and a docker-loadable tarball per
+# architecture (bin/image/gpudra-<version>-<arch>.tar). Reproducible: every
+# timestamp is the commit's (SOURCE_DATE_EPOCH), the binaries are built
+# with -trimpath and no build id, so the same commit gives the same digest.
+IMAGE_DIR ?= $(abspath $(BIN))/image
+IMAGE_BUILD = $(IMAGE_DIR)-build
+IMAGE_ARCHES := amd64 arm64
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGE_LDFLAGS := -s -w -buildid= $(LDFLAGS)
+GOHOSTARCH := $(shell $(GO) env GOHOSTARCH)
+# The C compiler of an architecture: the host's gcc, else Debian's cross
+# compiler, which links against the same glibc release as the host's.
+image_cc = $$([ $(1) = $(GOHOSTARCH) ] && echo gcc || { case $(1) in amd64) echo x86_64-linux-gnu-gcc;; arm64) echo aarch64-linux-gnu-gcc;; esac; })
+
+image: cross-cc
+	rm -rf $(IMAGE_BUILD)
+	@set -e; for arch in $(IMAGE_ARCHES); do \
+	  out=$(IMAGE_BUILD)/$$arch; echo "Building the $$arch binaries into $$out"; \
+	  export GOOS=linux GOARCH=$$arch; cc=$(call image_cc,$$arch); \
+	  CGO_ENABLED=1 CC=$$cc $(GO) build -trimpath -buildvcs=false -ldflags "$(IMAGE_LDFLAGS)" -o $$out/gpudra-kubelet-plugin ./cmd/kubelet-plugin; \
+	  CGO_ENABLED=1 CC=$$cc $(GO) build -trimpath -buildvcs=false -ldflags "$(IMAGE_LDFLAGS)" -o $$out/gpudra ./cmd/gpudra; \
+	  CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$(IMAGE_LDFLAGS)" -o $$out/gpudra-controller ./cmd/controller; \
+	  CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$(IMAGE_LDFLAGS)" -o $$out/gpudra-mps-server ./cmd/mps-server; \
+	done
+	CGO_ENABLED=0 $(GO) run ./hack/image --out $(IMAGE_DIR) --bin $(IMAGE_BUILD) --arches $(subst $(eval) ,$(comma),$(IMAGE_ARCHES)) \
+		--cache $(abspath $(BIN))/debian-cache --version $(VERSION) --revision $(COMMIT) --source-date-epoch $(SOURCE_DATE_EPOCH)
+
+# Debian's cross compilers for the architectures that are not the host's,
+# installed where missing (as browser installs chromium).
+cross-cc:
+	@for arch in $(filter-out $(GOHOSTARCH),$(IMAGE_ARCHES)); do \
+	  cc=$(call image_cc,$$arch); \
+	  command -v $$cc >/dev/null && continue; \
+	  pkg=gcc-$$(echo $${cc%-gcc} | tr _ -); echo "Installing Debian's $$pkg for the $$arch binaries' cgo."; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkg >/dev/null || exit 1; \
+	done
+
+# make image twice, into two directories, binaries included: the same index
+# digest and the same tarballs, byte for byte; then the tarballs as docker
+# load would read them (hack/image's TestImageTarballs). Both builds get
+# this one's version, so that an edit in between (git describe's -dirty)
+# is not taken for the recipe's nondeterminism.
+IMAGE_PIN = VERSION=$(VERSION) COMMIT=$(COMMIT) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH)
+test-image:
+	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-a $(IMAGE_PIN)
+	@$(MAKE) --no-print-directory image IMAGE_DIR=$(abspath $(BIN))/image-check-b $(IMAGE_PIN)
+	@a=$$(grep -o 'sha256:[0-9a-f]*' $(BIN)/image-check-a/oci/index.json); b=$$(grep -o 'sha256:[0-9a-f]*' $(BIN)/image-check-b/oci/index.json); \
+	  echo "index digests of two builds: $$a $$b"; [ -n "$$a" ] && [ "$$a" = "$$b" ] || { echo "make image is not reproducible"; exit 1; }; \
+	  for arch in $(IMAGE_ARCHES); do cmp $(BIN)/image-check-a/gpudra-$(VERSION)-$$arch.tar $(BIN)/image-check-b/gpudra-$(VERSION)-$$arch.tar || exit 1; done
+	GPUDRA_IMAGE_DIR=$(abspath $(BIN))/image-check-a GPUDRA_IMAGE_VERSION=$(VERSION) CGO_ENABLED=0 $(GO) test -count=1 -run '^TestImageTarballs$$' ./hack/image/
 
 clean:
 	rm -rf $(BIN)

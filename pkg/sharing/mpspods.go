@@ -222,9 +222,11 @@ func (p *PodServers) Pod(ctx context.Context, s MPSServer) (*corev1.Pod, error) 
 			TerminationGracePeriodSeconds: ptr[int64](30),
 			Containers: []corev1.Container{{
 				Name: "mps-server", Image: p.Image, ImagePullPolicy: p.ImagePullPolicy,
-				Command:         []string{"gpudra-mps-server"},
-				Args:            args,
-				SecurityContext: &corev1.SecurityContext{Privileged: &privileged},
+				Command: []string{"gpudra-mps-server"},
+				Args:    args,
+				// Root, explicitly: the image's default user is the
+				// controller's non-root 65532 (docs/image.md).
+				SecurityContext: &corev1.SecurityContext{Privileged: &privileged, RunAsUser: ptr[int64](0)},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "server", MountPath: ServerContainerDir},
 					{Name: "shm", MountPath: "/dev/shm"},

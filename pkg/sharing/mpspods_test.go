@@ -34,6 +34,8 @@ func TestMPSServerPod(t *testing.T) {
 	assert.Equal(t, []string{"gpudra-mps-server"}, c.Command)
 	assert.Equal(t, []string{"--driver-root=/driver-root", "--dir=" + ServerContainerDir, "--devices=GPU-a,GPU-b",
 		"--logging-format=json", "-v=3"}, c.Args, "no --control-binary: the driver root's own")
+	require.NotNil(t, c.SecurityContext.RunAsUser)
+	assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser, "root, explicitly: the image's default user is the controller's non-root one")
 	assert.Equal(t, "gpudra-mps-server", pod.Spec.ServiceAccountName, "a ServiceAccount without permissions")
 	assert.Equal(t, false, *pod.Spec.AutomountServiceAccountToken, "and no token")
 	mounts := map[string]string{}

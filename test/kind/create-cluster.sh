@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates a kind cluster that holds this host's NVIDIA GPUs, builds the gpudra
-# image from the repository's Dockerfile, loads it into the cluster and
-# installs the Helm chart.
+# image for this host's architecture with make image (docs/image.md), loads
+# its tarball into the cluster and installs the Helm chart.
 #
 #   test/kind/create-cluster.sh          create (or reuse) the cluster and install gpudra
 #   test/kind/create-cluster.sh delete   delete the cluster
@@ -15,7 +15,6 @@ set -euo pipefail
 script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd -- "$script_dir/../.." && pwd)"
 name="${KIND_CLUSTER_NAME:-gpudra}"
-image="ghcr.io/gpudra/gpudra:dev"
 
 case "${1:-create}" in
 create) ;;
@@ -38,6 +37,8 @@ need() {
   fi
 }
 need docker "Docker Engine: https://docs.docker.com/engine/install/"
+need go "Go, to build the image: https://go.dev/dl/"
+need make "GNU make"
 need kind "go install sigs.k8s.io/kind@latest, or https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
 need kubectl "https://kubernetes.io/docs/tasks/tools/"
 need helm "Helm 3: https://helm.sh/docs/intro/install/ (or run 'make helm' and put bin/ on PATH)"
@@ -81,10 +82,12 @@ else
 fi
 kubectl config use-context "kind-$name" >/dev/null
 
-version="$(git -C "$repo_root" describe --tags --always --dirty 2>/dev/null || echo dev)"
-commit="$(git -C "$repo_root" rev-parse HEAD 2>/dev/null || echo unknown)"
-docker build --build-arg VERSION="$version" --build-arg COMMIT="$commit" -t "$image" .
-kind load docker-image --name "$name" "$image"
+# The image without Docker's build: make image, for this host's architecture
+# only, as a tarball kind loads (tagged ghcr.io/gpudra/gpudra:<version>).
+version="$(make -s -C "$repo_root" print-version)"
+arch="$(go env GOARCH)"
+make -C "$repo_root" image IMAGE_ARCHES="$arch" VERSION="$version"
+kind load image-archive --name "$name" "$repo_root/bin/image/gpudra-$version-$arch.tar"
 
 # The chart's default affinity picks nodes labelled as GPU nodes.
 for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
@@ -92,7 +95,7 @@ for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o n
 done
 
 helm upgrade --install gpudra deployments/helm/gpudra --namespace gpudra --create-namespace \
-  --set image.tag=dev --set image.pullPolicy=Never
+  --set image.tag="$version" --set image.pullPolicy=Never
 kubectl -n gpudra rollout status daemonset/gpudra-kubelet-plugin --timeout=180s
 
 echo
