@@ -26,7 +26,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	runtimeapi "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
@@ -100,7 +99,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return res, fmt.Errorf("devcluster: %w", err)
 	}
 	defer cluster.Stop()
-	if err := deviceClasses(ctx, cluster, cfg.Chart, dir); err != nil {
+	if err := scalebench.DeviceClasses(ctx, cluster, cfg.Chart, dir); err != nil {
 		return res, err
 	}
 	res.Setup.Cluster = time.Since(start)
@@ -297,41 +296,6 @@ func liveHeap() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
-}
-
-// deviceClasses creates the chart's DeviceClasses, as the chart installs
-// them: the page's class filter lists them.
-func deviceClasses(ctx context.Context, c *devcluster.Cluster, chart devcluster.ChartOptions, dir string) error {
-	rendered, err := devcluster.RenderChart(ctx, chart, c.Dir)
-	if err != nil {
-		return err
-	}
-	f := filepath.Join(dir, "chart.yaml")
-	if err := os.WriteFile(f, []byte(rendered), 0o600); err != nil {
-		return err
-	}
-	objs, err := devcluster.Manifests(f)
-	if err != nil {
-		return err
-	}
-	n := 0
-	for _, o := range objs {
-		if o.GetKind() != "DeviceClass" {
-			continue
-		}
-		var dc resourceapi.DeviceClass
-		if err := runtimeapi.DefaultUnstructuredConverter.FromUnstructured(o.Object, &dc); err != nil {
-			return fmt.Errorf("DeviceClass %s: %w", o.GetName(), err)
-		}
-		if _, err := c.Client.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("DeviceClass %s: %w", dc.Name, err)
-		}
-		n++
-	}
-	if n == 0 {
-		return fmt.Errorf("the chart %s renders no DeviceClass", chart.Dir)
-	}
-	return nil
 }
 
 // buildTimes times dashboard.Build over the objects the dashboard reads

@@ -91,7 +91,7 @@ func runMix(ctx context.Context, cfg Config, m *mix, dir string) ([]Point, error
 		return nil, err
 	}
 	defer ctrl.stop()
-	if err := deviceClasses(ctx, cluster, cfg.Chart, dir); err != nil {
+	if err := DeviceClasses(ctx, cluster, cfg.Chart, dir); err != nil {
 		return nil, err
 	}
 	if _, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
@@ -321,9 +321,9 @@ func (s *mixState) measureIdle(ctx context.Context, p *Point) error {
 	return nil
 }
 
-// deviceClasses applies the DeviceClasses the chart ships, as rendered for
-// devcluster.
-func deviceClasses(ctx context.Context, c *devcluster.Cluster, chart devcluster.ChartOptions, dir string) error {
+// DeviceClasses applies the DeviceClasses the chart ships, as rendered for
+// devcluster (the scale and the dashboard benchmarks).
+func DeviceClasses(ctx context.Context, c *devcluster.Cluster, chart devcluster.ChartOptions, dir string) error {
 	rendered, err := devcluster.RenderChart(ctx, chart, c.Dir)
 	if err != nil {
 		return err

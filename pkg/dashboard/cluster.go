@@ -178,29 +178,37 @@ func (s *ClusterSource) Run(ctx context.Context) error {
 		return inf.GetStore()
 	}
 	var st clusterStores
-	if ok, note := watchable(ctx, "nodes", "", func(ctx context.Context, o metav1.ListOptions) error {
-		_, err := c.CoreV1().Nodes().List(ctx, o)
-		return err
-	}); ok {
-		st.nodes = watch(factory("").Core().V1().Nodes().Informer())
-	} else {
-		notes = append(notes, note+": device-plugin nodes are not shown, and nodes only through their devices")
-	}
-	if ok, note := watchable(ctx, "ResourceSlices", "", func(ctx context.Context, o metav1.ListOptions) error {
-		_, err := c.ResourceV1().ResourceSlices().List(ctx, o)
-		return err
-	}); ok {
-		st.slices = watch(factory("").Resource().V1().ResourceSlices().Informer())
-	} else {
-		notes = append(notes, note+": you see only the devices of the claims you can read, free devices not at all")
-	}
-	if ok, note := watchable(ctx, "DeviceClasses", "", func(ctx context.Context, o metav1.ListOptions) error {
-		_, err := c.ResourceV1().DeviceClasses().List(ctx, o)
-		return err
-	}); ok {
-		st.classes = watch(factory("").Resource().V1().DeviceClasses().Informer())
-	} else {
-		notes = append(notes, note+": no class filter")
+	// The cluster-scoped resources: each watched, or a note of what its
+	// absence hides.
+	cl := factory("")
+	for _, r := range []struct {
+		what  string
+		list  func(context.Context, metav1.ListOptions) error
+		inf   func() cache.SharedIndexInformer // made only if watchable: a factory starts every informer it made
+		into  *cache.Store
+		hides string
+	}{
+		{"nodes", func(ctx context.Context, o metav1.ListOptions) error {
+			_, err := c.CoreV1().Nodes().List(ctx, o)
+			return err
+		},
+			func() cache.SharedIndexInformer { return cl.Core().V1().Nodes().Informer() }, &st.nodes, "device-plugin nodes are not shown, and nodes only through their devices"},
+		{"ResourceSlices", func(ctx context.Context, o metav1.ListOptions) error {
+			_, err := c.ResourceV1().ResourceSlices().List(ctx, o)
+			return err
+		},
+			func() cache.SharedIndexInformer { return cl.Resource().V1().ResourceSlices().Informer() }, &st.slices, "you see only the devices of the claims you can read, free devices not at all"},
+		{"DeviceClasses", func(ctx context.Context, o metav1.ListOptions) error {
+			_, err := c.ResourceV1().DeviceClasses().List(ctx, o)
+			return err
+		},
+			func() cache.SharedIndexInformer { return cl.Resource().V1().DeviceClasses().Informer() }, &st.classes, "no class filter"},
+	} {
+		if ok, note := watchable(ctx, r.what, "", r.list); ok {
+			*r.into = watch(r.inf())
+		} else {
+			notes = append(notes, note+": "+r.hides)
+		}
 	}
 	// Pods and claims: cluster-wide (or the namespace asked), else the
 	// fallback namespace.
