@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -77,6 +78,10 @@ type Options struct {
 	// Runtime runs every node's pods' containers for real (NodeOptions
 	// Runtime overrides it per node); nil: their specs are only resolved.
 	Runtime *OCIRuntime
+	// Image runs the chart's own plugin and controller pods from make
+	// image's layout in runc (imagepods.go, imagechart.go) instead of
+	// in this process; nil: in-process, the default (faster).
+	Image *ImageOptions
 }
 
 // Cluster is a running devcluster.
@@ -109,6 +114,8 @@ type Cluster struct {
 	mpsControl   string
 	runtime      *OCIRuntime
 	forbidden    forbiddenLog
+	// image runs the chart's pods in image mode; nil otherwise.
+	image *imageRunner
 
 	mu    sync.Mutex
 	nodes map[string]*Node
@@ -149,7 +156,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if c.etcd, etcdURL, err = startEtcd(c.Dir); err != nil {
 		return c, err
 	}
-	if c.apiServer, err = startAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.APIServerFlags); err != nil {
+	apiServerFlags := opts.APIServerFlags
+	if opts.Image != nil {
+		// Webhooks reached by their Service's endpoints (the chart's
+		// configurations name the Service), as no kube-proxy runs.
+		apiServerFlags = append(slices.Clone(apiServerFlags), "--enable-aggregator-routing=true")
+		opts.Chart.Values = append(slices.Clone(opts.Chart.Values), imagePodValues(c.Dir)...)
+	}
+	if c.apiServer, err = startAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
 	}
 	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)
@@ -189,6 +203,15 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := c.installGpudraCRDs(c.ctx); err != nil {
 		return c, err
 	}
+	if opts.Image != nil {
+		if c.image, err = newImageRunner(c.ctx, c, *opts.Image); err != nil {
+			return c, err
+		}
+		if err := c.startImageController(c.ctx); err != nil {
+			return c, fmt.Errorf("start gpudra-controller from the image: %w", err)
+		}
+		return c, nil
+	}
 	if err := c.startGpudraController(c.ctx); err != nil {
 		return c, fmt.Errorf("start gpudra-controller: %w", err)
 	}
@@ -219,6 +242,7 @@ func (c *Cluster) Node(name string) *Node {
 func (c *Cluster) Stop() { c.stopOnce.Do(c.stop) }
 
 func (c *Cluster) stop() {
+	c.image.stopAll()
 	for _, n := range c.Nodes() {
 		n.StopPlugin()
 	}

@@ -55,6 +55,19 @@ type Controller struct {
 	// (/readyz) reports; the front sends connections only to ready
 	// replicas, as a Service's endpoints hold only ready pods.
 	ready atomic.Bool
+	// dial reaches its webhook where Addr does not: a pod run from the
+	// image listens in its own network namespace (imagechart.go).
+	dial func(context.Context) (net.Conn, error)
+	// isReady, when set, is its readiness instead of ready: the pod's
+	// readiness probe.
+	isReady func() bool
+}
+
+func (r *Controller) serving() bool {
+	if r.isReady != nil {
+		return r.isReady()
+	}
+	return r.ready.Load()
 }
 
 // Stop stops the replica, as a deleted pod stops (the lease is given up),
@@ -93,13 +106,17 @@ type controllers struct {
 	// conns are the open front connections: an outage ends them too, or
 	// the API server would go on using its kept-alive connections.
 	conns map[net.Conn]struct{}
+	// serverName is the name the API server checks the webhook's
+	// certificate for: 127.0.0.1 (the in-process replicas' URL), or the
+	// Service's DNS name (the chart's pods run from the image).
+	serverName string
 }
 
 // startGpudraController registers the webhook and starts the replicas; it
 // returns once the webhook serves with the caBundle the API server has.
 func (c *Cluster) startGpudraController(ctx context.Context) error {
 	var err error
-	c.gpudra = &controllers{}
+	c.gpudra = &controllers{serverName: "127.0.0.1"}
 	if c.gpudra.front, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		return fmt.Errorf("webhook front: %w", err)
 	}
@@ -338,7 +355,7 @@ func (c *Cluster) frontTrusted(bundle []byte) error {
 	if !pool.AppendCertsFromPEM(bundle) {
 		return errors.New("no caBundle yet")
 	}
-	conn, err := tls.Dial("tcp", c.gpudra.front.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	conn, err := tls.Dial("tcp", c.gpudra.front.Addr().String(), &tls.Config{RootCAs: pool, ServerName: c.gpudra.serverName})
 	if err != nil {
 		return err
 	}
@@ -368,26 +385,26 @@ func (s *controllers) stop() {
 	}
 }
 
-// pick chooses a replica round-robin for conn; "" when the webhook is
+// pick chooses a replica round-robin for conn; nil when the webhook is
 // down.
-func (s *controllers) pick(conn net.Conn) string {
+func (s *controllers) pick(conn net.Conn) *Controller {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ready []*Controller
 	for _, r := range s.replicas {
-		if r.ready.Load() {
+		if r.serving() {
 			ready = append(ready, r)
 		}
 	}
 	if s.down || len(ready) == 0 {
-		return ""
+		return nil
 	}
 	if s.conns == nil {
 		s.conns = map[net.Conn]struct{}{}
 	}
 	s.conns[conn] = struct{}{}
 	s.next++
-	return ready[s.next%len(ready)].Addr
+	return ready[s.next%len(ready)]
 }
 
 func (s *controllers) serve() {
@@ -403,18 +420,27 @@ func (s *controllers) serve() {
 				s.mu.Unlock()
 				_ = conn.Close()
 			}()
-			addr := s.pick(conn)
-			if addr == "" {
+			r := s.pick(conn)
+			if r == nil {
 				return
 			}
-			back, err := net.DialTimeout("tcp", addr, time.Second)
+			dial := r.dial
+			if dial == nil {
+				dial = func(ctx context.Context) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "tcp", r.Addr)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			back, err := dial(ctx)
+			cancel()
 			if err != nil {
 				return
 			}
 			defer back.Close()
 			go func() {
 				_, _ = io.Copy(back, conn)
-				_ = back.(*net.TCPConn).CloseWrite()
+				closeWrite(back)
 			}()
 			_, _ = io.Copy(conn, back)
 		}()

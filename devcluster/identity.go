@@ -58,6 +58,9 @@ type ChartOptions struct {
 	// RenderedDirPlaceholder as devcluster's directory (the gpu-smoke
 	// bundle carries it instead of helm): Dir and Helm are then unused.
 	Rendered string
+	// Values are helm flags (--set ...) added when devcluster renders the
+	// chart: image mode's, or a test's.
+	Values []string
 }
 
 // RenderedDirPlaceholder stands for devcluster's directory in a chart
@@ -119,7 +122,7 @@ func RenderChart(ctx context.Context, chart ChartOptions, dir string, extra ...s
 // installChartIdentities applies the chart's ServiceAccounts, RBAC and
 // admission policies, and waits until the policies are in force.
 func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions) error {
-	rendered, err := RenderChart(ctx, chart, c.Dir)
+	rendered, err := RenderChart(ctx, chart, c.Dir, chart.Values...)
 	if err != nil {
 		return err
 	}

@@ -328,6 +328,9 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return nil
 	}
+	if pod.Annotations[ImagePodAnnotation] != "" {
+		return nil // the image runner's (imagepods.go)
+	}
 	if inProcessPod(pod) {
 		if pod.Status.Phase == v1.PodRunning {
 			return nil

@@ -105,6 +105,9 @@ type Node struct {
 	kubeletClient kubernetes.Interface
 
 	mu sync.Mutex
+	// fromImage: the node's plugin is the chart's pod run from the image
+	// (ImageOptions), not an instance in this process.
+	fromImage bool
 	// current is the running plugin instance, nil while stopped.
 	current *PluginInstance
 	// starts counts plugin starts: each start is a new plugin pod, with its
@@ -150,6 +153,11 @@ func (i *PluginInstance) KillContainer() (int, error) {
 	}
 	return killed, nil
 }
+
+// RegistryDir is the kubelet's plugin registry, where plugins put their
+// registration sockets: <kubeletDir>/plugins_registry, as the chart mounts
+// it, with the node's directory as the kubelet's.
+func (n *Node) RegistryDir() string { return filepath.Join(n.Dir, "plugins_registry") }
 
 // CDIDir is where the node's plugin writes CDI specs.
 func (n *Node) CDIDir() string { return filepath.Join(n.Dir, "cdi") }
@@ -233,7 +241,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		}
 		machine, n.Machine, n.backend, n.driverRoot = m, m, m, n.DriverRoot()
 	}
-	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), filepath.Join(n.Dir, "registry"), filepath.Join(n.Dir, "kubelet"), n.DevicePluginDir()} {
+	for _, d := range []string{n.CDIDir(), n.PluginDataDir(), n.RegistryDir(), filepath.Join(n.Dir, "kubelet"), n.DevicePluginDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}
@@ -255,7 +263,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	dirs := kubeletDirs{
-		Registry: filepath.Join(n.Dir, "registry"), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
+		Registry: n.RegistryDir(), State: filepath.Join(n.Dir, "kubelet"), CDI: n.CDIDir(),
 		Devices: drv.devices, HostDevices: drv.hostDevices, DevRoot: drv.devRoot}
 	// A kubelet has a device manager and serves its pod-resources API
 	// whatever the node's mode, so that a node can switch modes
@@ -304,7 +312,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	n.ctx = nodeCtx
 	n.pluginCfg = plugin.Config{
 		NodeName: opts.Name, Backend: n.backend, Client: pluginClient,
-		RegistrarDir: filepath.Join(n.Dir, "registry"), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
+		RegistrarDir: n.RegistryDir(), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		// The machine is also the node's host: device majors, capability
 		// minors and the time slicer come from its Host.
 		BootID: c.bootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: mpsControl,
@@ -324,14 +332,26 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err := n.startTelemetry(ctx); err != nil {
 		return nil, err
 	}
-	// Without it only the dashboard's usage through the pods proxy is
-	// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
-	// reason to refuse the node, on a machine with no global address.
-	if err := n.serveMetricsPod(ctx, c); err != nil {
-		klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
-	}
-	if err := n.StartPlugin(); err != nil {
-		return nil, err
+	if c.image != nil {
+		// The chart's own plugin pod, from the image, in place of the
+		// in-process plugin and its metrics pod.
+		if opts.Mode != ModeDRA {
+			return nil, fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
+		}
+		n.fromImage = true
+		if err := c.runPluginPod(nodeCtx, n); err != nil {
+			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+		}
+	} else {
+		// Without it only the dashboard's usage through the pods proxy is
+		// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
+		// reason to refuse the node, on a machine with no global address.
+		if err := n.serveMetricsPod(ctx, c); err != nil {
+			klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
+		}
+		if err := n.StartPlugin(); err != nil {
+			return nil, err
+		}
 	}
 	c.mu.Lock()
 	c.nodes[opts.Name] = n
@@ -539,6 +559,9 @@ func (n *Node) WaitForSlices(ctx context.Context) error {
 	if n.Mode() == ModeDevicePlugin {
 		return n.WaitForDevicePlugin(ctx)
 	}
+	if n.fromImage {
+		return n.waitForPublishedPool(ctx)
+	}
 	p := n.Plugin()
 	if p == nil {
 		return fmt.Errorf("node %s: plugin is not running", n.Name)
@@ -564,6 +587,38 @@ func (n *Node) WaitForSlices(ctx context.Context) error {
 		}
 		return got == want, nil
 	})
+}
+
+// waitForPublishedPool waits until the node's pool is published whole,
+// as many slices of its newest generation as each of them counts: what
+// the plugin run from the image published (it is not in this process to
+// ask what it will publish).
+func (n *Node) waitForPublishedPool(ctx context.Context) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 120*time.Second, true, func(ctx context.Context) (bool, error) {
+		slices, err := n.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		var gen int64
+		byGen := map[int64]int64{}
+		want := map[int64]int64{}
+		for _, s := range slices.Items {
+			if s.Spec.Pool.Name != n.Name || s.Spec.Driver != slicebuilder.DriverName {
+				continue
+			}
+			byGen[s.Spec.Pool.Generation]++
+			want[s.Spec.Pool.Generation] = s.Spec.Pool.ResourceSliceCount
+			gen = max(gen, s.Spec.Pool.Generation)
+		}
+		last = fmt.Sprintf("generation %d: %d of %d slices", gen, byGen[gen], want[gen])
+		return byGen[gen] > 0 && byGen[gen] == want[gen], nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: the plugin's pool is not published (%s): %w", n.Name, last, err)
+	}
+	return nil
 }
 
 // FractionalNode describes a node whose plugin runs with --fractional-gpus,

@@ -27,10 +27,10 @@ import (
 )
 
 // PodResourcesSocket is where the node's kubelet serves the pod-resources
-// API: the node's /var/lib/kubelet/pod-resources/kubelet.sock, in the
-// kubelet's state directory.
+// API: the node's /var/lib/kubelet/pod-resources/kubelet.sock, with the
+// node's directory as the kubelet's (where the chart mounts it from).
 func (n *Node) PodResourcesSocket() string {
-	return filepath.Join(n.Dir, "kubelet", "pod-resources", podresources.Socket+".sock")
+	return filepath.Join(n.Dir, "pod-resources", podresources.Socket+".sock")
 }
 
 // servePodResources serves the pod-resources API at socket until ctx ends;

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -75,8 +77,18 @@ func newBackend(ctx context.Context, f *options, tools drivertools.Runner) (nvde
 		// are at --host-driver-root for the container runtime.
 		return backend, f.hostDriverRoot, nil
 	case "sim":
-		backend, err := sim.NewBuiltin(f.machine, f.nodeName)
-		return backend, "", err
+		m, err := sim.NewBuiltin(f.machine, f.nodeName)
+		if err != nil {
+			return nil, "", err
+		}
+		// A simulated driver (sim.WriteDriverRoot, as devcluster lays one
+		// out for each node) under --driver-root gives the machine its
+		// driver files, at --host-driver-root for the container runtime.
+		if _, err := os.Stat(filepath.Join(f.driverRoot, sim.LibDir)); err == nil {
+			m.SetDriverRoot(f.driverRoot)
+			return m, f.hostDriverRoot, nil
+		}
+		return m, "", nil
 	}
 	return nil, "", fmt.Errorf("--backend: unknown backend %q, want nvml or sim", f.backend)
 }

@@ -622,3 +622,57 @@ func TestFetchDeb(t *testing.T) {
 		t.Error("a damaged cached copy was used (the server is gone: it had to fail)")
 	}
 }
+
+func TestUnpackIsTheImage(t *testing.T) {
+	res := mustBuild(t, testInputs(t))
+	out, err := Write(filepath.Join(t.TempDir(), "image"), "v0.9.0", res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := t.TempDir()
+	for _, ai := range res.Images {
+		u, err := Unpack(out.Layout, ai.Arch, dest)
+		if err != nil {
+			t.Fatalf("%s: %v", ai.Arch, err)
+		}
+		if want := digest(t, ai.Image); u.Digest != want {
+			t.Errorf("%s: unpacked %s, want the image %s", ai.Arch, u.Digest, want)
+		}
+		if u.Config.User != "65532:65532" {
+			t.Errorf("%s: config user %q", ai.Arch, u.Config.User)
+		}
+		// Every file of every layer is in the rootfs, a regular file with
+		// its content and mode.
+		layers, err := ai.Image.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := 0
+		for _, l := range layers {
+			for n, f := range layerFiles(t, l) {
+				if f.hdr.Typeflag != tar.TypeReg {
+					continue
+				}
+				files++
+				p := filepath.Join(u.Rootfs, n)
+				got, err := os.ReadFile(p)
+				if err != nil {
+					t.Errorf("%s: %v", ai.Arch, err)
+					continue
+				}
+				if !bytes.Equal(got, f.data) {
+					t.Errorf("%s: %s differs from the layer's", ai.Arch, n)
+				}
+				if st, _ := os.Stat(p); st.Mode().Perm() != os.FileMode(f.hdr.Mode).Perm() {
+					t.Errorf("%s: %s mode %v, layer %v", ai.Arch, n, st.Mode().Perm(), os.FileMode(f.hdr.Mode).Perm())
+				}
+			}
+		}
+		if files == 0 {
+			t.Fatalf("%s: no files checked", ai.Arch)
+		}
+	}
+	if _, err := Unpack(out.Layout, "riscv64", dest); err == nil || !strings.Contains(err.Error(), "no linux/riscv64 image") {
+		t.Errorf("an architecture the index lacks: %v", err)
+	}
+}

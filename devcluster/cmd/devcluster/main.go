@@ -35,6 +35,7 @@ type options struct {
 	grove      bool
 	chart      devcluster.ChartOptions
 	runtime    devcluster.OCIRuntime
+	image      devcluster.ImageOptions
 }
 
 type stringList []string
@@ -62,6 +63,7 @@ func main() {
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the example pods")
 	fs.StringVar(&o.runtime.Runc, "runc", "bin/runc", "runc, to run the pods' containers for real (make builds it); missing, or not root: the containers' specs are only resolved")
 	fs.StringVar(&o.runtime.Probe, "probe", "bin/gpudra-probe", "the process of the real containers (make probe)")
+	fs.StringVar(&o.image.Layout, "image", "", "make image's OCI layout (bin/image/oci): run the chart's own kubelet plugin and controller pods from it, in runc, instead of in this process (make demo-image; needs root)")
 	fs.StringVar(&o.runtime.MPSServer, "mps-server", "bin/gpudra-mps-server", "a static gpudra-mps-server, to run MPS server pods as real containers too (make probe); missing: they run in this process")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
@@ -128,8 +130,16 @@ func run(ctx context.Context, o options) error {
 		}
 		runtime = &rt
 	}
+	var image *devcluster.ImageOptions
+	if o.image.Layout != "" {
+		if runtime == nil {
+			return fmt.Errorf("--image runs the chart's pods in runc: %w", o.runtime.Usable())
+		}
+		image = &devcluster.ImageOptions{Layout: o.image.Layout, Runc: runtime.Runc}
+		step("the chart's plugin and controller pods run from the image %s", o.image.Layout)
+	}
 	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl, Chart: o.chart,
-		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove, Runtime: runtime})
+		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove, Runtime: runtime, Image: image})
 	if err != nil {
 		return err
 	}

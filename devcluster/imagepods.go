@@ -1,0 +1,704 @@
+package devcluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/internal/image"
+)
+
+// ImageOptions run the chart's own pods from the image (issue 38): the
+// kubelet plugin DaemonSet's pod on every node and the controller
+// Deployment's pods, as the chart renders them, in runc, from make image's
+// OCI layout. devcluster's in-process plugin and controller are then not
+// started.
+type ImageOptions struct {
+	// Layout is make image's OCI layout (bin/image/oci); the host's
+	// architecture is run.
+	Layout string
+	// Runc is the runc binary (make runc).
+	Runc string
+}
+
+// ImagePodAnnotation marks a pod that devcluster runs from the image: the
+// devcluster kubelet leaves it to the image runner.
+const ImagePodAnnotation = "devcluster.gpudra.dev/image-pod"
+
+// ControlPlaneHost is the node name the controller's pods are bound to:
+// the machine devcluster runs on, which has no kubelet and no Node object.
+const ControlPlaneHost = "devcluster-control-plane"
+
+// SimMachineFile is where, in each node's driver root, devcluster writes
+// the node's simulated machine for the plugin run from the image
+// (--backend sim --sim-machine /driver-root/<this>).
+const SimMachineFile = "gpudra-sim-machine.yaml"
+
+// imagePodValues are the chart values devcluster renders with in image
+// mode: the simulated backend over each node's machine file, the nodes'
+// CDI directories.
+func imagePodValues(dir string) []string {
+	nodeDir := filepath.Join(dir, "nodes", NodeNamePlaceholder)
+	return []string{"--set-string", "kubeletPlugin.backend=sim",
+		"--set-string", "kubeletPlugin.simMachine=/driver-root/" + SimMachineFile,
+		"--set-string", "kubeletPlugin.cdiDir=" + filepath.Join(nodeDir, "cdi")}
+}
+
+// imageRunner runs pods from the image.
+type imageRunner struct {
+	runc string
+	root string // state/, bundles/, logs/, volumes/
+	img  *image.Unpacked
+	// clusterDir: host paths below it are the nodes' own; any other
+	// hostPath is below the node's directory, the node's root.
+	clusterDir string
+	admin      kubernetes.Interface
+	// apiAddr is the API server's host:port, caPEM its CA.
+	apiAddr string
+	caPEM   []byte
+
+	mu   sync.Mutex
+	pods map[string]*imagePod
+}
+
+func newImageRunner(ctx context.Context, c *Cluster, opts ImageOptions) (*imageRunner, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("image mode runs the chart's pods in runc and needs root")
+	}
+	if _, err := os.Stat(opts.Runc); err != nil {
+		return nil, fmt.Errorf("image mode: runc: %w", err)
+	}
+	r := &imageRunner{runc: opts.Runc, root: filepath.Join(c.Dir, "image"), clusterDir: c.Dir, admin: c.Client, pods: map[string]*imagePod{}}
+	start := time.Now()
+	var err error
+	if r.img, err = image.Unpack(opts.Layout, runtime.GOARCH, filepath.Join(r.root, "unpacked")); err != nil {
+		return nil, fmt.Errorf("image mode: %w", err)
+	}
+	klog.FromContext(ctx).Info("Image unpacked", "layout", opts.Layout, "image", r.img.Digest.String(), "elapsed", time.Since(start).Round(time.Millisecond))
+	u, err := url.Parse(c.RESTConfig.Host)
+	if err != nil {
+		return nil, err
+	}
+	r.apiAddr = u.Host
+	if r.caPEM, err = servingCA(r.apiAddr); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// servingCA is the CA of the API server's serving certificate, as a pod's
+// ca.crt holds it: the last certificate of the chain it serves to a client
+// that names no server (the admin's client config is the loopback one,
+// whose CA is another).
+func servingCA(addr string) ([]byte, error) {
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reading what is served, to trust it
+	if err != nil {
+		return nil, fmt.Errorf("the API server's serving certificate: %w", err)
+	}
+	defer conn.Close()
+	chain := conn.ConnectionState().PeerCertificates
+	if len(chain) == 0 {
+		return nil, errors.New("the API server serves no certificate")
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: chain[len(chain)-1].Raw}), nil
+}
+
+// imagePod is one pod run from the image: its one container, restarted
+// as restartPolicy Always does, probed as its spec says.
+type imagePod struct {
+	r       *imageRunner
+	pod     *v1.Pod
+	nodeDir string
+	// webhook, when set, learns each container's network namespace
+	// (the controller's pods: the front dials into it).
+	onStart func(netns string)
+	ready   atomic.Bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu       sync.Mutex
+	pid      int
+	id       string
+	restarts int32
+	lastExit string
+}
+
+// runPod creates the pod (as its controller would) and runs it until ctx
+// ends or stop. nodeDir is the node's root for host paths outside
+// devcluster's directory.
+func (r *imageRunner) runPod(ctx context.Context, pod *v1.Pod, nodeDir string, onStart func(netns string)) (*imagePod, error) {
+	if len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) > 0 {
+		return nil, fmt.Errorf("pod %s/%s: devcluster runs pods of one container from the image, this one has %d (and %d init containers)",
+			pod.Namespace, pod.Name, len(pod.Spec.Containers), len(pod.Spec.InitContainers))
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[ImagePodAnnotation] = "true"
+	err := r.admin.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	created, err := r.admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "imagePod", created.Name)))
+	p := &imagePod{r: r, pod: created, nodeDir: nodeDir, onStart: onStart, cancel: cancel, done: make(chan struct{})}
+	r.mu.Lock()
+	r.pods[created.Namespace+"/"+created.Name] = p
+	r.mu.Unlock()
+	go p.run(ctx)
+	return p, nil
+}
+
+// stop stops the pod's container and its loops.
+func (p *imagePod) stop() {
+	p.cancel()
+	<-p.done
+}
+
+// stopAll stops every pod run from the image: none outlives devcluster.
+func (r *imageRunner) stopAll() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	pods := make([]*imagePod, 0, len(r.pods))
+	for _, p := range r.pods {
+		pods = append(pods, p)
+	}
+	r.pods = map[string]*imagePod{}
+	r.mu.Unlock()
+	for _, p := range pods {
+		p.stop()
+	}
+}
+
+// run is the pod's kubelet: start the container, probe it, restart it
+// when it ends or its liveness probe fails (back-off 1 s doubling to
+// 10 s), report its status, until ctx ends.
+func (p *imagePod) run(ctx context.Context) {
+	defer close(p.done)
+	logger := klog.FromContext(ctx)
+	backoff := time.Second
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := p.start(ctx)
+		if err == nil {
+			p.report(ctx, "")
+			err = p.watch(ctx, started)
+		}
+		p.ready.Store(false)
+		p.kill()
+		if ctx.Err() != nil {
+			break
+		}
+		p.mu.Lock()
+		p.restarts++
+		p.lastExit = err.Error()
+		p.mu.Unlock()
+		logger.Info("Container of a pod run from the image ended; restarting", "err", err, "backoff", backoff)
+		p.report(ctx, err.Error())
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+	p.kill()
+}
+
+// start prepares the volumes and the spec, creates the container, opens
+// the API server's address inside its network namespace and starts it.
+func (p *imagePod) start(ctx context.Context) error {
+	r, pod := p.r, p.pod
+	// The chart's host paths below devcluster's directory name the node
+	// (NodeNamePlaceholder: each node's directories are its own), in its
+	// hostPath volumes and in the mount paths that repeat them.
+	c := pod.Spec.Containers[0].DeepCopy()
+	for i := range c.VolumeMounts {
+		c.VolumeMounts[i].MountPath = strings.ReplaceAll(c.VolumeMounts[i].MountPath, NodeNamePlaceholder, pod.Spec.NodeName)
+	}
+	p.mu.Lock()
+	p.id = fmt.Sprintf("%s-%d", pod.UID, p.restarts)
+	id := p.id
+	p.mu.Unlock()
+	bundle := filepath.Join(r.root, "bundles", id)
+	volumes, err := p.volumes(ctx, bundle)
+	if err != nil {
+		return err
+	}
+	rootfs, err := overlayRootfs(r.img.Rootfs, bundle)
+	if err != nil {
+		return err
+	}
+	host, port, _ := net.SplitHostPort(r.apiAddr)
+	in := imageContainer{Pod: pod, Container: c, Rootfs: rootfs, ImageEnv: r.img.Config.Env, ImageUser: r.img.Config.User,
+		ImageWorkingDir: r.img.Config.WorkingDir, Volumes: volumes,
+		ServiceEnv: []string{"KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port, "KUBERNETES_SERVICE_PORT_HTTPS=" + port},
+		Cgroup:     "/devcluster-image/" + id}
+	if tok := volumes[serviceAccountVolume]; tok != "" {
+		in.ExtraMounts = append(in.ExtraMounts, oci.Mount{Destination: serviceAccountDir, Type: "bind", Source: tok, Options: []string{"rbind", "ro"}})
+	}
+	spec, err := imageContainerSpec(in)
+	if err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
+		return err
+	}
+	logPath := p.logPath()
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return err
+	}
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	fmt.Fprintf(log, "--- devcluster: container %s starts (%s)\n", id, time.Now().UTC().Format(time.RFC3339))
+	cmd := exec.CommandContext(ctx, r.runc, "--root", filepath.Join(r.root, "state"), "create", "--bundle", bundle, id)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc create: %w: %s", err, p.logTail())
+	}
+	pid, _, err := p.state(ctx)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.pid = pid
+	p.mu.Unlock()
+	netns := netnsOf(pid)
+	if !pod.Spec.HostNetwork {
+		// The API server at the address its certificate names, inside
+		// the pod, as kube-proxy makes the kubernetes Service reachable.
+		l, err := listenInNetns(netns, r.apiAddr)
+		if err != nil {
+			return fmt.Errorf("the API server's address in the pod: %w", err)
+		}
+		go forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", r.apiAddr)
+		})
+		go func() {
+			<-ctx.Done()
+			_ = l.Close()
+		}()
+		if p.onStart != nil {
+			p.onStart(netns)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, r.runc, "--root", filepath.Join(r.root, "state"), "start", id).CombinedOutput(); err != nil {
+		return fmt.Errorf("runc start: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// watch probes the running container until it ends, its liveness probe
+// fails failureThreshold times, or ctx ends.
+func (p *imagePod) watch(ctx context.Context, started time.Time) error {
+	c := &p.pod.Spec.Containers[0]
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var nextLive, nextReady time.Time
+	liveFailures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if _, status, err := p.state(ctx); err != nil || status != "running" {
+			return fmt.Errorf("container exited (%s): %s", status, p.logTail())
+		}
+		now := time.Now()
+		if pr := c.ReadinessProbe; now.After(nextReady) {
+			ready := true
+			if pr != nil {
+				if now.Sub(started) < time.Duration(pr.InitialDelaySeconds)*time.Second {
+					ready = false
+				} else {
+					ready = p.probe(ctx, pr) == nil
+					nextReady = now.Add(probePeriod(pr))
+				}
+			}
+			if p.ready.Swap(ready) != ready {
+				p.report(ctx, "")
+			}
+		}
+		if pr := c.LivenessProbe; pr != nil && now.After(nextLive) && now.Sub(started) >= time.Duration(pr.InitialDelaySeconds)*time.Second {
+			nextLive = now.Add(probePeriod(pr))
+			if err := p.probe(ctx, pr); err != nil {
+				liveFailures++
+				if liveFailures >= int(max(pr.FailureThreshold, 1)) {
+					return fmt.Errorf("liveness probe failed %d times: %w", liveFailures, err)
+				}
+			} else {
+				liveFailures = 0
+			}
+		}
+	}
+}
+
+func probePeriod(pr *v1.Probe) time.Duration {
+	if pr.PeriodSeconds <= 0 {
+		return 10 * time.Second
+	}
+	return time.Duration(pr.PeriodSeconds) * time.Second
+}
+
+// probe runs an httpGet or tcpSocket probe against the container, from
+// inside its network namespace (its pod IP, were there a pod network).
+func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
+	c := &p.pod.Spec.Containers[0]
+	p.mu.Lock()
+	netns := netnsOf(p.pid)
+	p.mu.Unlock()
+	if p.pod.Spec.HostNetwork {
+		netns = "/proc/self/ns/net"
+	}
+	timeout := time.Duration(max(pr.TimeoutSeconds, 1)) * time.Second
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch {
+	case pr.HTTPGet != nil:
+		port, err := containerPort(c, pr.HTTPGet.Port)
+		if err != nil {
+			return err
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialInNetns(ctx, netns, addr) }}
+		defer tr.CloseIdleConnections()
+		scheme := strings.ToLower(string(pr.HTTPGet.Scheme))
+		if scheme == "" {
+			scheme = "http"
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+pr.HTTPGet.Path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: timeout}).Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 200 || resp.StatusCode >= 400 {
+			return fmt.Errorf("GET %s: %s", pr.HTTPGet.Path, resp.Status)
+		}
+		return nil
+	case pr.TCPSocket != nil:
+		port, err := containerPort(c, pr.TCPSocket.Port)
+		if err != nil {
+			return err
+		}
+		conn, err := dialInNetns(ctx, netns, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+	return errors.New("probe: only httpGet and tcpSocket probes are run by devcluster")
+}
+
+// containerPort resolves a probe's port: a number, or a container port's
+// name.
+func containerPort(c *v1.Container, port intstr.IntOrString) (int, error) {
+	if port.Type == intstr.Int {
+		return port.IntValue(), nil
+	}
+	for _, p := range c.Ports {
+		if p.Name == port.StrVal {
+			return int(p.ContainerPort), nil
+		}
+	}
+	return 0, fmt.Errorf("container %s has no port named %q", c.Name, port.StrVal)
+}
+
+// state is the container's pid and status, as runc state tells them.
+func (p *imagePod) state(ctx context.Context) (int, string, error) {
+	p.mu.Lock()
+	id := p.id
+	p.mu.Unlock()
+	out, err := exec.CommandContext(ctx, p.r.runc, "--root", filepath.Join(p.r.root, "state"), "state", id).Output()
+	if err != nil {
+		return 0, "gone", fmt.Errorf("runc state %s: %w", id, err)
+	}
+	var st struct {
+		Pid    int    `json:"pid"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return 0, "", fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return st.Pid, st.Status, nil
+}
+
+// kill deletes the container, unmounts its root and removes its bundle.
+func (p *imagePod) kill() {
+	p.mu.Lock()
+	id := p.id
+	p.mu.Unlock()
+	if id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = exec.CommandContext(ctx, p.r.runc, "--root", filepath.Join(p.r.root, "state"), "delete", "--force", id).Run()
+	bundle := filepath.Join(p.r.root, "bundles", id)
+	_ = unix.Unmount(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH)
+	_ = os.RemoveAll(bundle)
+	_ = os.Remove(filepath.Join("/sys/fs/cgroup/devcluster-image", id))
+}
+
+func (p *imagePod) logPath() string {
+	return filepath.Join(p.r.root, "logs", p.pod.Namespace+"_"+p.pod.Name+".log")
+}
+
+// logTail is the end of the container's output, for its status message.
+func (p *imagePod) logTail() string {
+	b, _ := os.ReadFile(p.logPath())
+	if i := bytes.LastIndex(b, []byte("--- devcluster: container ")); i >= 0 {
+		if j := bytes.IndexByte(b[i:], '\n'); j >= 0 {
+			b = b[i+j+1:]
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// report writes the pod's status as a kubelet would: Running with its
+// container running and ready (or not), or the container waiting in
+// CrashLoopBackOff with the end of its output.
+func (p *imagePod) report(ctx context.Context, crashed string) {
+	p.mu.Lock()
+	restarts, lastExit, id := p.restarts, p.lastExit, p.id
+	p.mu.Unlock()
+	ready := p.ready.Load()
+	c := p.pod.Spec.Containers[0]
+	now := metav1.Now()
+	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: "sha256:" + p.r.img.Digest.Hex, ContainerID: "runc://" + id,
+		Ready: ready && crashed == "", RestartCount: restarts, Started: ptr.To(crashed == "")}
+	if crashed != "" {
+		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: crashed}
+	} else {
+		cs.State.Running = &v1.ContainerStateRunning{StartedAt: now}
+	}
+	if lastExit != "" {
+		cs.LastTerminationState.Terminated = &v1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: lastExit, FinishedAt: now}
+	}
+	cond := func(t v1.PodConditionType, ok bool) v1.PodCondition {
+		s := v1.ConditionFalse
+		if ok {
+			s = v1.ConditionTrue
+		}
+		return v1.PodCondition{Type: t, Status: s, LastTransitionTime: now}
+	}
+	err := retryOnConflict(ctx, func() error {
+		cur, err := p.r.admin.CoreV1().Pods(p.pod.Namespace).Get(ctx, p.pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status = v1.PodStatus{Phase: v1.PodRunning, StartTime: cur.Status.StartTime,
+			Conditions: []v1.PodCondition{cond(v1.PodScheduled, true), cond(v1.PodInitialized, true),
+				cond(v1.ContainersReady, cs.Ready), cond(v1.PodReady, cs.Ready)},
+			ContainerStatuses: []v1.ContainerStatus{cs}, QOSClass: cur.Status.QOSClass}
+		if cur.Status.StartTime == nil {
+			cur.Status.StartTime = &now
+		}
+		_, err = p.r.admin.CoreV1().Pods(p.pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		klog.FromContext(ctx).Error(err, "Pod status")
+	}
+}
+
+func retryOnConflict(ctx context.Context, f func() error) error {
+	var err error
+	for range 5 {
+		if err = f(); err == nil || !apierrors.IsConflict(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// The service account token's directory, as the projected volume that
+// ServiceAccount admission adds is mounted.
+const (
+	serviceAccountDir    = "/var/run/secrets/kubernetes.io/serviceaccount"
+	serviceAccountVolume = "devcluster-kube-api-access"
+)
+
+// volumes sets up the pod's volumes on the host: hostPath (created where
+// its type says so; a path outside devcluster's directory is below the
+// node's), secret and configMap (their keys as files, read-only),
+// emptyDir; and the service account token (TokenRequest bound to the
+// pod), unless automountServiceAccountToken is false. Any other kind is an
+// error naming the volume.
+func (p *imagePod) volumes(ctx context.Context, bundle string) (map[string]string, error) {
+	pod := p.pod
+	out := map[string]string{}
+	for _, v := range pod.Spec.Volumes {
+		where := fmt.Sprintf("pod %s/%s volume %s", pod.Namespace, pod.Name, v.Name)
+		switch {
+		case v.HostPath != nil:
+			path := strings.ReplaceAll(v.HostPath.Path, NodeNamePlaceholder, pod.Spec.NodeName)
+			if !strings.HasPrefix(path, p.r.clusterDir+"/") {
+				path = filepath.Join(p.nodeDir, path)
+			}
+			if err := hostPathReady(path, v.HostPath.Type); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			out[v.Name] = path
+		case v.Secret != nil:
+			s, err := p.r.admin.CoreV1().Secrets(pod.Namespace).Get(ctx, v.Secret.SecretName, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			dir, err := writeFiles(filepath.Join(bundle, "volumes", v.Name), s.Data, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			out[v.Name] = dir
+		case v.ConfigMap != nil:
+			cm, err := p.r.admin.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, v.ConfigMap.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			dir, err := writeFiles(filepath.Join(bundle, "volumes", v.Name), cm.BinaryData, cm.Data)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			out[v.Name] = dir
+		case v.EmptyDir != nil:
+			dir := filepath.Join(bundle, "volumes", v.Name)
+			if err := os.MkdirAll(dir, 0o777); err != nil {
+				return nil, err
+			}
+			out[v.Name] = dir
+		default:
+			return nil, fmt.Errorf("%s: only hostPath, secret, configMap and emptyDir volumes are run by devcluster", where)
+		}
+	}
+	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
+		tok, err := p.r.admin.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(componentTokenLifetime.Seconds())),
+				BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s: token of ServiceAccount %q: %w", pod.Namespace, pod.Name, pod.Spec.ServiceAccountName, err)
+		}
+		dir, err := writeFiles(filepath.Join(bundle, "volumes", serviceAccountVolume), map[string][]byte{
+			"token": []byte(tok.Status.Token), "ca.crt": p.r.caPEM, "namespace": []byte(pod.Namespace)}, nil)
+		if err != nil {
+			return nil, err
+		}
+		out[serviceAccountVolume] = dir
+	}
+	return out, nil
+}
+
+// hostPathReady checks or creates a hostPath as its type asks.
+func hostPathReady(path string, typ *v1.HostPathType) error {
+	t := v1.HostPathUnset
+	if typ != nil {
+		t = *typ
+	}
+	st, err := os.Stat(path)
+	switch t {
+	case v1.HostPathDirectoryOrCreate:
+		if err != nil {
+			return os.MkdirAll(path, 0o755)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("hostPath %s is not a directory", path)
+		}
+	case v1.HostPathDirectory:
+		if err != nil || !st.IsDir() {
+			return fmt.Errorf("hostPath %s: type Directory, and no directory is there", path)
+		}
+	case v1.HostPathFileOrCreate:
+		if err != nil {
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(path, nil, 0o644)
+		}
+	case v1.HostPathFile, v1.HostPathSocket:
+		if err != nil {
+			return fmt.Errorf("hostPath %s: type %s, and nothing is there", path, t)
+		}
+	case v1.HostPathUnset:
+		// Mounted as it is; runc creates a missing one.
+	default:
+		return fmt.Errorf("hostPath %s: type %s is not run by devcluster", path, t)
+	}
+	return nil
+}
+
+// writeFiles writes a secret's or config map's keys as files of dir.
+func writeFiles(dir string, data map[string][]byte, text map[string]string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(k)), v, 0o644); err != nil { //nolint:gosec // world-readable as a secret volume's default 0644
+			return "", err
+		}
+	}
+	for k, v := range text {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(k)), []byte(v), 0o644); err != nil { //nolint:gosec // as above
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// overlayRootfs mounts the image's root as the container's: an overlay
+// whose lower layer is the unpacked image (shared, never written) and
+// whose upper layer is the container's own, as containerd's snapshotter
+// does.
+func overlayRootfs(image, bundle string) (string, error) {
+	rootfs, upper, work := filepath.Join(bundle, "rootfs"), filepath.Join(bundle, "upper"), filepath.Join(bundle, "work")
+	for _, d := range []string{rootfs, upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, "lowerdir="+image+",upperdir="+upper+",workdir="+work); err != nil {
+		return "", fmt.Errorf("mount the image's root: %w", err)
+	}
+	return rootfs, nil
+}
