@@ -107,4 +107,3 @@ func closeWrite(c net.Conn) {
 
 // netnsOf is the network namespace of a process.
 func netnsOf(pid int) string { return fmt.Sprintf("/proc/%d/ns/net", pid) }
-

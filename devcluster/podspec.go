@@ -97,7 +97,7 @@ func imageContainerSpec(in imageContainer) (*oci.Spec, error) {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", map[bool]string{true: "rw", false: "ro"}[privileged]}},
 		},
 		Linux: &oci.Linux{
-			Namespaces: []oci.LinuxNamespace{{Type: oci.MountNamespace}, {Type: oci.IPCNamespace}, {Type: oci.UTSNamespace}},
+			Namespaces:  []oci.LinuxNamespace{{Type: oci.MountNamespace}, {Type: oci.IPCNamespace}, {Type: oci.UTSNamespace}},
 			CgroupsPath: in.Cgroup,
 			// Privileged: every device; else the default deny (runc adds
 			// null, zero, random, tty and the like).

@@ -113,8 +113,10 @@ func TestImageContainerSpec(t *testing.T) {
 			assert.NotContains(t, s.Process.Capabilities.Bounding, "CAP_CHOWN")
 		},
 	}, {
-		name:    "runAsNonRoot as root is refused",
-		edit:    func(p *v1.Pod) { p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(int64(0))} },
+		name: "runAsNonRoot as root is refused",
+		edit: func(p *v1.Pod) {
+			p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(int64(0))}
+		},
 		wantErr: "pod gpudra-system/gpudra-kubelet-plugin-n0 container plugin: securityContext: runAsNonRoot",
 	}, {
 		name:    "a mount of a volume the pod lacks",
