@@ -161,7 +161,8 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		// Webhooks reached by their Service's endpoints (the chart's
 		// configurations name the Service), as no kube-proxy runs.
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--enable-aggregator-routing=true")
-		opts.Chart.Values = append(slices.Clone(opts.Chart.Values), imagePodValues(c.Dir)...)
+		// The caller's values last: a test may override image mode's.
+		opts.Chart.Values = append(imagePodValues(c.Dir), opts.Chart.Values...)
 	}
 	if c.apiServer, err = startAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)

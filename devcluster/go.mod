@@ -7,6 +7,7 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/google/cadvisor/lib v0.60.5
+	github.com/google/go-containerregistry v0.22.1
 	github.com/gpudra/gpudra v0.0.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/stretchr/testify v1.12.1
@@ -32,7 +33,6 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.4-0 // indirect
 	github.com/NVIDIA/nvidia-container-toolkit v1.20.1 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
-	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/moby/sys/devices v0.1.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect

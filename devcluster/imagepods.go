@@ -347,7 +347,11 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 				if now.Sub(started) < time.Duration(pr.InitialDelaySeconds)*time.Second {
 					ready = false
 				} else {
-					ready = p.probe(ctx, pr) == nil
+					err := p.probe(ctx, pr)
+					if err != nil {
+						klog.FromContext(ctx).V(2).Info("Readiness probe failed", "err", err)
+					}
+					ready = err == nil
 					nextReady = now.Add(probePeriod(pr))
 				}
 			}
@@ -358,6 +362,7 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 		if pr := c.LivenessProbe; pr != nil && now.After(nextLive) && now.Sub(started) >= time.Duration(pr.InitialDelaySeconds)*time.Second {
 			nextLive = now.Add(probePeriod(pr))
 			if err := p.probe(ctx, pr); err != nil {
+				klog.FromContext(ctx).Info("Liveness probe failed", "err", err, "failures", liveFailures+1)
 				liveFailures++
 				if liveFailures >= int(max(pr.FailureThreshold, 1)) {
 					return fmt.Errorf("liveness probe failed %d times: %w", liveFailures, err)
@@ -701,4 +706,35 @@ func overlayRootfs(image, bundle string) (string, error) {
 		return "", fmt.Errorf("mount the image's root: %w", err)
 	}
 	return rootfs, nil
+}
+
+// ImagePodProcess is the host PID of the container of a pod run from the
+// image, and its log (every start of it): for tests, which read what runs.
+func (c *Cluster) ImagePodProcess(namespace, name string) (pid int, logPath string, err error) {
+	if c.image == nil {
+		return 0, "", errors.New("devcluster runs no pods from the image (ImageOptions)")
+	}
+	c.image.mu.Lock()
+	p := c.image.pods[namespace+"/"+name]
+	c.image.mu.Unlock()
+	if p == nil {
+		return 0, "", fmt.Errorf("no pod %s/%s runs from the image", namespace, name)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid, p.logPath(), nil
+}
+
+// ImageLogs are the logs of every pod run from the image, by pod.
+func (c *Cluster) ImageLogs() map[string]string {
+	out := map[string]string{}
+	if c.image == nil {
+		return out
+	}
+	c.image.mu.Lock()
+	defer c.image.mu.Unlock()
+	for k, p := range c.image.pods {
+		out[k] = p.logPath()
+	}
+	return out
 }
