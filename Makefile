@@ -41,7 +41,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -52,7 +52,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e
+test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image
 # Under make test the browser tests fail, not skip, without a browser.
 test: export GPUDRA_REQUIRE_BROWSER := 1
 
@@ -89,6 +89,16 @@ test-e2e: devcluster helm probe $(RUNC)
 	@# The shipped XID alert over what a devcluster node really exported
 	@# before and after an XID on a GPU a pod holds (TestTelemetryPerPod).
 	cd hack/promrules && GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -run '^TestXIDAlertOverDevclusterScrapes$$' .
+
+# devcluster's image mode (issue 38): the chart's plugin and controller
+# pods run from an image layout in runc serve the examples, the webhook and
+# the gangs; broken values crash-loop with their reason. Standalone it runs
+# a fresh make image; make test runs test-image's first build.
+IMAGE_E2E_LAYOUT ?=
+test: IMAGE_E2E_LAYOUT = $(abspath $(BIN))/image-check-a/oci
+test-e2e-image: helm $(RUNC)
+	@layout=$(IMAGE_E2E_LAYOUT); if [ -z "$$layout" ]; then $(MAKE) --no-print-directory image && layout=$(IMAGE_DIR)/oci; fi; \
+	  cd devcluster && HELM=$(HELM) RUNC=$(RUNC) GPUDRA_IMAGE_LAYOUT=$$layout GPUDRA_REQUIRE_IMAGE_E2E=1 CGO_ENABLED=0 $(GO) test -count=1 -timeout 20m ./e2e/image/
 
 # The Helm chart: lint and render with default and non-default values. The
 # e2e suite installs it into devcluster and checks that wrong values fail.
@@ -162,6 +172,16 @@ bench:
 # running for kubectl.
 demo: devcluster helm probe $(RUNC)
 	$(BIN)/devcluster --examples examples --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
+
+# The demo with the chart's own kubelet plugin DaemonSet pod and controller
+# Deployment pods run from make image's OCI layout in runc, as the chart
+# renders them (devcluster's image mode, docs/devcluster.md; root): three
+# DGX H100 nodes with MIG off and the examples that image mode runs (not
+# MIG, MPS, the fractional node or Grove: docs/devcluster.md says why).
+DEMO_IMAGE_EXAMPLES := single-gpu nvlink-pair prioritized-list shared-claim cel-selector time-slicing gang/plain-pods.yaml reservation
+demo-image: devcluster helm probe $(RUNC) image
+	$(BIN)/devcluster --image $(IMAGE_DIR)/oci --machines dgx-h100-nomig,dgx-h100-nomig,dgx-h100-nomig --fractional-node=false --grove=false \
+		--examples examples $(foreach e,$(DEMO_IMAGE_EXAMPLES),--example $(e)) --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
 
 devcluster:
 	@mkdir -p $(BIN)

@@ -148,6 +148,9 @@ type imagePod struct {
 	id       string
 	restarts int32
 	lastExit string
+	// apiListener is the API server's address in the container's network
+	// namespace.
+	apiListener net.Listener
 }
 
 // runPod creates the pod (as its controller would) and runs it until ctx
@@ -305,14 +308,15 @@ func (p *imagePod) start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("the API server's address in the pod: %w", err)
 		}
+		// Closed with the container (kill), or the socket would keep its
+		// namespace alive after it.
+		p.mu.Lock()
+		p.apiListener = l
+		p.mu.Unlock()
 		go forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", r.apiAddr)
 		})
-		go func() {
-			<-ctx.Done()
-			_ = l.Close()
-		}()
 		if p.onStart != nil {
 			p.onStart(netns)
 		}
@@ -470,8 +474,12 @@ func (p *imagePod) state(ctx context.Context) (int, string, error) {
 // kill deletes the container, unmounts its root and removes its bundle.
 func (p *imagePod) kill() {
 	p.mu.Lock()
-	id := p.id
+	id, l := p.id, p.apiListener
+	p.apiListener = nil
 	p.mu.Unlock()
+	if l != nil {
+		_ = l.Close()
+	}
 	if id == "" {
 		return
 	}

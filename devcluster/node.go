@@ -338,6 +338,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		if opts.Mode != ModeDRA {
 			return nil, fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
 		}
+		// The chart sets these for every node (one DaemonSet): a node
+		// cannot have its own in image mode.
+		if opts.FractionalGPUs || opts.MigDevices != nil || opts.UnhealthyTaintEffect != "" {
+			return nil, fmt.Errorf("node %s: FractionalGPUs, MigDevices and UnhealthyTaintEffect are the chart's values for every node in image mode (kubeletPlugin.fractionalGPUs, .migDevices, .unhealthyTaintEffect)", opts.Name)
+		}
 		n.fromImage = true
 		if err := c.runPluginPod(nodeCtx, n); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)

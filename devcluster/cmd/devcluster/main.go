@@ -161,7 +161,9 @@ func run(ctx context.Context, o options) error {
 		}
 		step("node %s: simulated %s, gpudra kubelet plugin registered and its ResourceSlices published", name, machine)
 	}
-	if o.fractional {
+	if o.fractional && image != nil {
+		step("no fractional node: in image mode --fractional-gpus is the chart's value for every node (kubeletPlugin.fractionalGPUs)")
+	} else if o.fractional {
 		n, err := c.AddNode(ctx, devcluster.FractionalNode("h100-fractional-0", filepath.Join(o.examples, "machines", "one-h100.yaml")))
 		if err != nil {
 			return err
