@@ -3,9 +3,10 @@
 // controller, the garbage collector and the device-taint eviction
 // controller) with simulated H100 nodes, each running the real gpudra
 // kubelet plugin and a kubelet built on the kubelet's own DRA manager. It
-// backs `make demo` and the end-to-end suite. No container runs, except
-// the MPS server pods: the kubelet runs their server in-process
-// (processpods.go).
+// backs `make demo` and the end-to-end suite. Pods' containers run in runc
+// where it can (runtime.go); the plugin and the controller run in this
+// process, or, in image mode (Options.Image), as the chart's own pods from
+// make image's layout (imagepods.go, imagechart.go).
 package devcluster
 
 import (

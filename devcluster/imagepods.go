@@ -504,11 +504,7 @@ func (p *imagePod) logTail() string {
 			b = b[i+j+1:]
 		}
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return strings.Join(lines, "\n")
+	return lastLines(string(b), 5)
 }
 
 // report writes the pod's status as a kubelet would: Running with its

@@ -2,7 +2,6 @@ package devcluster
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -273,7 +272,7 @@ func parseImageUser(user string) (uint32, uint32, error) {
 // add.
 func containerCapabilities(sc *v1.SecurityContext, privileged bool) []string {
 	if privileged {
-		return boundingCapabilities()
+		return privilegedCapabilities()
 	}
 	caps := slices.Clone(defaultCapabilities)
 	if sc.Capabilities == nil {
@@ -301,39 +300,3 @@ func capName(c v1.Capability) string {
 	}
 	return s
 }
-
-// boundingCapabilities are what a privileged container gets: every
-// capability this process may hand on (its bounding set), as containerd
-// gives a privileged container every capability it has itself.
-func boundingCapabilities() []string {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return allCapabilities
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		hex, ok := strings.CutPrefix(line, "CapBnd:")
-		if !ok {
-			continue
-		}
-		mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-		if err != nil {
-			return allCapabilities
-		}
-		var caps []string
-		for bit, name := range allCapabilities {
-			if mask&(1<<bit) != 0 {
-				caps = append(caps, name)
-			}
-		}
-		return caps
-	}
-	return allCapabilities
-}
-
-// allCapabilities are Linux's, in bit order (CAP_CHOWN is bit 0).
-var allCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
-	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN",
-	"CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
-	"CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG",
-	"CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
-	"CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"}
