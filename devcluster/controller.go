@@ -172,6 +172,9 @@ func (c *Cluster) waitGangPathDecided(ctx context.Context) error {
 
 // StartController starts one more replica under the given name.
 func (c *Cluster) StartController(name string) (*Controller, error) {
+	if c.image != nil {
+		return nil, errors.New("image mode: the controller is the chart's Deployment, run from the image; no replica runs in this process")
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("webhook listener: %w", err)
@@ -240,6 +243,9 @@ func (c *Cluster) StopController(r *Controller) error {
 // (auto, gates or off), as a chart upgrade that changes gangs.mode rolls
 // the Deployment, and waits until the new ones serve the webhook.
 func (c *Cluster) SetGangMode(ctx context.Context, mode string) error {
+	if c.image != nil {
+		return errors.New("image mode: the gang mode is the chart's gangs.mode value")
+	}
 	old := c.Controllers()
 	c.gpudra.mu.Lock()
 	c.gpudra.gangMode = mode

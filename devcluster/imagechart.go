@@ -158,11 +158,16 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 		}()
 		r := &Controller{Name: name, Addr: "pod " + name, cancel: p.cancel, done: done, isReady: p.ready.Load,
 			dial: func(ctx context.Context) (net.Conn, error) {
-				ns, _ := netns.Load().(string)
-				if ns == "" {
+				ns, started := netns.Load().(string)
+				addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(webhookPort))
+				switch {
+				case !started:
 					return nil, errors.New("not started")
+				case ns == "": // hostNetwork
+					var d net.Dialer
+					return d.DialContext(ctx, "tcp", addr)
 				}
-				return dialInNetns(ctx, ns, net.JoinHostPort("127.0.0.1", strconv.Itoa(webhookPort)))
+				return dialInNetns(ctx, ns, addr)
 			}}
 		c.gpudra.mu.Lock()
 		c.gpudra.replicas = append(c.gpudra.replicas, r)

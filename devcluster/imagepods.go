@@ -148,9 +148,13 @@ type imagePod struct {
 	id       string
 	restarts int32
 	lastExit string
+	// lastFinished is when the container last ended.
+	lastFinished time.Time
 	// apiListener is the API server's address in the container's network
-	// namespace.
-	apiListener net.Listener
+	// namespace; cancelContainer ends what serves the container (its
+	// forwarder).
+	apiListener     net.Listener
+	cancelContainer context.CancelFunc
 }
 
 // runPod creates the pod (as its controller would) and runs it until ctx
@@ -205,31 +209,49 @@ func (r *imageRunner) stopAll() {
 	}
 }
 
-// run is the pod's kubelet: start the container, probe it, restart it
-// when it ends or its liveness probe fails (back-off 1 s doubling to
-// 10 s), report its status, until ctx ends.
+// run is the pod's kubelet: set the container up, start it, probe it,
+// restart it when it ends or its liveness probe fails (back-off 1 s
+// doubling to 10 s), report its status, until ctx ends or the pod is
+// deleted. A container that could not be set up (a volume, its spec) is
+// waiting in ContainerCreating and was never started: no restart counts.
 func (p *imagePod) run(ctx context.Context) {
 	defer close(p.done)
+	defer p.removePodDir()
 	logger := klog.FromContext(ctx)
 	backoff := time.Second
 	for ctx.Err() == nil {
+		cctx, cancel := context.WithCancel(ctx)
+		p.mu.Lock()
+		p.cancelContainer = cancel
+		p.mu.Unlock()
 		started := time.Now()
-		err := p.start(ctx)
-		if err == nil {
-			p.report(ctx, "")
-			err = p.watch(ctx, started)
+		err := p.start(cctx)
+		var setup *setupError
+		switch {
+		case errors.As(err, &setup):
+			logger.Info("Container of a pod run from the image cannot be set up", "err", err, "retryIn", backoff)
+			p.report(ctx, podState{waiting: "ContainerCreating", message: err.Error()})
+		case err == nil:
+			p.report(ctx, podState{startedAt: started})
+			err = p.watch(cctx, started)
 		}
 		p.ready.Store(false)
 		p.kill()
+		if errors.Is(err, errPodDeleted) {
+			p.confirmDeletion(ctx)
+			return
+		}
 		if ctx.Err() != nil {
 			break
 		}
-		p.mu.Lock()
-		p.restarts++
-		p.lastExit = err.Error()
-		p.mu.Unlock()
-		logger.Info("Container of a pod run from the image ended; restarting", "err", err, "backoff", backoff)
-		p.report(ctx, err.Error())
+		if setup == nil {
+			p.mu.Lock()
+			p.restarts++
+			p.lastExit = err.Error()
+			p.mu.Unlock()
+			logger.Info("Container of a pod run from the image ended; restarting", "err", err, "backoff", backoff)
+			p.report(ctx, podState{waiting: "CrashLoopBackOff", message: err.Error(), finishedAt: time.Now()})
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
@@ -238,6 +260,37 @@ func (p *imagePod) run(ctx context.Context) {
 	}
 	p.kill()
 }
+
+// setupError is a failure before the container exists (a volume, the
+// spec): the kubelet's ContainerCreating, not a crash.
+type setupError struct{ err error }
+
+func (e *setupError) Error() string { return e.err.Error() }
+func (e *setupError) Unwrap() error { return e.err }
+
+// errPodDeleted ends a pod whose object is being deleted.
+var errPodDeleted = errors.New("pod deleted")
+
+// confirmDeletion removes the pod's object once its container is gone, as
+// the kubelet does (devcluster does not recreate it, as a DaemonSet or a
+// ReplicaSet would).
+func (p *imagePod) confirmDeletion(ctx context.Context) {
+	err := p.r.admin.CoreV1().Pods(p.pod.Namespace).Delete(ctx, p.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)),
+		Preconditions: &metav1.Preconditions{UID: &p.pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		klog.FromContext(ctx).Error(err, "Confirm the deletion of a pod run from the image")
+	}
+	p.r.mu.Lock()
+	if p.r.pods[p.pod.Namespace+"/"+p.pod.Name] == p {
+		delete(p.r.pods, p.pod.Namespace+"/"+p.pod.Name)
+	}
+	p.r.mu.Unlock()
+}
+
+// podDir holds what lives as long as the pod: its emptyDir volumes.
+func (p *imagePod) podDir() string { return filepath.Join(p.r.root, "pods", string(p.pod.UID)) }
+
+func (p *imagePod) removePodDir() { _ = os.RemoveAll(p.podDir()) }
 
 // start prepares the volumes and the spec, creates the container, opens
 // the API server's address inside its network namespace and starts it.
@@ -257,11 +310,11 @@ func (p *imagePod) start(ctx context.Context) error {
 	bundle := filepath.Join(r.root, "bundles", id)
 	volumes, err := p.volumes(ctx, bundle)
 	if err != nil {
-		return err
+		return &setupError{err}
 	}
 	rootfs, err := overlayRootfs(r.img.Rootfs, bundle)
 	if err != nil {
-		return err
+		return &setupError{err}
 	}
 	host, port, _ := net.SplitHostPort(r.apiAddr)
 	in := imageContainer{Pod: pod, Container: c, Rootfs: rootfs, ImageEnv: r.img.Config.Env, ImageUser: r.img.Config.User,
@@ -273,7 +326,7 @@ func (p *imagePod) start(ctx context.Context) error {
 	}
 	spec, err := imageContainerSpec(in)
 	if err != nil {
-		return err
+		return &setupError{err}
 	}
 	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
@@ -320,6 +373,8 @@ func (p *imagePod) start(ctx context.Context) error {
 		if p.onStart != nil {
 			p.onStart(netns)
 		}
+	} else if p.onStart != nil {
+		p.onStart("") // the host's network: dialled as it is
 	}
 	if out, err := exec.CommandContext(ctx, r.runc, "--root", filepath.Join(r.root, "state"), "start", id).CombinedOutput(); err != nil {
 		return fmt.Errorf("runc start: %w: %s", err, bytes.TrimSpace(out))
@@ -333,8 +388,8 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 	c := &p.pod.Spec.Containers[0]
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var nextLive, nextReady time.Time
-	liveFailures := 0
+	var nextLive, nextReady, nextLook time.Time
+	liveFailures, readyFailures, readySuccesses := 0, 0, 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -345,22 +400,40 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 			return fmt.Errorf("container exited (%s): %s", status, p.logTail())
 		}
 		now := time.Now()
+		// Deleted (kubectl delete pod): the container goes, then the
+		// object. Asked every 5 s: a handful of pods, not a watch's worth.
+		if now.After(nextLook) {
+			nextLook = now.Add(5 * time.Second)
+			cur, err := p.r.admin.CoreV1().Pods(p.pod.Namespace).Get(ctx, p.pod.Name, metav1.GetOptions{})
+			if (err == nil && (cur.UID != p.pod.UID || cur.DeletionTimestamp != nil)) || apierrors.IsNotFound(err) {
+				return errPodDeleted
+			}
+		}
 		if pr := c.ReadinessProbe; now.After(nextReady) {
 			ready := true
 			if pr != nil {
-				if now.Sub(started) < time.Duration(pr.InitialDelaySeconds)*time.Second {
-					ready = false
-				} else {
-					err := p.probe(ctx, pr)
-					if err != nil {
-						klog.FromContext(ctx).V(2).Info("Readiness probe failed", "err", err)
-					}
-					ready = err == nil
+				ready = p.ready.Load()
+				if now.Sub(started) >= time.Duration(pr.InitialDelaySeconds)*time.Second {
 					nextReady = now.Add(probePeriod(pr))
+					// Ready after successThreshold successes in a row,
+					// unready after failureThreshold failures, as the
+					// kubelet's prober counts.
+					if err := p.probe(ctx, pr); err != nil {
+						klog.FromContext(ctx).V(2).Info("Readiness probe failed", "err", err)
+						readySuccesses, readyFailures = 0, readyFailures+1
+						if readyFailures >= int(max(pr.FailureThreshold, 1)) {
+							ready = false
+						}
+					} else {
+						readySuccesses, readyFailures = readySuccesses+1, 0
+						if readySuccesses >= int(max(pr.SuccessThreshold, 1)) {
+							ready = true
+						}
+					}
 				}
 			}
 			if p.ready.Swap(ready) != ready {
-				p.report(ctx, "")
+				p.report(ctx, podState{startedAt: started})
 			}
 		}
 		if pr := c.LivenessProbe; pr != nil && now.After(nextLive) && now.Sub(started) >= time.Duration(pr.InitialDelaySeconds)*time.Second {
@@ -392,8 +465,14 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 	p.mu.Lock()
 	netns := netnsOf(p.pid)
 	p.mu.Unlock()
+	dial := func(ctx context.Context, addr string) (net.Conn, error) { return dialInNetns(ctx, netns, addr) }
 	if p.pod.Spec.HostNetwork {
-		netns = "/proc/self/ns/net"
+		// The host's network, which this process is in; no thread of it
+		// is entered (one may be parked in a pod's namespace).
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
 	}
 	timeout := time.Duration(max(pr.TimeoutSeconds, 1)) * time.Second
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -405,7 +484,10 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 			return err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialInNetns(ctx, netns, addr) }}
+		// As the kubelet's prober: HTTPS without verifying the
+		// certificate.
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, addr) },
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // as the kubelet probes
 		defer tr.CloseIdleConnections()
 		scheme := strings.ToLower(string(pr.HTTPGet.Scheme))
 		if scheme == "" {
@@ -429,7 +511,7 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 		if err != nil {
 			return err
 		}
-		conn, err := dialInNetns(ctx, netns, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		conn, err := dial(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			return err
 		}
@@ -474,9 +556,12 @@ func (p *imagePod) state(ctx context.Context) (int, string, error) {
 // kill deletes the container, unmounts its root and removes its bundle.
 func (p *imagePod) kill() {
 	p.mu.Lock()
-	id, l := p.id, p.apiListener
-	p.apiListener = nil
+	id, l, cancel := p.id, p.apiListener, p.cancelContainer
+	p.apiListener, p.cancelContainer = nil, nil
 	p.mu.Unlock()
+	if cancel != nil {
+		cancel() // the container's forwarder
+	}
 	if l != nil {
 		_ = l.Close()
 	}
@@ -485,7 +570,12 @@ func (p *imagePod) kill() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = exec.CommandContext(ctx, p.r.runc, "--root", filepath.Join(p.r.root, "state"), "delete", "--force", id).Run()
+	if out, err := exec.CommandContext(ctx, p.r.runc, "--root", filepath.Join(p.r.root, "state"), "delete", "--force", id).CombinedOutput(); err != nil &&
+		!strings.Contains(string(out), "does not exist") {
+		// Its root and bundle stay: the container may still run on them.
+		klog.Background().Error(err, "runc delete", "container", id, "output", strings.TrimSpace(string(out)))
+		return
+	}
 	bundle := filepath.Join(p.r.root, "bundles", id)
 	_ = unix.Unmount(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH)
 	_ = os.RemoveAll(bundle)
@@ -507,25 +597,46 @@ func (p *imagePod) logTail() string {
 	return lastLines(string(b), 5)
 }
 
+// podState is what report says of the container: running since
+// startedAt, or waiting (ContainerCreating, CrashLoopBackOff) with a
+// message; finishedAt is when it last ended.
+type podState struct {
+	waiting, message      string
+	startedAt, finishedAt time.Time
+}
+
 // report writes the pod's status as a kubelet would: Running with its
-// container running and ready (or not), or the container waiting in
-// CrashLoopBackOff with the end of its output.
-func (p *imagePod) report(ctx context.Context, crashed string) {
+// container running and ready (or not); Pending while its first container
+// cannot be set up; the container waiting in CrashLoopBackOff with the end
+// of its output once it ended.
+func (p *imagePod) report(ctx context.Context, st podState) {
 	p.mu.Lock()
-	restarts, lastExit, id := p.restarts, p.lastExit, p.id
+	if !st.finishedAt.IsZero() {
+		p.lastFinished = st.finishedAt
+	}
+	restarts, lastExit, lastFinished, id := p.restarts, p.lastExit, p.lastFinished, p.id
 	p.mu.Unlock()
-	ready := p.ready.Load()
+	running := st.waiting == ""
+	ready := p.ready.Load() && running
 	c := p.pod.Spec.Containers[0]
 	now := metav1.Now()
-	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: "sha256:" + p.r.img.Digest.Hex, ContainerID: "runc://" + id,
-		Ready: ready && crashed == "", RestartCount: restarts, Started: ptr.To(crashed == "")}
-	if crashed != "" {
-		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: crashed}
+	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: "sha256:" + p.r.img.Digest.Hex,
+		Ready: ready, RestartCount: restarts, Started: ptr.To(running)}
+	if running || restarts > 0 {
+		cs.ContainerID = "runc://" + id
+	}
+	if running {
+		cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(st.startedAt)}
 	} else {
-		cs.State.Running = &v1.ContainerStateRunning{StartedAt: now}
+		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: st.waiting, Message: st.message}
 	}
 	if lastExit != "" {
-		cs.LastTerminationState.Terminated = &v1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: lastExit, FinishedAt: now}
+		// The exit code is not known here (runc state does not keep it).
+		cs.LastTerminationState.Terminated = &v1.ContainerStateTerminated{Reason: "Error", Message: lastExit, FinishedAt: metav1.NewTime(lastFinished)}
+	}
+	phase := v1.PodRunning
+	if !running && restarts == 0 {
+		phase = v1.PodPending
 	}
 	cond := func(t v1.PodConditionType, ok bool) v1.PodCondition {
 		s := v1.ConditionFalse
@@ -539,9 +650,12 @@ func (p *imagePod) report(ctx context.Context, crashed string) {
 		if err != nil {
 			return err
 		}
-		cur.Status = v1.PodStatus{Phase: v1.PodRunning, StartTime: cur.Status.StartTime,
+		if cur.UID != p.pod.UID {
+			return nil // another pod of that name now
+		}
+		cur.Status = v1.PodStatus{Phase: phase, StartTime: cur.Status.StartTime,
 			Conditions: []v1.PodCondition{cond(v1.PodScheduled, true), cond(v1.PodInitialized, true),
-				cond(v1.ContainersReady, cs.Ready), cond(v1.PodReady, cs.Ready)},
+				cond(v1.ContainersReady, ready), cond(v1.PodReady, ready)},
 			ContainerStatuses: []v1.ContainerStatus{cs}, QOSClass: cur.Status.QOSClass}
 		if cur.Status.StartTime == nil {
 			cur.Status.StartTime = &now
@@ -549,7 +663,7 @@ func (p *imagePod) report(ctx context.Context, crashed string) {
 		_, err = p.r.admin.CoreV1().Pods(p.pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
 		klog.FromContext(ctx).Error(err, "Pod status")
 	}
 }
@@ -613,7 +727,8 @@ func (p *imagePod) volumes(ctx context.Context, bundle string) (map[string]strin
 			}
 			out[v.Name] = dir
 		case v.EmptyDir != nil:
-			dir := filepath.Join(bundle, "volumes", v.Name)
+			// The pod's, kept across its container's restarts.
+			dir := filepath.Join(p.podDir(), "volumes", v.Name)
 			if err := os.MkdirAll(dir, 0o777); err != nil {
 				return nil, err
 			}
@@ -670,7 +785,7 @@ func hostPathReady(path string, typ *v1.HostPathType) error {
 			return fmt.Errorf("hostPath %s: type %s, and nothing is there", path, t)
 		}
 	case v1.HostPathUnset:
-		// Mounted as it is; runc creates a missing one.
+		// Mounted as it is; a missing one fails runc create.
 	default:
 		return fmt.Errorf("hostPath %s: type %s is not run by devcluster", path, t)
 	}

@@ -307,6 +307,11 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		return err
 	}
 
+	if pod.Annotations[ImagePodAnnotation] != "" {
+		// The image runner's (imagepods.go), its deletion too: it confirms
+		// one once the container is gone.
+		return nil
+	}
 	if pod.DeletionTimestamp != nil {
 		// The pod is stopping: stop its process if it has one, unprepare,
 		// then confirm the deletion as the kubelet does once the
@@ -327,9 +332,6 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	}
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return nil
-	}
-	if pod.Annotations[ImagePodAnnotation] != "" {
-		return nil // the image runner's (imagepods.go)
 	}
 	if inProcessPod(pod) {
 		if pod.Status.Phase == v1.PodRunning {

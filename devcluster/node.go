@@ -220,6 +220,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	default:
 		return nil, fmt.Errorf("node %s: unknown mode %q, want %s or %s", opts.Name, opts.Mode, ModeDRA, ModeDevicePlugin)
 	}
+	if c.image != nil {
+		if err := imageModeNode(opts); err != nil {
+			return nil, err
+		}
+	}
 	c.mu.Lock()
 	if _, dup := c.nodes[opts.Name]; dup {
 		c.mu.Unlock()
@@ -335,14 +340,6 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if c.image != nil {
 		// The chart's own plugin pod, from the image, in place of the
 		// in-process plugin and its metrics pod.
-		if opts.Mode != ModeDRA {
-			return nil, fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
-		}
-		// The chart sets these for every node (one DaemonSet): a node
-		// cannot have its own in image mode.
-		if opts.FractionalGPUs || opts.MigDevices != nil || opts.UnhealthyTaintEffect != "" {
-			return nil, fmt.Errorf("node %s: FractionalGPUs, MigDevices and UnhealthyTaintEffect are the chart's values for every node in image mode (kubeletPlugin.fractionalGPUs, .migDevices, .unhealthyTaintEffect)", opts.Name)
-		}
 		n.fromImage = true
 		if err := c.runPluginPod(nodeCtx, n); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
@@ -365,10 +362,29 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	return n, nil
 }
 
+// imageModeNode refuses, before anything is made for the node, what image
+// mode cannot give one node: the chart has one DaemonSet, in DRA mode, and
+// its values are every node's.
+func imageModeNode(opts NodeOptions) error {
+	if opts.Mode != ModeDRA {
+		return fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
+	}
+	if opts.Backend != nil {
+		return fmt.Errorf("node %s: image mode runs simulated machines only", opts.Name)
+	}
+	if opts.FractionalGPUs || opts.MigDevices != nil || opts.UnhealthyTaintEffect != "" {
+		return fmt.Errorf("node %s: FractionalGPUs, MigDevices and UnhealthyTaintEffect are the chart's values for every node in image mode (kubeletPlugin.fractionalGPUs, .migDevices, .unhealthyTaintEffect)", opts.Name)
+	}
+	return nil
+}
+
 // StartPlugin starts the node's kubelet plugin (again, after StopPlugin).
 func (n *Node) StartPlugin() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.fromImage {
+		return fmt.Errorf("node %s: its plugin is the chart's pod run from the image, not one of this process", n.Name)
+	}
 	if n.mode == ModeDevicePlugin {
 		return n.startDevicePluginLocked()
 	}

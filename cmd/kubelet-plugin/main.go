@@ -8,8 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -82,9 +80,10 @@ func newBackend(ctx context.Context, f *options, tools drivertools.Runner) (nvde
 			return nil, "", err
 		}
 		// A simulated driver (sim.WriteDriverRoot, as devcluster lays one
-		// out for each node) under --driver-root gives the machine its
-		// driver files, at --host-driver-root for the container runtime.
-		if _, err := os.Stat(filepath.Join(f.driverRoot, sim.LibDir)); err == nil {
+		// out for each node, marked as such) under --driver-root gives the
+		// machine its driver files, at --host-driver-root for the
+		// container runtime; a host's real driver never does.
+		if sim.IsSimulatedDriverRoot(f.driverRoot) {
 			m.SetDriverRoot(f.driverRoot)
 			return m, f.hostDriverRoot, nil
 		}

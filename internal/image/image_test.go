@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -650,6 +651,21 @@ func TestUnpackIsTheImage(t *testing.T) {
 		files := 0
 		for _, l := range layers {
 			for n, f := range layerFiles(t, l) {
+				if f.hdr.Typeflag == tar.TypeDir || f.hdr.Typeflag == tar.TypeReg {
+					// Owner and mode, special bits included (the image's
+					// /tmp is sticky, /home/nonroot is 65532's).
+					st, err := os.Lstat(filepath.Join(u.Rootfs, n))
+					if err != nil {
+						t.Errorf("%s: %v", ai.Arch, err)
+						continue
+					}
+					if want := f.hdr.FileInfo().Mode(); st.Mode() != want {
+						t.Errorf("%s: %s mode %v, layer %v", ai.Arch, n, st.Mode(), want)
+					}
+					if sys, ok := st.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && (int(sys.Uid) != f.hdr.Uid || int(sys.Gid) != f.hdr.Gid) {
+						t.Errorf("%s: %s owned by %d:%d, layer %d:%d", ai.Arch, n, sys.Uid, sys.Gid, f.hdr.Uid, f.hdr.Gid)
+					}
+				}
 				if f.hdr.Typeflag != tar.TypeReg {
 					continue
 				}
@@ -663,9 +679,6 @@ func TestUnpackIsTheImage(t *testing.T) {
 				if !bytes.Equal(got, f.data) {
 					t.Errorf("%s: %s differs from the layer's", ai.Arch, n)
 				}
-				if st, _ := os.Stat(p); st.Mode().Perm() != os.FileMode(f.hdr.Mode).Perm() {
-					t.Errorf("%s: %s mode %v, layer %v", ai.Arch, n, st.Mode().Perm(), os.FileMode(f.hdr.Mode).Perm())
-				}
 			}
 		}
 		if files == 0 {
@@ -674,5 +687,46 @@ func TestUnpackIsTheImage(t *testing.T) {
 	}
 	if _, err := Unpack(out.Layout, "riscv64", dest); err == nil || !strings.Contains(err.Error(), "no linux/riscv64 image") {
 		t.Errorf("an architecture the index lacks: %v", err)
+	}
+}
+
+// TestUntarStaysInRoot: a layer whose link points out of the root cannot
+// take a later entry's write with it.
+func TestUntarStaysInRoot(t *testing.T) {
+	outside := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		entries []tar.Header
+	}{
+		{"a symlink to an outside directory, then a file through it", []tar.Header{
+			{Name: "a", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "a/escaped", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1}}},
+		{"a relative symlink up and out", []tar.Header{
+			{Name: "b", Typeflag: tar.TypeSymlink, Linkname: "../../../../../../../.." + outside},
+			{Name: "b/escaped", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1}}},
+		{"a directory through a link", []tar.Header{
+			{Name: "c", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "c/escaped/", Typeflag: tar.TypeDir, Mode: 0o755}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, h := range tc.entries {
+				if err := tw.WriteHeader(&h); err != nil {
+					t.Fatal(err)
+				}
+				if h.Size > 0 {
+					_, _ = tw.Write([]byte("x"))
+				}
+			}
+			_ = tw.Close()
+			err := untar(&buf, t.TempDir())
+			if err == nil {
+				t.Error("untar followed a link out of the root without an error")
+			}
+			if _, err := os.Lstat(filepath.Join(outside, "escaped")); err == nil {
+				t.Fatalf("untar wrote %s, outside the root", filepath.Join(outside, "escaped"))
+			}
+		})
 	}
 }

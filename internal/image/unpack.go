@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -90,9 +91,17 @@ func findPlatform(idx v1.ImageIndex, arch string) (v1.Image, v1.Hash, error) {
 	return nil, v1.Hash{}, fmt.Errorf("no linux/%s image in the index", arch)
 }
 
-// untar writes a flattened image's files below root: directories, regular
-// files and links, with their modes; nothing may leave root.
+// untar writes a flattened image's files below root as the image has
+// them: directories, regular files and links, with their owners and modes
+// (setuid, setgid and sticky bits too). Every path is resolved inside root
+// (os.Root): no entry, nor a link an earlier entry made, takes a write out
+// of it.
 func untar(r io.Reader, root string) error {
+	rt, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -102,30 +111,25 @@ func untar(r io.Reader, root string) error {
 		if err != nil {
 			return err
 		}
-		name := filepath.Clean("/" + h.Name)
-		if name == "/" {
+		name := strings.TrimPrefix(path.Clean("/"+h.Name), "/")
+		if name == "" {
 			continue
 		}
-		target := filepath.Join(root, name)
-		if !strings.HasPrefix(target, root+string(filepath.Separator)) {
-			return fmt.Errorf("%q leaves the root", h.Name)
+		if dir := path.Dir(name); dir != "." {
+			if err := rt.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
 		}
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			return err
-		}
-		mode := os.FileMode(h.Mode).Perm()
+		mode := h.FileInfo().Mode()
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(target, mode); err != nil {
-				return err
-			}
-			if err := os.Chmod(target, mode); err != nil {
-				return err
+			if err := rt.MkdirAll(name, mode.Perm()); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
 			}
 		case tar.TypeReg:
-			f, err := os.OpenFile(target, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+			f, err := rt.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode.Perm())
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %w", h.Name, err)
 			}
 			if _, err := io.Copy(f, tr); err != nil { //nolint:gosec // the image is ours, built by make image
 				f.Close()
@@ -135,18 +139,30 @@ func untar(r io.Reader, root string) error {
 				return err
 			}
 		case tar.TypeSymlink:
-			_ = os.Remove(target)
-			if err := os.Symlink(h.Linkname, target); err != nil {
-				return err
+			_ = rt.Remove(name)
+			if err := rt.Symlink(h.Linkname, name); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
 			}
 		case tar.TypeLink:
-			src := filepath.Join(root, filepath.Clean("/"+h.Linkname))
-			_ = os.Remove(target)
-			if err := os.Link(src, target); err != nil {
-				return err
+			_ = rt.Remove(name)
+			if err := rt.Link(strings.TrimPrefix(path.Clean("/"+h.Linkname), "/"), name); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
 			}
 		default:
 			return fmt.Errorf("%s: unsupported entry type %q", h.Name, h.Typeflag)
+		}
+		// Owners only as root, who may give files away (a test as
+		// another user gets its own).
+		if os.Geteuid() == 0 {
+			if err := rt.Lchown(name, h.Uid, h.Gid); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
+		}
+		if h.Typeflag == tar.TypeDir || h.Typeflag == tar.TypeReg {
+			// After chown, which clears setuid and setgid.
+			if err := rt.Chmod(name, mode&(os.ModePerm|os.ModeSetuid|os.ModeSetgid|os.ModeSticky)); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
 		}
 	}
 }

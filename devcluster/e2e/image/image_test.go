@@ -111,6 +111,22 @@ func imageDigest(t *testing.T) string {
 	return ""
 }
 
+// rootReadOnly says whether the process's / is mounted read-only, from
+// its own mountinfo.
+func rootReadOnly(t *testing.T, pid int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 5 && f[4] == "/" {
+			return slices.Contains(strings.Split(f[5], ","), "ro")
+		}
+	}
+	t.Fatalf("/proc/%d/mountinfo has no /", pid)
+	return false
+}
+
 // procStatus reads a field of /proc/<pid>/status.
 func procStatus(t *testing.T, pid int, field string) string {
 	t.Helper()
@@ -197,7 +213,10 @@ func TestChartPodsRunFromImage(t *testing.T) {
 			switch component {
 			case "controller":
 				assert.Equal(t, "65532", procStatus(t, pid, "Uid"), "the controller runs as the chart's non-root user")
-				assert.Equal(t, "0000000000000000", procStatus(t, pid, "CapEff"), "the controller drops every capability")
+				// The bounding set: what drop ALL controls (a non-root
+				// process has no effective capability anyway).
+				assert.Equal(t, "0000000000000000", procStatus(t, pid, "CapBnd"), "the controller drops every capability")
+				assert.True(t, rootReadOnly(t, pid), "the controller's root is read-only (readOnlyRootFilesystem)")
 				assert.Equal(t, "1", procStatus(t, pid, "NoNewPrivs"))
 				// Compared with the parent (go test): this process's own
 				// threads may have entered pods' network namespaces.
@@ -211,6 +230,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 				}
 			case "kubelet-plugin":
 				assert.Equal(t, "0", procStatus(t, pid, "Uid"), "the plugin runs as root, privileged")
+				assert.False(t, rootReadOnly(t, pid), "the plugin's root is writable, as the chart leaves it")
 				assert.Equal(t, p.Name, "gpudra-kubelet-plugin-"+p.Spec.NodeName)
 			}
 		}
@@ -307,14 +327,16 @@ func deviceOf(t *testing.T, c *devcluster.Cluster, node, uuid string) string {
 
 // TestBrokenChartValueFailsFromImage: a chart value that breaks the
 // plugin's flag or mount shows where a user would see it, in the plugin
-// pod's status (CrashLoopBackOff, the reason in its message), and the
-// node's pool is never published; the suite above would fail on it.
+// pod's status, and the node's pool is never published; the suite above
+// would fail on it. A flag: the binary exits, the container crash-loops.
+// A mount: the container is never created (ContainerCreating, Pending).
 func TestBrokenChartValueFailsFromImage(t *testing.T) {
 	for _, tc := range []struct {
-		name, value, want string
+		name, value, reason, want string
+		restarts                  int32
 	}{
-		{"a flag: the simulated machine's file", "kubeletPlugin.simMachine=/driver-root/no-such-machine.yaml", "no-such-machine.yaml"},
-		{"a mount: the driver root", "kubeletPlugin.driverRoot=/no/such/driver", "volume driver-root: hostPath"},
+		{"a flag: the simulated machine's file", "kubeletPlugin.simMachine=/driver-root/no-such-machine.yaml", "CrashLoopBackOff", "no-such-machine.yaml", 2},
+		{"a mount: the driver root", "kubeletPlugin.driverRoot=/no/such/driver", "ContainerCreating", "volume driver-root: hostPath", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -322,18 +344,23 @@ func TestBrokenChartValueFailsFromImage(t *testing.T) {
 			_, err := c.AddNode(ctx, devcluster.NodeOptions{Name: "dgx-h100-0", Machine: "dgx-h100-nomig"})
 			require.NoError(t, err)
 			var last v1.ContainerStatus
+			var phase v1.PodPhase
 			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 				p, err := c.Client.CoreV1().Pods(devcluster.PluginNamespace).Get(ctx, "gpudra-kubelet-plugin-dgx-h100-0", metav1.GetOptions{})
 				if err != nil || len(p.Status.ContainerStatuses) == 0 {
 					return false, nil
 				}
-				last = p.Status.ContainerStatuses[0]
-				return last.State.Waiting != nil && last.RestartCount >= 2, nil
+				last, phase = p.Status.ContainerStatuses[0], p.Status.Phase
+				return last.State.Waiting != nil && last.RestartCount >= tc.restarts, nil
 			})
-			require.NoError(t, err, "the plugin pod crash-loops (last status %+v)", last)
-			assert.Equal(t, "CrashLoopBackOff", last.State.Waiting.Reason)
+			require.NoError(t, err, "the plugin pod's container waits (last status %+v)", last)
+			assert.Equal(t, tc.reason, last.State.Waiting.Reason)
 			assert.Contains(t, last.State.Waiting.Message, tc.want)
 			assert.False(t, last.Ready)
+			if tc.restarts == 0 {
+				assert.Equal(t, v1.PodPending, phase, "a container never created leaves its pod Pending")
+				assert.Zero(t, last.RestartCount)
+			}
 			rs, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 			require.NoError(t, err)
 			assert.Empty(t, rs.Items, "no pool is published")

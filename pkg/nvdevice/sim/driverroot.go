@@ -106,7 +106,23 @@ func WriteDriverRoot(dir, version string) error {
 			return err
 		}
 	}
+	if err := write(filepath.Join(dir, DriverRootMarker), 0o644); err != nil {
+		return err
+	}
 	return writeSocket(filepath.Join(dir, PersistencedSocket))
+}
+
+// DriverRootMarker is a file WriteDriverRoot leaves at the root of the
+// driver root it writes: what tells a simulated driver root from a host's
+// (IsSimulatedDriverRoot).
+const DriverRootMarker = ".gpudra-simulated-driver-root"
+
+// IsSimulatedDriverRoot says whether dir is a driver root WriteDriverRoot
+// wrote: the plugin's --backend sim then takes its driver files from it,
+// and never from a host's real driver.
+func IsSimulatedDriverRoot(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, DriverRootMarker))
+	return err == nil
 }
 
 // writeSocket leaves a unix socket at p, as nvidia-persistenced does; where
