@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,4 +172,28 @@ func fakeClient(objs ...runtime.Object) *fake.Clientset {
 		return false, nil, nil
 	})
 	return client
+}
+
+// TestSocketPathTooLong: a plugin directory whose sockets cannot be bound
+// (a unix socket path holds at most 107 bytes) is refused at Start, naming
+// the socket, its length and the value to change, before any directory,
+// checkpoint or CDI spec is written; 107 bytes fit.
+func TestSocketPathTooLong(t *testing.T) {
+	const podUID = "6597d34d-8d70-4a43-bb85-3ea5480d8121"
+	base, err := os.MkdirTemp("", "gpudra")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	// "dra-<uid>.sock" is 45 bytes, after the directory and a slash.
+	fitting := filepath.Join(base, strings.Repeat("d", maxSocketPath-len(base)-1-45-1))
+	require.Len(t, Config{PluginDataDir: fitting, RegistrarDir: base, PodUID: podUID}.socketPaths()[0], maxSocketPath)
+	require.NoError(t, socketPathsFit(Config{PluginDataDir: fitting, RegistrarDir: base, PodUID: podUID}.socketPaths()))
+
+	tooLong := fitting + "x"
+	e := newEnv(t)
+	_, err = Start(context.Background(), Config{NodeName: pool, Backend: e.machine, Client: fakeClient(),
+		RegistrarDir: filepath.Join(base, "reg"), PluginDataDir: tooLong, CDIDir: e.cdiDir, PodUID: podUID, BootID: "boot-1"}, func(error) {})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "dra-"+podUID+".sock is 108 bytes, over the 107")
+	assert.Contains(t, err.Error(), "kubeletPlugin.kubeletDir")
+	assert.NoDirExists(t, tooLong, "nothing was made for a plugin that cannot serve")
 }

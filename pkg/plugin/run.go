@@ -118,6 +118,10 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	if err := cfg.CheckFeatures(); err != nil {
 		return nil, err
 	}
+	sockets := cfg.socketPaths()
+	if err := socketPathsFit(sockets); err != nil {
+		return nil, err
+	}
 	// Device majors, capability minors and the compute policy come from
 	// the backend, once: the simulator stands in for all of them.
 	host, err := cfg.Backend.Host(ctx)
@@ -229,12 +233,35 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	// from the checkpoint, so that a server another instance just stopped
 	// is never brought back.
 	go wait.UntilWithContext(ctx, state.SuperviseSharing, superviseSharingEvery)
-	sockets := []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
-	if cfg.PodUID != "" {
-		sockets = []string{filepath.Join(cfg.PluginDataDir, "dra-"+cfg.PodUID+".sock"),
-			filepath.Join(cfg.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(cfg.RegistrarDir, slicebuilder.DriverName, types.UID(cfg.PodUID)))}
-	}
 	return &Plugin{Driver: d, Helper: helper, Sockets: sockets}, nil
+}
+
+// socketPaths are the DRA and registration sockets the kubelet plugin
+// helper makes: per pod UID where there is one (rolling updates).
+func (cfg Config) socketPaths() []string {
+	if cfg.PodUID == "" {
+		return []string{filepath.Join(cfg.PluginDataDir, "dra.sock"), filepath.Join(cfg.RegistrarDir, slicebuilder.DriverName+"-reg.sock")}
+	}
+	return []string{filepath.Join(cfg.PluginDataDir, "dra-"+cfg.PodUID+".sock"),
+		filepath.Join(cfg.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(cfg.RegistrarDir, slicebuilder.DriverName, types.UID(cfg.PodUID)))}
+}
+
+// maxSocketPath is the longest path a unix socket may have on Linux
+// (sun_path holds 108 bytes, the last a NUL).
+const maxSocketPath = 107
+
+// socketPathsFit refuses, before anything is done, sockets whose paths
+// are too long to bind: otherwise the helper fails later with only
+// "bind: invalid argument". A pod UID adds 36 bytes to each name, so a
+// long kubelet directory (kubeletPlugin.kubeletDir) meets the limit first.
+func socketPathsFit(sockets []string) error {
+	for _, s := range sockets {
+		if len(s) > maxSocketPath {
+			return fmt.Errorf("unix socket %s is %d bytes, over the %d a socket path may have: shorten the kubelet directory (chart value kubeletPlugin.kubeletDir; --plugin-data-dir, --registrar-dir)",
+				s, len(s), maxSocketPath)
+		}
+	}
+	return nil
 }
 
 // newSharing builds the sharing strategies, time-slicing through the host's
