@@ -9,13 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,11 +21,9 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -451,89 +447,6 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 	}
 }
 
-func probePeriod(pr *v1.Probe) time.Duration {
-	if pr.PeriodSeconds <= 0 {
-		return 10 * time.Second
-	}
-	return time.Duration(pr.PeriodSeconds) * time.Second
-}
-
-// probe runs an httpGet or tcpSocket probe against the container, from
-// inside its network namespace (its pod IP, were there a pod network).
-func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
-	c := &p.pod.Spec.Containers[0]
-	p.mu.Lock()
-	netns := netnsOf(p.pid)
-	p.mu.Unlock()
-	dial := func(ctx context.Context, addr string) (net.Conn, error) { return dialInNetns(ctx, netns, addr) }
-	if p.pod.Spec.HostNetwork {
-		// The host's network, which this process is in; no thread of it
-		// is entered (one may be parked in a pod's namespace).
-		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		}
-	}
-	timeout := time.Duration(max(pr.TimeoutSeconds, 1)) * time.Second
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	switch {
-	case pr.HTTPGet != nil:
-		port, err := containerPort(c, pr.HTTPGet.Port)
-		if err != nil {
-			return err
-		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		// As the kubelet's prober: HTTPS without verifying the
-		// certificate.
-		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, addr) },
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // as the kubelet probes
-		defer tr.CloseIdleConnections()
-		scheme := strings.ToLower(string(pr.HTTPGet.Scheme))
-		if scheme == "" {
-			scheme = "http"
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+pr.HTTPGet.Path, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := (&http.Client{Transport: tr, Timeout: timeout}).Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode >= 400 {
-			return fmt.Errorf("GET %s: %s", pr.HTTPGet.Path, resp.Status)
-		}
-		return nil
-	case pr.TCPSocket != nil:
-		port, err := containerPort(c, pr.TCPSocket.Port)
-		if err != nil {
-			return err
-		}
-		conn, err := dial(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			return err
-		}
-		return conn.Close()
-	}
-	return errors.New("probe: only httpGet and tcpSocket probes are run by devcluster")
-}
-
-// containerPort resolves a probe's port: a number, or a container port's
-// name.
-func containerPort(c *v1.Container, port intstr.IntOrString) (int, error) {
-	if port.Type == intstr.Int {
-		return port.IntValue(), nil
-	}
-	for _, p := range c.Ports {
-		if p.Name == port.StrVal {
-			return int(p.ContainerPort), nil
-		}
-	}
-	return 0, fmt.Errorf("container %s has no port named %q", c.Name, port.StrVal)
-}
-
 // state is the container's pid and status, as runc state tells them.
 func (p *imagePod) state(ctx context.Context) (int, string, error) {
 	p.mu.Lock()
@@ -595,236 +508,6 @@ func (p *imagePod) logTail() string {
 		}
 	}
 	return lastLines(string(b), 5)
-}
-
-// podState is what report says of the container: running since
-// startedAt, or waiting (ContainerCreating, CrashLoopBackOff) with a
-// message; finishedAt is when it last ended.
-type podState struct {
-	waiting, message      string
-	startedAt, finishedAt time.Time
-}
-
-// report writes the pod's status as a kubelet would: Running with its
-// container running and ready (or not); Pending while its first container
-// cannot be set up; the container waiting in CrashLoopBackOff with the end
-// of its output once it ended.
-func (p *imagePod) report(ctx context.Context, st podState) {
-	p.mu.Lock()
-	if !st.finishedAt.IsZero() {
-		p.lastFinished = st.finishedAt
-	}
-	restarts, lastExit, lastFinished, id := p.restarts, p.lastExit, p.lastFinished, p.id
-	p.mu.Unlock()
-	running := st.waiting == ""
-	ready := p.ready.Load() && running
-	c := p.pod.Spec.Containers[0]
-	now := metav1.Now()
-	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: "sha256:" + p.r.img.Digest.Hex,
-		Ready: ready, RestartCount: restarts, Started: ptr.To(running)}
-	if running || restarts > 0 {
-		cs.ContainerID = "runc://" + id
-	}
-	if running {
-		cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(st.startedAt)}
-	} else {
-		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: st.waiting, Message: st.message}
-	}
-	if lastExit != "" {
-		// The exit code is not known here (runc state does not keep it).
-		cs.LastTerminationState.Terminated = &v1.ContainerStateTerminated{Reason: "Error", Message: lastExit, FinishedAt: metav1.NewTime(lastFinished)}
-	}
-	phase := v1.PodRunning
-	if !running && restarts == 0 {
-		phase = v1.PodPending
-	}
-	cond := func(t v1.PodConditionType, ok bool) v1.PodCondition {
-		s := v1.ConditionFalse
-		if ok {
-			s = v1.ConditionTrue
-		}
-		return v1.PodCondition{Type: t, Status: s, LastTransitionTime: now}
-	}
-	err := retryOnConflict(ctx, func() error {
-		cur, err := p.r.admin.CoreV1().Pods(p.pod.Namespace).Get(ctx, p.pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if cur.UID != p.pod.UID {
-			return nil // another pod of that name now
-		}
-		cur.Status = v1.PodStatus{Phase: phase, StartTime: cur.Status.StartTime,
-			Conditions: []v1.PodCondition{cond(v1.PodScheduled, true), cond(v1.PodInitialized, true),
-				cond(v1.ContainersReady, ready), cond(v1.PodReady, ready)},
-			ContainerStatuses: []v1.ContainerStatus{cs}, QOSClass: cur.Status.QOSClass}
-		if cur.Status.StartTime == nil {
-			cur.Status.StartTime = &now
-		}
-		_, err = p.r.admin.CoreV1().Pods(p.pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
-		klog.FromContext(ctx).Error(err, "Pod status")
-	}
-}
-
-func retryOnConflict(ctx context.Context, f func() error) error {
-	var err error
-	for range 5 {
-		if err = f(); err == nil || !apierrors.IsConflict(err) || ctx.Err() != nil {
-			return err
-		}
-	}
-	return err
-}
-
-// The service account token's directory, as the projected volume that
-// ServiceAccount admission adds is mounted.
-const (
-	serviceAccountDir    = "/var/run/secrets/kubernetes.io/serviceaccount"
-	serviceAccountVolume = "devcluster-kube-api-access"
-)
-
-// volumes sets up the pod's volumes on the host: hostPath (created where
-// its type says so; a path outside devcluster's directory is below the
-// node's), secret and configMap (their keys as files, read-only),
-// emptyDir; and the service account token (TokenRequest bound to the
-// pod), unless automountServiceAccountToken is false. Any other kind is an
-// error naming the volume.
-func (p *imagePod) volumes(ctx context.Context, bundle string) (map[string]string, error) {
-	pod := p.pod
-	out := map[string]string{}
-	for _, v := range pod.Spec.Volumes {
-		where := fmt.Sprintf("pod %s/%s volume %s", pod.Namespace, pod.Name, v.Name)
-		switch {
-		case v.HostPath != nil:
-			path := strings.ReplaceAll(v.HostPath.Path, NodeNamePlaceholder, pod.Spec.NodeName)
-			if !strings.HasPrefix(path, p.r.clusterDir+"/") {
-				path = filepath.Join(p.nodeDir, path)
-			}
-			if err := hostPathReady(path, v.HostPath.Type); err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			out[v.Name] = path
-		case v.Secret != nil:
-			s, err := p.r.admin.CoreV1().Secrets(pod.Namespace).Get(ctx, v.Secret.SecretName, metav1.GetOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			dir, err := writeFiles(filepath.Join(bundle, "volumes", v.Name), s.Data, nil)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			out[v.Name] = dir
-		case v.ConfigMap != nil:
-			cm, err := p.r.admin.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, v.ConfigMap.Name, metav1.GetOptions{})
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			dir, err := writeFiles(filepath.Join(bundle, "volumes", v.Name), cm.BinaryData, cm.Data)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			out[v.Name] = dir
-		case v.EmptyDir != nil:
-			// The pod's, kept across its container's restarts.
-			dir := filepath.Join(p.podDir(), "volumes", v.Name)
-			if err := os.MkdirAll(dir, 0o777); err != nil {
-				return nil, err
-			}
-			out[v.Name] = dir
-		default:
-			return nil, fmt.Errorf("%s: only hostPath, secret, configMap and emptyDir volumes are run by devcluster", where)
-		}
-	}
-	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
-		tok, err := p.r.admin.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(componentTokenLifetime.Seconds())),
-				BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("pod %s/%s: token of ServiceAccount %q: %w", pod.Namespace, pod.Name, pod.Spec.ServiceAccountName, err)
-		}
-		dir, err := writeFiles(filepath.Join(bundle, "volumes", serviceAccountVolume), map[string][]byte{
-			"token": []byte(tok.Status.Token), "ca.crt": p.r.caPEM, "namespace": []byte(pod.Namespace)}, nil)
-		if err != nil {
-			return nil, err
-		}
-		out[serviceAccountVolume] = dir
-	}
-	return out, nil
-}
-
-// hostPathReady checks or creates a hostPath as its type asks.
-func hostPathReady(path string, typ *v1.HostPathType) error {
-	t := v1.HostPathUnset
-	if typ != nil {
-		t = *typ
-	}
-	st, err := os.Stat(path)
-	switch t {
-	case v1.HostPathDirectoryOrCreate:
-		if err != nil {
-			return os.MkdirAll(path, 0o755)
-		}
-		if !st.IsDir() {
-			return fmt.Errorf("hostPath %s is not a directory", path)
-		}
-	case v1.HostPathDirectory:
-		if err != nil || !st.IsDir() {
-			return fmt.Errorf("hostPath %s: type Directory, and no directory is there", path)
-		}
-	case v1.HostPathFileOrCreate:
-		if err != nil {
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-				return err
-			}
-			return os.WriteFile(path, nil, 0o644)
-		}
-	case v1.HostPathFile, v1.HostPathSocket:
-		if err != nil {
-			return fmt.Errorf("hostPath %s: type %s, and nothing is there", path, t)
-		}
-	case v1.HostPathUnset:
-		// Mounted as it is; a missing one fails runc create.
-	default:
-		return fmt.Errorf("hostPath %s: type %s is not run by devcluster", path, t)
-	}
-	return nil
-}
-
-// writeFiles writes a secret's or config map's keys as files of dir.
-func writeFiles(dir string, data map[string][]byte, text map[string]string) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(k)), v, 0o644); err != nil { //nolint:gosec // world-readable as a secret volume's default 0644
-			return "", err
-		}
-	}
-	for k, v := range text {
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(k)), []byte(v), 0o644); err != nil { //nolint:gosec // as above
-			return "", err
-		}
-	}
-	return dir, nil
-}
-
-// overlayRootfs mounts the image's root as the container's: an overlay
-// whose lower layer is the unpacked image (shared, never written) and
-// whose upper layer is the container's own, as containerd's snapshotter
-// does.
-func overlayRootfs(image, bundle string) (string, error) {
-	rootfs, upper, work := filepath.Join(bundle, "rootfs"), filepath.Join(bundle, "upper"), filepath.Join(bundle, "work")
-	for _, d := range []string{rootfs, upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", err
-		}
-	}
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, "lowerdir="+image+",upperdir="+upper+",workdir="+work); err != nil {
-		return "", fmt.Errorf("mount the image's root: %w", err)
-	}
-	return rootfs, nil
 }
 
 // ImagePodProcess is the host PID of the container of a pod run from the
