@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpudra/gpudra/devcluster/controlplane"
 	"go.etcd.io/etcd/server/v3/embed"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,7 +52,7 @@ type Options struct {
 	// NoWorkloadAPI leaves kube-scheduler's Workload API off: no
 	// scheduling.k8s.io/v1beta1 Workloads and PodGroups, no claims
 	// reserved for a PodGroup, as on a 1.37 cluster with the beta gates at
-	// their defaults. By default devcluster serves them (controlplane.go,
+	// their defaults. By default devcluster serves them (package controlplane,
 	// workloadAPIFlags).
 	NoWorkloadAPI bool
 	// MPSControlBinary is what the nodes' plugins run as
@@ -64,7 +65,7 @@ type Options struct {
 	// kube-controller-manager's --kube-api-qps/--kube-api-burst. Zero: each
 	// component's client at the limits it ships with (kube-scheduler 50
 	// QPS, burst 100; kube-controller-manager 20 QPS, burst 30 per
-	// controller; see controlplane.go). A QPS without a burst gets a burst
+	// controller; see package controlplane). A QPS without a burst gets a burst
 	// of twice the QPS.
 	ControlPlaneQPS   float32
 	ControlPlaneBurst int
@@ -100,7 +101,7 @@ type Cluster struct {
 
 	ctx         context.Context
 	cancel      context.CancelFunc
-	tb          *processTB
+	tb          *controlplane.ProcessTB
 	etcd        *embed.Etcd
 	apiServer   kubeapiservertesting.TestServer
 	controllers <-chan struct{}
@@ -125,7 +126,7 @@ type Cluster struct {
 
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
-	c = &Cluster{Dir: opts.Dir, tb: &processTB{name: "devcluster"}, nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
+	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
 		mpsControl: opts.MPSControlBinary, runtime: opts.Runtime}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
@@ -137,24 +138,24 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	defer func() {
 		// The API server's harness reports some failures by Fatal.
 		if r := recover(); r != nil {
-			f, ok := r.(fatalError)
+			f, ok := r.(controlplane.FatalError)
 			if !ok {
 				panic(r)
 			}
-			err = fmt.Errorf("start the API server: %s", f.msg)
+			err = fmt.Errorf("start the API server: %s", f.Msg)
 		}
 		if err != nil {
 			c.Stop()
 			c = nil
 		}
 	}()
-	if c.releaseCerts, err = acquireCertFixtures(); err != nil {
+	if c.releaseCerts, err = controlplane.AcquireCertFixtures(); err != nil {
 		return c, err
 	}
 	logger := klog.FromContext(ctx)
 	start := time.Now()
 	var etcdURL string
-	if c.etcd, etcdURL, err = startEtcd(c.Dir); err != nil {
+	if c.etcd, etcdURL, err = controlplane.StartEtcd(c.Dir); err != nil {
 		return c, err
 	}
 	apiServerFlags := opts.APIServerFlags
@@ -165,7 +166,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		// The caller's values last: a test may override image mode's.
 		opts.Chart.Values = append(imagePodValues(c.Dir), opts.Chart.Values...)
 	}
-	if c.apiServer, err = startAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
+	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
 	}
 	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)
@@ -177,9 +178,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	logger.V(1).Info("API server ready", "host", c.RESTConfig.Host, "elapsed", time.Since(start).Round(time.Millisecond))
-	clients := controlPlaneClients{base: c.apiServer.ClientConfig, tuned: tunedLimits(opts.ControlPlaneQPS, opts.ControlPlaneBurst)}
+	clients := controlplane.Clients{Base: c.apiServer.ClientConfig, Tuned: controlplane.TunedLimits(opts.ControlPlaneQPS, opts.ControlPlaneBurst)}
 	c.ControlPlaneClients = clients.String()
-	if c.controllers, err = startControllers(c.ctx, clients); err != nil {
+	if c.controllers, err = controlplane.StartControllers(c.ctx, clients); err != nil {
 		return c, err
 	}
 	logger.V(1).Info("Scheduler and controllers running", "elapsed", time.Since(start).Round(time.Millisecond))
@@ -189,7 +190,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 		logger.V(1).Info("Grove CRDs installed, Grove stand-in running", "elapsed", time.Since(start).Round(time.Millisecond))
 	}
-	// No ServiceAccount admission runs (controlplane.go), so pods need no
+	// No ServiceAccount admission runs (package controlplane), so pods need no
 	// default ServiceAccount there; the namespace itself must exist.
 	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PluginNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -266,7 +267,7 @@ func (c *Cluster) stop() {
 	if c.apiServer.TearDownFn != nil {
 		c.apiServer.TearDownFn()
 	}
-	c.tb.runCleanups()
+	c.tb.RunCleanups()
 	if c.etcd != nil {
 		c.etcd.Close()
 	}

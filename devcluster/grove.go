@@ -8,6 +8,7 @@ import (
 	grovecommon "github.com/ai-dynamo/grove/operator/api/common"
 	grove "github.com/ai-dynamo/grove/operator/api/core/v1alpha1"
 	grovecrds "github.com/ai-dynamo/grove/operator/api/core/v1alpha1/crds"
+	"github.com/gpudra/gpudra/devcluster/controlplane"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -79,7 +80,7 @@ func (c *Cluster) startGrove(ctx context.Context) (<-chan struct{}, error) {
 	}
 	// The operator has a client of its own, at controller-runtime's
 	// default limits (20 QPS, burst 30).
-	cfg := controlPlaneClients{base: c.apiServer.ClientConfig}.config(controllerManagerShipped, "grove-operator/devcluster-stand-in")
+	cfg := controlplane.Clients{Base: c.apiServer.ClientConfig}.Config(controlplane.ControllerManagerShipped, "grove-operator/devcluster-stand-in")
 	g, err := newGroveOperator(cfg)
 	if err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/controlplane"
 	"github.com/gpudra/gpudra/pkg/controller"
 )
 
@@ -128,7 +128,7 @@ func TestPreBindWindowRaceOnTheGatePath(t *testing.T) {
 	for i := range singles {
 		p := gpuPod(fmt.Sprintf("single-%d", i), "one")
 		pinned(nomigNode)(p)
-		p.Annotations = map[string]string{devcluster.PreBindDelayAnnotation: "3s"}
+		p.Annotations = map[string]string{controlplane.PreBindDelayAnnotation: "3s"}
 		create(t, ns, nil, p)
 		names = append(names, p.Name)
 	}

@@ -1,4 +1,15 @@
-package devcluster
+// Package controlplane runs a real Kubernetes control plane inside one Go
+// process: embedded etcd, kube-apiserver (its own test server, with its
+// certificate fixtures kept in this process's temporary directory),
+// kube-scheduler with its default profile (DynamicResources included) and
+// the DRA controllers of kube-controller-manager (ResourceClaim, garbage
+// collector, device-taint eviction, PodGroup protection, ServiceAccount
+// tokens), each with a client of its own at the limits its binary ships
+// with. All of it is Kubernetes' own code at the version devcluster's
+// module pins; what is devcluster's is the wiring and one scheduler plugin
+// that delays PreBind for the pods that ask (PreBindDelayAnnotation), so
+// that tests can land a write between Reserve and PreBind.
+package controlplane
 
 import (
 	"context"
@@ -35,10 +46,10 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 )
 
-// startEtcd runs etcd inside this process on free loopback ports. A port
+// StartEtcd runs etcd inside this process on free loopback ports. A port
 // found free can be taken by another process before etcd binds it (seen:
 // "bind: address already in use"): then it tries again with new ports.
-func startEtcd(dir string) (e *embed.Etcd, clientURL string, err error) {
+func StartEtcd(dir string) (e *embed.Etcd, clientURL string, err error) {
 	for range 3 {
 		e, clientURL, err = startEtcdOnce(dir)
 		if err == nil || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
@@ -95,8 +106,8 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// startAPIServer runs the real kube-apiserver against the embedded etcd.
-func startAPIServer(tb *processTB, etcdURL string, workloadAPI bool, extraFlags []string) (kubeapiservertesting.TestServer, error) {
+// StartAPIServer runs the real kube-apiserver against the embedded etcd.
+func StartAPIServer(tb *ProcessTB, etcdURL string, workloadAPI bool, extraFlags []string) (kubeapiservertesting.TestServer, error) {
 	storage := storagebackend.NewDefaultConfig("/registry", nil)
 	storage.Transport.ServerList = []string{etcdURL}
 	flags := append([]string{
@@ -154,48 +165,50 @@ func workloadAPIFlags(on bool) []string {
 // all of them, at other limits, is no cluster anyone runs, and the
 // end-to-end benchmark would measure it instead of the driver (issue 12).
 var (
-	schedulerShipped         = clientLimits{QPS: 50, Burst: 100}
-	controllerManagerShipped = clientLimits{QPS: 20, Burst: 30}
-	discoveryShipped         = clientLimits{QPS: 20, Burst: 200}
+	schedulerShipped         = ClientLimits{QPS: 50, Burst: 100}
+	ControllerManagerShipped = ClientLimits{QPS: 20, Burst: 30}
+	discoveryShipped         = ClientLimits{QPS: 20, Burst: 200}
 )
 
-type clientLimits struct {
+type ClientLimits struct {
 	QPS   float32
 	Burst int
 }
 
-// controlPlaneClients makes the scheduler's and the controllers' clients:
+// Clients makes the scheduler's and the controllers' clients:
 // one per component, as the real binaries make them, at the shipped limits
-// unless tuned is set.
-type controlPlaneClients struct {
-	base  *restclient.Config
-	tuned clientLimits // zero: each component's shipped limits
+// unless Tuned is set.
+type Clients struct {
+	// Base is the API server's loopback configuration; Tuned, when not
+	// zero, replaces each component's shipped limits.
+	Base  *restclient.Config
+	Tuned ClientLimits
 }
 
-// tunedLimits turns Options' fields into limits; a QPS without a burst gets
+// TunedLimits turns devcluster.Options' fields into limits; a QPS without a burst gets
 // twice the QPS, kube-scheduler's ratio.
-func tunedLimits(qps float32, burst int) clientLimits {
+func TunedLimits(qps float32, burst int) ClientLimits {
 	if qps > 0 && burst == 0 {
 		burst = int(2 * qps)
 	}
-	return clientLimits{QPS: qps, Burst: burst}
+	return ClientLimits{QPS: qps, Burst: burst}
 }
 
 // config is a client configuration for one component. userAgent reads as
 // the real one does without the version ("kube-controller-manager/resource-claim-controller"),
 // so that the API server's log and metrics tell the components apart.
-func (p controlPlaneClients) config(shipped clientLimits, userAgent string) *restclient.Config {
-	cfg := restclient.CopyConfig(p.base)
+func (p Clients) Config(shipped ClientLimits, userAgent string) *restclient.Config {
+	cfg := restclient.CopyConfig(p.Base)
 	cfg.UserAgent = userAgent
 	// Both binaries set it (createKubeConfig in each); the loopback
 	// configuration already asks for protobuf, as they do.
 	cfg.DisableCompression = true
 	limits := shipped
-	if p.tuned.QPS > 0 {
-		limits.QPS = p.tuned.QPS
+	if p.Tuned.QPS > 0 {
+		limits.QPS = p.Tuned.QPS
 	}
-	if p.tuned.Burst > 0 {
-		limits.Burst = p.tuned.Burst
+	if p.Tuned.Burst > 0 {
+		limits.Burst = p.Tuned.Burst
 	}
 	cfg.QPS, cfg.Burst = limits.QPS, limits.Burst
 	// A limiter of its own: the copy would share the base's, if it had one.
@@ -203,8 +216,8 @@ func (p controlPlaneClients) config(shipped clientLimits, userAgent string) *res
 	return cfg
 }
 
-func (p controlPlaneClients) client(shipped clientLimits, userAgent string) (*restclient.Config, kubernetes.Interface, error) {
-	cfg := p.config(shipped, userAgent)
+func (p Clients) client(shipped ClientLimits, userAgent string) (*restclient.Config, kubernetes.Interface, error) {
+	cfg := p.Config(shipped, userAgent)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("client %s: %w", userAgent, err)
@@ -214,31 +227,31 @@ func (p controlPlaneClients) client(shipped clientLimits, userAgent string) (*re
 
 // controllerClient is a kube-controller-manager client named as the real
 // one names it.
-func (p controlPlaneClients) controllerClient(name string) (*restclient.Config, kubernetes.Interface, error) {
-	return p.client(controllerManagerShipped, "kube-controller-manager/"+name)
+func (p Clients) controllerClient(name string) (*restclient.Config, kubernetes.Interface, error) {
+	return p.client(ControllerManagerShipped, "kube-controller-manager/"+name)
 }
 
 // discoveryClient is a kube-controller-manager discovery client.
-func (p controlPlaneClients) discoveryClient(name string) (kubernetes.Interface, error) {
+func (p Clients) discoveryClient(name string) (kubernetes.Interface, error) {
 	_, client, err := p.client(discoveryShipped, "kube-controller-manager/"+name)
 	return client, err
 }
 
 // String says which limits the components run with, for logs and benchmarks.
-func (p controlPlaneClients) String() string {
-	if p.tuned.QPS == 0 && p.tuned.Burst == 0 {
+func (p Clients) String() string {
+	if p.Tuned.QPS == 0 && p.Tuned.Burst == 0 {
 		return fmt.Sprintf("shipped defaults (kube-scheduler %g QPS/%d burst, kube-controller-manager %g/%d per controller)",
-			schedulerShipped.QPS, schedulerShipped.Burst, controllerManagerShipped.QPS, controllerManagerShipped.Burst)
+			schedulerShipped.QPS, schedulerShipped.Burst, ControllerManagerShipped.QPS, ControllerManagerShipped.Burst)
 	}
-	s, c := p.config(schedulerShipped, ""), p.config(controllerManagerShipped, "")
+	s, c := p.Config(schedulerShipped, ""), p.Config(ControllerManagerShipped, "")
 	return fmt.Sprintf("tuned (kube-scheduler %g QPS/%d burst, kube-controller-manager %g/%d per controller)", s.QPS, s.Burst, c.QPS, c.Burst)
 }
 
-// startControllers runs the scheduler (default profile, which includes
+// StartControllers runs the scheduler (default profile, which includes
 // DynamicResources), the ResourceClaim controller, the garbage collector and
 // the device-taint eviction controller until ctx ends, each with its own
 // client. The returned channel closes once all of them have returned.
-func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan struct{}, error) {
+func StartControllers(ctx context.Context, clients Clients) (<-chan struct{}, error) {
 	logger := klog.FromContext(ctx)
 	logger.V(1).Info("Control plane clients", "limits", clients.String())
 	done := make(chan struct{})
@@ -373,7 +386,7 @@ func startControllers(ctx context.Context, clients controlPlaneClients) (<-chan 
 // of the API's resources current. The clients are named as in
 // kube-controller-manager (cmd/kube-controller-manager/app/controllermanager.go,
 // CreateControllerContext; app/core.go, newGarbageCollectorController).
-func newGarbageCollector(ctx context.Context, clients controlPlaneClients, factory informers.SharedInformerFactory) (*garbagecollector.GarbageCollector, func(context.Context), error) {
+func newGarbageCollector(ctx context.Context, clients Clients, factory informers.SharedInformerFactory) (*garbagecollector.GarbageCollector, func(context.Context), error) {
 	gcCfg, client, err := clients.controllerClient("generic-garbage-collector")
 	if err != nil {
 		return nil, nil, err
@@ -382,7 +395,7 @@ func newGarbageCollector(ctx context.Context, clients controlPlaneClients, facto
 	if err != nil {
 		return nil, nil, err
 	}
-	metadataInformerClient, err := metadata.NewForConfig(clients.config(controllerManagerShipped, "kube-controller-manager/metadata-informers"))
+	metadataInformerClient, err := metadata.NewForConfig(clients.Config(ControllerManagerShipped, "kube-controller-manager/metadata-informers"))
 	if err != nil {
 		return nil, nil, err
 	}

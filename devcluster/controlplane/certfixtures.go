@@ -1,4 +1,4 @@
-package devcluster
+package controlplane
 
 import (
 	"fmt"
@@ -29,10 +29,10 @@ var certFixtures struct {
 	users int
 }
 
-// acquireCertFixtures points the API server's certificate fixtures at this
+// AcquireCertFixtures points the API server's certificate fixtures at this
 // process's temporary directory, made by the first cluster; release removes
 // it after the last cluster.
-func acquireCertFixtures() (release func(), err error) {
+func AcquireCertFixtures() (release func(), err error) {
 	certFixtures.Lock()
 	defer certFixtures.Unlock()
 	if certFixtures.users == 0 {

@@ -1,4 +1,4 @@
-package devcluster
+package controlplane
 
 import (
 	"context"
@@ -22,10 +22,10 @@ import (
 // wires them in k8s.io/kubernetes v1.37.1, with a signing key of its own:
 // the test API server verifies tokens with its own key only, so these
 // tokens do not authenticate anyone here, which nothing in devcluster
-// needs (the ServiceAccount admission plugin stays off, see startAPIServer).
+// needs (the ServiceAccount admission plugin stays off, see StartAPIServer).
 // The returned functions run them, keyed by kube-controller-manager's
 // controller names.
-func newServiceAccountControllers(logger klog.Logger, clients controlPlaneClients, factory informers.SharedInformerFactory) (map[string]func(context.Context), error) {
+func newServiceAccountControllers(logger klog.Logger, clients Clients, factory informers.SharedInformerFactory) (map[string]func(context.Context), error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("service-account signing key: %w", err)
