@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/devcluster/controlplane"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"go.etcd.io/etcd/server/v3/embed"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -79,7 +80,7 @@ type Options struct {
 	Grove bool
 	// Runtime runs every node's pods' containers for real (NodeOptions
 	// Runtime overrides it per node); nil: their specs are only resolved.
-	Runtime *OCIRuntime
+	Runtime *noderuntime.OCIRuntime
 	// Image runs the chart's own plugin and controller pods from make
 	// image's layout in runc (imagepods.go, imagechart.go) instead of
 	// in this process; nil: in-process, the default (faster).
@@ -114,7 +115,7 @@ type Cluster struct {
 	stopOnce     sync.Once
 	bootID       string
 	mpsControl   string
-	runtime      *OCIRuntime
+	runtime      *noderuntime.OCIRuntime
 	forbidden    forbiddenLog
 	// image runs the chart's pods in image mode; nil otherwise.
 	image *imageRunner

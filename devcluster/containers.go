@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/apis/core/v1/helper/qos"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -22,7 +23,7 @@ import (
 // container's name (runc takes letters, digits and -_.+).
 func runcID(uid types.UID, container string) string { return string(uid) + "-" + container }
 
-// containerRunner runs a pod's containers: *OCIRuntime (a double in unit
+// containerRunner runs a pod's containers: *noderuntime.OCIRuntime (a double in unit
 // tests).
 type containerRunner interface {
 	// Start runs the container and returns what its probe reported.
@@ -46,7 +47,7 @@ type runningContainer struct {
 	// Cgroup is its cgroup (containerCgroupPath), Log its log; both
 	// empty for a process pod's container.
 	Cgroup string
-	Log    containerLog
+	Log    noderuntime.ContainerLog
 }
 
 // newContainerID is a container's ID: 64 hex digits, the shape of
@@ -94,7 +95,7 @@ func (k *kubelet) containerID(pod *v1.Pod, container string) string {
 // for the pod's other containers is undone (stopped, processes off the
 // devices, logs gone), so a pod is never reported Running without its
 // containers and a failed try leaves nothing behind.
-func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[string]ContainerView, specs map[string]*oci.Spec, loads map[string]SimLoad) error {
+func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[string]noderuntime.ContainerView, specs map[string]*oci.Spec, loads map[string]SimLoad) error {
 	// A start retried (the pod's status write failed, or a stale cache
 	// synced it again) replaces the containers of the earlier try.
 	k.stopContainers(ctx, pod.UID)
@@ -114,7 +115,7 @@ func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[st
 		id := newContainerID(pod.UID, c.Name, try)
 		// Listed before anything is done for it: a failure undoes it too.
 		started = append(started, runningContainer{Name: c.Name, ID: id, Cgroup: containerCgroupPath(pod, id),
-			Log: containerLogPaths(k.logRoot, pod, c.Name, id)})
+			Log: noderuntime.ContainerLogPaths(k.logRoot, pod, c.Name, id)})
 		rc := &started[len(started)-1]
 		// The container's own variables (literal ones) come first, as the
 		// kubelet hands them to the runtime; the CDI edits after them win.
@@ -136,7 +137,7 @@ func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[st
 		linux.CgroupsPath = rc.Cgroup
 		spec.Linux = &linux
 		if k.logRoot != "" {
-			if err := rc.Log.create(); err != nil {
+			if err := rc.Log.Create(); err != nil {
 				return fail(fmt.Errorf("container %s: %w", c.Name, err))
 			}
 		}
@@ -182,7 +183,7 @@ func (k *kubelet) removeContainer(ctx context.Context, c runningContainer) {
 		logger.Error(err, "Stop container", "container", c.Name, "containerID", c.ID)
 	}
 	if k.logRoot != "" && c.Log.Link != "" {
-		if err := c.Log.remove(); err != nil {
+		if err := c.Log.Remove(); err != nil {
 			logger.Error(err, "Remove container log", "container", c.Name, "containerID", c.ID)
 		}
 	}

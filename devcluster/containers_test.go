@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -107,8 +108,8 @@ func TestContainerLifecycle(t *testing.T) {
 		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: uid}, Spec: v1.PodSpec{Containers: []v1.Container{
 			{Name: "first", Env: []v1.EnvVar{{Name: SimLoadEnv, Value: "sm=0.5,memory=2Gi"}}}, second, {Name: "idle"}}}}
 	}
-	views := func() map[string]ContainerView {
-		return map[string]ContainerView{"first": {GPUs: []string{"GPU-a", "GPU-b"}}, "second": {GPUs: []string{"MIG-c"}}, "idle": {GPUs: []string{"GPU-d"}}}
+	views := func() map[string]noderuntime.ContainerView {
+		return map[string]noderuntime.ContainerView{"first": {GPUs: []string{"GPU-a", "GPU-b"}}, "second": {GPUs: []string{"MIG-c"}}, "idle": {GPUs: []string{"GPU-d"}}}
 	}
 	specs := func() map[string]*oci.Spec {
 		out := map[string]*oci.Spec{}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
@@ -446,7 +447,7 @@ func (s *controllers) serve() {
 			defer back.Close()
 			go func() {
 				_, _ = io.Copy(back, conn)
-				closeWrite(back)
+				noderuntime.CloseWrite(back)
 			}()
 			_, _ = io.Copy(conn, back)
 		}()

@@ -35,6 +35,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -127,20 +128,20 @@ func startDeviceManager(logger klog.Logger, dir string, activePods func() []*v1.
 // answered as the kubelet hands it to the runtime: CDI devices (CdiDevices,
 // and the cdi.k8s.io annotations a CDI-enabled containerd reads), device
 // nodes, mounts and variables.
-func (d *deviceManager) runtimeEdits(ctx context.Context, pod *v1.Pod, c *v1.Container) (RuntimeEdits, error) {
+func (d *deviceManager) runtimeEdits(ctx context.Context, pod *v1.Pod, c *v1.Container) (noderuntime.RuntimeEdits, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.m.Allocate(ctx, pod, c, lifecycle.AddOperation); err != nil {
-		return RuntimeEdits{}, fmt.Errorf("device plugin allocation: %w", err)
+		return noderuntime.RuntimeEdits{}, fmt.Errorf("device plugin allocation: %w", err)
 	}
 	opts, err := d.m.GetDeviceRunContainerOptions(ctx, pod, c)
 	if err != nil {
-		return RuntimeEdits{}, fmt.Errorf("device plugin container options: %w", err)
+		return noderuntime.RuntimeEdits{}, fmt.Errorf("device plugin container options: %w", err)
 	}
 	if opts == nil {
-		return RuntimeEdits{}, nil
+		return noderuntime.RuntimeEdits{}, nil
 	}
-	edits := RuntimeEdits{Devices: opts.Devices, Mounts: opts.Mounts, Envs: opts.Envs}
+	edits := noderuntime.RuntimeEdits{Devices: opts.Devices, Mounts: opts.Mounts, Envs: opts.Envs}
 	for _, dev := range opts.CDIDevices {
 		edits.CDIDevices = append(edits.CDIDevices, dev.Name)
 	}
@@ -150,7 +151,7 @@ func (d *deviceManager) runtimeEdits(ctx context.Context, pod *v1.Pod, c *v1.Con
 	}
 	_, names, err := cdiapi.ParseAnnotations(annotations)
 	if err != nil {
-		return RuntimeEdits{}, fmt.Errorf("device plugin CDI annotations: %w", err)
+		return noderuntime.RuntimeEdits{}, fmt.Errorf("device plugin CDI annotations: %w", err)
 	}
 	edits.CDIDevices = append(edits.CDIDevices, names...)
 	return edits, nil

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
@@ -167,7 +168,7 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 					var d net.Dialer
 					return d.DialContext(ctx, "tcp", addr)
 				}
-				return dialInNetns(ctx, ns, addr)
+				return noderuntime.DialInNetns(ctx, ns, addr)
 			}}
 		c.gpudra.mu.Lock()
 		c.gpudra.replicas = append(c.gpudra.replicas, r)

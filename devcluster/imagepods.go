@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/internal/image"
 )
 
@@ -324,7 +325,7 @@ func (p *imagePod) start(ctx context.Context) error {
 	if err != nil {
 		return &setupError{err}
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
+	if err := noderuntime.WriteJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
 	}
 	logPath := p.logPath()
@@ -349,11 +350,11 @@ func (p *imagePod) start(ctx context.Context) error {
 	p.mu.Lock()
 	p.pid = pid
 	p.mu.Unlock()
-	netns := netnsOf(pid)
+	netns := noderuntime.NetnsOf(pid)
 	if !pod.Spec.HostNetwork {
 		// The API server at the address its certificate names, inside
 		// the pod, as kube-proxy makes the kubernetes Service reachable.
-		l, err := listenInNetns(netns, r.apiAddr)
+		l, err := noderuntime.ListenInNetns(netns, r.apiAddr)
 		if err != nil {
 			return fmt.Errorf("the API server's address in the pod: %w", err)
 		}
@@ -362,7 +363,7 @@ func (p *imagePod) start(ctx context.Context) error {
 		p.mu.Lock()
 		p.apiListener = l
 		p.mu.Unlock()
-		go forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
+		go noderuntime.Forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", r.apiAddr)
 		})
@@ -507,7 +508,7 @@ func (p *imagePod) logTail() string {
 			b = b[i+j+1:]
 		}
 	}
-	return lastLines(string(b), 5)
+	return noderuntime.LastLines(string(b), 5)
 }
 
 // ImagePodProcess is the host PID of the container of a pod run from the

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -30,9 +31,11 @@ func probePeriod(pr *v1.Probe) time.Duration {
 func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 	c := &p.pod.Spec.Containers[0]
 	p.mu.Lock()
-	netns := netnsOf(p.pid)
+	netns := noderuntime.NetnsOf(p.pid)
 	p.mu.Unlock()
-	dial := func(ctx context.Context, addr string) (net.Conn, error) { return dialInNetns(ctx, netns, addr) }
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		return noderuntime.DialInNetns(ctx, netns, addr)
+	}
 	if p.pod.Spec.HostNetwork {
 		// The host's network, which this process is in; no thread of it
 		// is entered (one may be parked in a pod's namespace).

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,7 +33,7 @@ import (
 
 // ContainersAnnotation is set by the devcluster kubelet on every pod it
 // starts: a JSON map from container name to what the container would get
-// (ContainerView). Pods are not really run, except process pods
+// (noderuntime.ContainerView). Pods are not really run, except process pods
 // (processpods.go).
 const ContainersAnnotation = "devcluster.gpudra.dev/containers"
 
@@ -65,8 +66,8 @@ type kubelet struct {
 	client, reporter kubernetes.Interface
 	cdiDir           string
 	// devices names the GPUs a container's device nodes give it.
-	devices     DeviceIdentifier
-	hostDevices HostDevice
+	devices     noderuntime.DeviceIdentifier
+	hostDevices noderuntime.HostDevice
 	devRoot     string
 	dra         *dra.Manager
 	// dm is the kubelet's device manager (deviceplugin.go), on every node
@@ -85,7 +86,7 @@ type kubelet struct {
 	// runtime runs the other pods' containers for real (nil: their specs
 	// are only resolved), through runner; containers are the ones
 	// running, by pod UID; tries counts their starts (newContainerID).
-	runtime    *OCIRuntime
+	runtime    *noderuntime.OCIRuntime
 	runner     containerRunner
 	containers map[types.UID][]runningContainer
 	tries      uint64
@@ -108,10 +109,10 @@ type kubeletDirs struct {
 	State    string // the DRA manager's checkpoint
 	CDI      string
 	// Devices names the GPUs a container's device nodes give it.
-	Devices DeviceIdentifier
+	Devices noderuntime.DeviceIdentifier
 	// HostDevices are the node's device nodes, for a device plugin's
 	// DeviceSpecs.
-	HostDevices HostDevice
+	HostDevices noderuntime.HostDevice
 	// DevRoot is where the node's /dev is: "/" for real GPUs, the node's
 	// directory for a simulated machine (its dev/ holds the device nodes).
 	// A privileged container gets its NVIDIA device nodes.
@@ -123,7 +124,7 @@ type kubeletDirs struct {
 	// API (podresources.go).
 	PodResources string
 	// Runtime, when set, runs pods' containers as real containers.
-	Runtime *OCIRuntime
+	Runtime *noderuntime.OCIRuntime
 	// Logs is the node's /var/log: the containers' log files and links.
 	Logs string
 	// Processes, when set, takes the containers' declared loads
@@ -441,8 +442,8 @@ func (k *kubelet) syncGone(ctx context.Context, key string, current types.UID) e
 // containerViews resolves each container's CDI devices as a container
 // runtime would: DRA's, and the device manager's on a node in
 // device-plugin mode.
-func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]ContainerView, map[string]*oci.Spec, error) {
-	views, specs := map[string]ContainerView{}, map[string]*oci.Spec{}
+func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]noderuntime.ContainerView, map[string]*oci.Spec, error) {
+	views, specs := map[string]noderuntime.ContainerView{}, map[string]*oci.Spec{}
 	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range containers {
 		c := &containers[i]
@@ -450,7 +451,7 @@ func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]C
 		if err != nil {
 			return nil, nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
-		var edits RuntimeEdits
+		var edits noderuntime.RuntimeEdits
 		if k.dm != nil {
 			// Device plugin resources: allocated by the device manager;
 			// the plugin's Allocate answer as the kubelet hands it over.
@@ -461,7 +462,7 @@ func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]C
 		for _, d := range info.CDIDevices {
 			edits.CDIDevices = append(edits.CDIDevices, d.Name)
 		}
-		view, spec, err := resolveContainer(k.cdiDir, edits, k.devices, k.hostDevices)
+		view, spec, err := noderuntime.ResolveContainerSpec(k.cdiDir, edits, k.devices, k.hostDevices)
 		if err != nil {
 			return nil, nil, fmt.Errorf("container %s: %w", c.Name, err)
 		}
@@ -472,7 +473,7 @@ func (k *kubelet) containerViews(ctx context.Context, pod *v1.Pod) (map[string]C
 
 // markRunning records what the containers would see and sets the pod
 // Running with every container ready.
-func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string]ContainerView) error {
+func (k *kubelet) markRunning(ctx context.Context, pod *v1.Pod, views map[string]noderuntime.ContainerView) error {
 	data, err := json.Marshal(views)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -61,7 +62,7 @@ type NodeOptions struct {
 	// with the probe as their process; process pods excepted). nil: their
 	// OCI specs are only resolved. Where it cannot run here (not root),
 	// the node says so in one line and only resolves.
-	Runtime *OCIRuntime
+	Runtime *noderuntime.OCIRuntime
 	// Backend, when set, is the node's GPUs instead of a simulated machine
 	// (Machine is then unused and Node.Machine nil): NVML on a real GPU,
 	// for make gpu-smoke. DriverRoot is then where its driver is installed

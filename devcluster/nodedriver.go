@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
@@ -21,8 +22,8 @@ type nodeDriver struct {
 	hostDriverRoot string
 	// devices name the GPUs a container's device nodes give it,
 	// hostDevices stat the node's device nodes, under devRoot's dev/.
-	devices     DeviceIdentifier
-	hostDevices HostDevice
+	devices     noderuntime.DeviceIdentifier
+	hostDevices noderuntime.HostDevice
 	devRoot     string
 }
 
@@ -46,10 +47,10 @@ func (c *Cluster) setUpDriver(ctx context.Context, n *Node, machine *sim.Machine
 	// The machine's /dev: real character devices under the node's
 	// directory, which the runtime stats; the model where mknod is
 	// refused.
-	d.devices, d.hostDevices, d.devRoot = MachineDevices(machine), HostDevicesUnder(n.Dir), n.Dir
+	d.devices, d.hostDevices, d.devRoot = noderuntime.MachineDevices(machine), noderuntime.HostDevicesUnder(n.Dir), n.Dir
 	if err := machine.WriteDevNodes(n.Dir); err != nil {
 		klog.FromContext(ctx).Info("The simulated /dev holds no device nodes; the runtime reads the machine's model instead", "node", opts.Name, "reason", err.Error())
-		d.hostDevices = MachineHostDevices(machine)
+		d.hostDevices = noderuntime.MachineHostDevices(machine)
 	}
 	return d, nil
 }
@@ -60,7 +61,7 @@ func (c *Cluster) setUpDriver(ctx context.Context, n *Node, machine *sim.Machine
 // driver root there, and its admission policy holds MPS server pods to
 // that hostPath (a hostPath that is a link mounts what it names).
 func realDriver(n *Node) (nodeDriver, error) {
-	d := nodeDriver{devices: BackendDevices(n.backend), hostDevices: HostDevicesUnder("/"), devRoot: "/", hostDriverRoot: n.DriverRoot()}
+	d := nodeDriver{devices: noderuntime.BackendDevices(n.backend), hostDevices: noderuntime.HostDevicesUnder("/"), devRoot: "/", hostDriverRoot: n.DriverRoot()}
 	if p, ok := (drivertools.Runner{Root: n.driverRoot}).Path("nvidia-cuda-mps-control"); ok {
 		d.mpsControl = p
 	}

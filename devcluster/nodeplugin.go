@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -22,7 +23,7 @@ type PluginInstance struct {
 	Plugin *plugin.Plugin
 	PodUID string
 	// ContainerID marks every process the instance starts (see
-	// ContainerMarker): PodUID and the cluster's boot id, since plugin pod
+	// noderuntime.ContainerMarker): PodUID and the cluster's boot id, since plugin pod
 	// UIDs repeat across devclusters on one machine.
 	ContainerID string
 	cancel      context.CancelCauseFunc
@@ -43,7 +44,7 @@ func (i *PluginInstance) Stop() {
 // many processes were killed.
 func (i *PluginInstance) KillContainer() (int, error) {
 	i.Stop()
-	killed, err := KillContainerProcesses(i.ContainerID)
+	killed, err := noderuntime.KillContainerProcesses(i.ContainerID)
 	if err != nil {
 		return killed, fmt.Errorf("plugin pod %s: %w", i.PodUID, err)
 	}
@@ -107,7 +108,7 @@ func (n *Node) startInstanceLocked() (*PluginInstance, error) {
 	containerID := cfg.PodUID + "@" + n.bootID
 	// Every process the plugin starts goes through DriverTools and so
 	// carries the marker of this instance's container.
-	cfg.DriverTools.Env = append(slices.Clip(cfg.DriverTools.Env), ContainerMarker(containerID))
+	cfg.DriverTools.Env = append(slices.Clip(cfg.DriverTools.Env), noderuntime.ContainerMarker(containerID))
 	ctx, cancel := context.WithCancelCause(klog.NewContext(n.ctx, klog.LoggerWithValues(klog.FromContext(n.ctx), "pluginPod", cfg.PodUID)))
 	p, err := plugin.Start(ctx, cfg, cancel)
 	if err != nil {

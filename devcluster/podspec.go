@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
@@ -125,7 +126,7 @@ func imageContainerSpec(in imageContainer) (*oci.Spec, error) {
 		if m.ReadOnly {
 			opts[2] = "ro"
 		}
-		s.Mounts = deleteMount(s.Mounts, m.MountPath)
+		s.Mounts = noderuntime.DeleteMount(s.Mounts, m.MountPath)
 		s.Mounts = append(s.Mounts, oci.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: opts})
 	}
 	s.Mounts = append(s.Mounts, in.ExtraMounts...)
@@ -272,9 +273,9 @@ func parseImageUser(user string) (uint32, uint32, error) {
 // add.
 func containerCapabilities(sc *v1.SecurityContext, privileged bool) []string {
 	if privileged {
-		return privilegedCapabilities()
+		return noderuntime.PrivilegedCapabilities()
 	}
-	caps := slices.Clone(defaultCapabilities)
+	caps := slices.Clone(noderuntime.DefaultCapabilities)
 	if sc.Capabilities == nil {
 		return caps
 	}

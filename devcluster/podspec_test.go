@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -72,7 +73,7 @@ func TestImageContainerSpec(t *testing.T) {
 			assert.Contains(t, ns, oci.NetworkNamespace)
 			assert.Contains(t, ns, oci.PIDNamespace)
 			assert.False(t, s.Process.NoNewPrivileges)
-			assert.Equal(t, defaultCapabilities, s.Process.Capabilities.Bounding)
+			assert.Equal(t, noderuntime.DefaultCapabilities, s.Process.Capabilities.Bounding)
 		},
 	}, {
 		name: "privileged root with hostPID: every capability and device, the host's PIDs",

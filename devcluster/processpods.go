@@ -17,26 +17,24 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/component"
 	"github.com/gpudra/gpudra/pkg/mpsserver"
 )
 
 // A process pod is a pod whose own command the devcluster kubelet runs,
 // because what it does matters to the node: the MPS server pods the plugin
-// creates. With a real runtime (OCIRuntime.MPSServer set) it runs
+// creates. With a real runtime (noderuntime.OCIRuntime.MPSServer set) it runs
 // gpudra-mps-server in a container of its own; without, the server's code
 // runs in this process, its paths translated to the host's. Every other
-// pod's containers run the probe (OCIRuntime) or are only resolved.
-
-// MPSServerCommand is the command of the gpudra image's MPS server.
-const MPSServerCommand = "gpudra-mps-server"
+// pod's containers run the probe (noderuntime.OCIRuntime) or are only resolved.
 
 // processCommands are the container commands (by base name) the kubelet
 // can run. A command gets its arguments (command[1:] then args) and the
 // environment to add for its child processes, both with container paths
 // already translated to host paths.
 var processCommands = map[string]func(ctx context.Context, args, env []string) error{
-	MPSServerCommand: runMPSServer,
+	noderuntime.MPSServerCommand: runMPSServer,
 }
 
 // runMPSServer is gpudra-mps-server's main, minus signals and logging
@@ -44,13 +42,13 @@ var processCommands = map[string]func(ctx context.Context, args, env []string) e
 // binary's, logging flags included, so that what the plugin passes is parsed
 // as the image would.
 func runMPSServer(ctx context.Context, args, env []string) error {
-	c := component.New(MPSServerCommand)
+	c := component.New(noderuntime.MPSServerCommand)
 	c.Flags.SetOutput(io.Discard)
 	cfg := mpsserver.AddFlags(c.Flags)
 	// The container's environment is not this process's.
 	noEnv := func(string) (string, bool) { return "", false }
 	if err := c.Parse(args, noEnv); err != nil {
-		return fmt.Errorf("%s: %w", MPSServerCommand, err)
+		return fmt.Errorf("%s: %w", noderuntime.MPSServerCommand, err)
 	}
 	cfg.Tools.Env = append(cfg.Tools.Env, env...)
 	return mpsserver.Run(ctx, *cfg)
@@ -110,7 +108,7 @@ func containerArgv(pod *v1.Pod) (args, env []string) {
 			env = append(env, e.Name+"="+translate(e.Value))
 		}
 	}
-	return args, append(env, ContainerMarker(string(pod.UID)))
+	return args, append(env, noderuntime.ContainerMarker(string(pod.UID)))
 }
 
 // processPod is a process pod's running container.
@@ -157,13 +155,13 @@ func (k *kubelet) startProcess(ctx context.Context, pod *v1.Pod, run func(ctx co
 	if k.runtime != nil && k.runtime.MPSServer != "" {
 		// A real container in its own namespaces, with the pod's own
 		// paths: nothing translated.
-		c := processContainer(pod)
+		c := noderuntime.PodProcessContainer(pod)
 		if c.Privileged {
-			c.Devices = nvidiaDeviceNodes(k.devRoot)
+			c.Devices = noderuntime.NvidiaDeviceNodes(k.devRoot)
 		}
 		id := runcID(pod.UID, c.Name)
 		// No cgroup or log of the kubelet's: the process runs in the
-		// runtime's (OCIRuntime.Run).
+		// runtime's (noderuntime.OCIRuntime.Run).
 		k.containers[pod.UID] = []runningContainer{{Name: c.Name, ID: id}}
 		runOnce = func(ctx context.Context) error { return k.runtime.Run(ctx, id, c, processStopTimeout-5*time.Second) }
 	}

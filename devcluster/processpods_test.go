@@ -3,6 +3,7 @@ package devcluster
 import (
 	"testing"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/stretchr/testify/assert"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,7 +29,7 @@ func TestContainerArgv(t *testing.T) {
 	args, env := containerArgv(pod)
 	assert.Equal(t, []string{"--dir", "/host/mps/a", "--driver-root=/", "--control-binary=/usr/bin/x", "--log=/host/mps/shm/log",
 		"--other=/hostdev/null", "-v=2", "/driver-rootless", "--dir=/host/mps"}, args)
-	assert.Equal(t, []string{"A=/host/mps/shm", "B=/elsewhere", ContainerMarker("pod-uid")}, env)
+	assert.Equal(t, []string{"A=/host/mps/shm", "B=/elsewhere", noderuntime.ContainerMarker("pod-uid")}, env)
 }
 
 func TestProcessCommand(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -27,8 +28,8 @@ type PodReport struct {
 	Reason string
 	Claims []ClaimReport
 	// Containers is what each container would see, from the kubelet; the
-	// GPUs it sees are named from its device nodes (ContainerView.GPUs).
-	Containers map[string]ContainerView
+	// GPUs it sees are named from its device nodes (noderuntime.ContainerView.GPUs).
+	Containers map[string]noderuntime.ContainerView
 }
 
 // ClaimReport is one of a pod's claims and what was allocated.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,7 @@ import (
 
 // TestContainerInKubeletCgroup: a container runc starts with the
 // kubelet's cgroup path is in that cgroup, as /proc/<pid>/cgroup of its
-// real host PID (OCIRuntime.PID) shows it in every hierarchy the host
+// real host PID (noderuntime.OCIRuntime.PID) shows it in every hierarchy the host
 // mounts (here cgroup v1 controllers and the hybrid v2 one, or v2 alone);
 // once it is deleted and its pod's cgroup removed, neither is left.
 func TestContainerInKubeletCgroup(t *testing.T) {
@@ -31,7 +32,7 @@ func TestContainerInKubeletCgroup(t *testing.T) {
 		p, _ := filepath.Abs(def)
 		return p
 	}
-	rt := &OCIRuntime{Runc: bin("RUNC", "../bin/runc"), Probe: bin("PROBE", "../bin/gpudra-probe"), Root: t.TempDir()}
+	rt := &noderuntime.OCIRuntime{Runc: bin("RUNC", "../bin/runc"), Probe: bin("PROBE", "../bin/gpudra-probe"), Root: t.TempDir()}
 	if err := rt.Usable(); err != nil {
 		t.Skipf("%v (make probe bin/runc builds them; RUNC and PROBE name others)", err)
 	}
@@ -56,7 +57,7 @@ func TestContainerInKubeletCgroup(t *testing.T) {
 		assert.True(t, strings.HasSuffix(parts[2], cgroup), "hierarchy %q: the container is in %s, want the kubelet's %s", parts[1], parts[2], cgroup)
 	}
 	// The cgroup's own list of processes holds it, in every hierarchy.
-	procsFiles, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cgroup, "cgroup.procs"))
+	procsFiles, _ := filepath.Glob(filepath.Join(noderuntime.CgroupRoot, "*", cgroup, "cgroup.procs"))
 	require.NotEmpty(t, procsFiles)
 	for _, f := range procsFiles {
 		procs, err := os.ReadFile(f)
@@ -68,8 +69,8 @@ func TestContainerInKubeletCgroup(t *testing.T) {
 	assert.Contains(t, string(cmdline), "/gpudra-probe", "the PID is the container's first process, the probe")
 
 	podDirs := func() []string {
-		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", filepath.Dir(cgroup)))
-		more, _ := filepath.Glob(filepath.Join(cgroupRoot, filepath.Dir(cgroup)))
+		dirs, _ := filepath.Glob(filepath.Join(noderuntime.CgroupRoot, "*", filepath.Dir(cgroup)))
+		more, _ := filepath.Glob(filepath.Join(noderuntime.CgroupRoot, filepath.Dir(cgroup)))
 		return append(dirs, more...)
 	}
 	require.NotEmpty(t, podDirs(), "the pod's cgroup exists while its container runs")

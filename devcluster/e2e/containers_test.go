@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // These tests cover what the devcluster does in place of a container
@@ -50,7 +51,7 @@ func mpsServerPod(t *testing.T, ns, name, hostDir, serverDir string) *v1.Pod {
 			NodeName: containersNode, RestartPolicy: v1.RestartPolicyAlways, PriorityClassName: "system-node-critical",
 			Tolerations: []v1.Toleration{{Operator: v1.TolerationOpExists}},
 			Containers: []v1.Container{{
-				Name: "mps-server", Image: devcluster.MPSServerImage, Command: []string{devcluster.MPSServerCommand},
+				Name: "mps-server", Image: devcluster.MPSServerImage, Command: []string{noderuntime.MPSServerCommand},
 				Args: []string{"--driver-root=/driver-root", "--control-binary=" + control, "--dir=" + serverDir,
 					"--devices=GPU-aaaa,GPU-bbbb", "-v=2"},
 				VolumeMounts: []v1.VolumeMount{{Name: "server", MountPath: serverDir}, {Name: "shm", MountPath: "/dev/shm"},
@@ -73,7 +74,7 @@ func hasMarker(pid int, id string) bool {
 		return false
 	}
 	for _, e := range bytes.Split(environ, []byte{0}) {
-		if string(e) == devcluster.ContainerMarker(id) {
+		if string(e) == noderuntime.ContainerMarker(id) {
 			return true
 		}
 	}
@@ -109,7 +110,7 @@ func daemonHostPID(hostDir, id string) int {
 		return 0
 	}
 	want, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	pids, err := devcluster.ContainerProcesses(id)
+	pids, err := noderuntime.ContainerProcesses(id)
 	if err != nil || want == 0 {
 		return 0
 	}
@@ -165,7 +166,7 @@ func TestProcessPodRunsMPSServer(t *testing.T) {
 			data, err := os.ReadFile(log)
 			require.NoError(t, err)
 			assert.Contains(t, string(data), "CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb")
-			pids, err := devcluster.ContainerProcesses(uid)
+			pids, err := noderuntime.ContainerProcesses(uid)
 			require.NoError(t, err)
 			assert.Contains(t, pids, pid)
 
@@ -198,7 +199,7 @@ func TestProcessPodRunsMPSServer(t *testing.T) {
 func startMarked(t *testing.T, containerID string, setsid, reports bool, name string, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), devcluster.ContainerMarker(containerID))
+	cmd.Env = append(os.Environ(), noderuntime.ContainerMarker(containerID))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -251,7 +252,7 @@ func TestPluginContainerKillSparesProcessPods(t *testing.T) {
 	// environment for a moment: wait until every one has shown up.
 	var listed []int
 	require.Eventually(t, func() bool {
-		listed, err = devcluster.ContainerProcesses(inst.ContainerID)
+		listed, err = noderuntime.ContainerProcesses(inst.ContainerID)
 		require.NoError(t, err)
 		for _, pid := range pids {
 			if !slices.Contains(listed, pid) {
@@ -268,7 +269,7 @@ func TestPluginContainerKillSparesProcessPods(t *testing.T) {
 	for what, pid := range pids {
 		assert.False(t, hasMarker(pid, inst.ContainerID), "%s (pid %d) survived the container's end", what, pid)
 	}
-	left, err := devcluster.ContainerProcesses(inst.ContainerID)
+	left, err := noderuntime.ContainerProcesses(inst.ContainerID)
 	require.NoError(t, err)
 	assert.Empty(t, left)
 	assert.True(t, hasMarker(daemon, string(pod.UID)), "the MPS server pod's daemon is not the plugin's to kill")

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
@@ -66,7 +67,7 @@ func TestDevicePluginWithoutCDI(t *testing.T) {
 			g := migGPU[uuid]
 			device = slicebuilder.MigDeviceName(&g, m.Profile, m.Placement.Start)
 		}
-		viaCDI, err := devcluster.ResolveCDI(node.CDIDir(), []string{deviceplugin.CDIDeviceName(device), cdi.DriverDeviceID}, devcluster.MachineDevices(node.Machine))
+		viaCDI, err := noderuntime.ResolveCDI(node.CDIDir(), []string{deviceplugin.CDIDeviceName(device), cdi.DriverDeviceID}, noderuntime.MachineDevices(node.Machine))
 		require.NoError(t, err)
 		assert.Equal(t, viaCDI.VisibleGPUs(), view.VisibleGPUs(), name)
 		assert.Equal(t, viaCDI.DeviceNodes, view.DeviceNodes, "%s: the same device nodes as through CDI", name)

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/probe"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -62,7 +62,7 @@ func realMPSContainers() bool { return realContainers() && os.Getenv("MPS_SERVER
 // assertSeesFromInside: the container's probe saw exactly these GPU device
 // nodes, as character devices the device cgroup lets it open, the same
 // NVIDIA_VISIBLE_DEVICES, and the driver's files mounted read-only.
-func assertSeesFromInside(t *testing.T, container string, view devcluster.ContainerView, gpuNodes []string) {
+func assertSeesFromInside(t *testing.T, container string, view noderuntime.ContainerView, gpuNodes []string) {
 	t.Helper()
 	if !realContainers() {
 		return
@@ -89,7 +89,7 @@ func assertSeesFromInside(t *testing.T, container string, view devcluster.Contai
 // assertDriverMounted checks that the container gets the driver's
 // user-space files from the node's common driver spec, read-only and from
 // the node's driver root: a runtime without the NVIDIA toolkit runs CUDA.
-func assertDriverMounted(t *testing.T, node, container string, view devcluster.ContainerView) {
+func assertDriverMounted(t *testing.T, node, container string, view noderuntime.ContainerView) {
 	t.Helper()
 	root := cluster.Node(node).DriverRoot()
 	dests := map[string]bool{}

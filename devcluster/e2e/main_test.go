@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -79,8 +80,8 @@ func run(m *testing.M) int {
 	// Real containers (runc and the probe) on every node, where make
 	// test-e2e provides them (issue 27).
 	if runc, probe := os.Getenv("RUNC"), os.Getenv("PROBE"); runc != "" && probe != "" {
-		timings := &devcluster.Timings{}
-		opts.Runtime = &devcluster.OCIRuntime{Runc: runc, Probe: probe, MPSServer: os.Getenv("MPS_SERVER"), Timings: timings}
+		timings := &noderuntime.Timings{}
+		opts.Runtime = &noderuntime.OCIRuntime{Runc: runc, Probe: probe, MPSServer: os.Getenv("MPS_SERVER"), Timings: timings}
 		// The start-up real containers add (docs/benchmarks.md).
 		defer func() {
 			p50, n := timings.Percentile(0.5)
@@ -250,9 +251,9 @@ func describe(pod *v1.Pod) string {
 }
 
 // views is what the devcluster kubelet recorded for the pod's containers.
-func views(t *testing.T, pod *v1.Pod) map[string]devcluster.ContainerView {
+func views(t *testing.T, pod *v1.Pod) map[string]noderuntime.ContainerView {
 	t.Helper()
-	var v map[string]devcluster.ContainerView
+	var v map[string]noderuntime.ContainerView
 	require.NoError(t, json.Unmarshal([]byte(pod.Annotations[devcluster.ContainersAnnotation]), &v))
 	return v
 }

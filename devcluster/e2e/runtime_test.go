@@ -17,6 +17,7 @@ import (
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
@@ -49,7 +50,7 @@ func TestRealContainers(t *testing.T) {
 	require.NoError(t, sim.WriteDriverRoot(driverRoot, machine.DriverVersion()))
 	machine.SetDriverRoot(driverRoot)
 	n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: node, Backend: machine, DriverRoot: driverRoot,
-		Runtime: &devcluster.OCIRuntime{Runc: runc, Probe: probeBin, HostImage: true},
+		Runtime: &noderuntime.OCIRuntime{Runc: runc, Probe: probeBin, HostImage: true},
 		Taints:  []v1.Taint{{Key: "gpu.gpudra.dev/e2e", Value: "runc", Effect: v1.TaintEffectNoSchedule}}})
 	require.NoError(t, err)
 	assert.Nil(t, n.Machine, "a node with a Backend has no simulated Machine of its own")
@@ -175,9 +176,9 @@ func TestInsideCheckCatchesAnotherGPUsNode(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, strings.TrimSuffix(e.Name(), filepath.Ext(e.Name()))+".yaml"), out, 0o644))
 	}
 	require.True(t, mutated, "the claim's spec hands %s", claimed)
-	_, spec, err := devcluster.ResolveContainerSpec(dir, devcluster.RuntimeEdits{CDIDevices: view.CDIDevices}, nil, nil)
+	_, spec, err := noderuntime.ResolveContainerSpec(dir, noderuntime.RuntimeEdits{CDIDevices: view.CDIDevices}, nil, nil)
 	require.NoError(t, err)
-	rt := &devcluster.OCIRuntime{Runc: os.Getenv("RUNC"), Probe: os.Getenv("PROBE"), Root: t.TempDir()}
+	rt := &noderuntime.OCIRuntime{Runc: os.Getenv("RUNC"), Probe: os.Getenv("PROBE"), Root: t.TempDir()}
 	report, err := rt.Start(context.Background(), "mutated-"+string(pod.UID), spec)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rt.Stop(context.Background(), "mutated-"+string(pod.UID)) })

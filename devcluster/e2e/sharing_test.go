@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
@@ -37,7 +38,7 @@ type mpsServer struct {
 // sees what its server's container made: the daemon's control FIFO and
 // pid in the pipe directory, and the server's shared memory in /dev/shm
 // (the stand-in daemon writes it only in a container of its own).
-func assertSeesMPSServer(t *testing.T, pod string, v devcluster.ContainerView) {
+func assertSeesMPSServer(t *testing.T, pod string, v noderuntime.ContainerView) {
 	t.Helper()
 	if !realMPSContainers() {
 		return

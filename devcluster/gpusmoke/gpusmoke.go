@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -138,7 +139,7 @@ func run(ctx context.Context, w io.Writer, res *results, cfg Config) error {
 	// The containers' image is the host's /usr (nvidia-smi and the CUDA
 	// check need a libc); what GPUs they see is still only what the CDI
 	// spec gives them.
-	rt := &devcluster.OCIRuntime{Runc: cfg.Runc, Probe: cfg.Probe, HostImage: true, MPSServer: cfg.MPSServer, CUDACheck: cfg.CUDACheck}
+	rt := &noderuntime.OCIRuntime{Runc: cfg.Runc, Probe: cfg.Probe, HostImage: true, MPSServer: cfg.MPSServer, CUDACheck: cfg.CUDACheck}
 	if err := rt.Usable(); err != nil {
 		return err
 	}

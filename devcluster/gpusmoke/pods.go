@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/probe/cudacheck"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -174,7 +175,7 @@ func (s *session) checkSees(pod string, out podView, want []string) []string {
 // smokePod runs nvidia-smi -L and then the CUDA check (allocating bytes)
 // on the GPU node, with the claim when it is named.
 func smokePod(name, claim string, bytes int64) *v1.Pod {
-	script := fmt.Sprintf("nvidia-smi -L; echo %s; %s --alloc %d", cudaMarker, devcluster.CUDACheckPath, bytes)
+	script := fmt.Sprintf("nvidia-smi -L; echo %s; %s --alloc %d", cudaMarker, noderuntime.CUDACheckPath, bytes)
 	cmd, _ := json.Marshal([]string{"sh", "-c", script})
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace,
@@ -233,7 +234,7 @@ func (s *session) runPods(ctx context.Context, pods []*v1.Pod) (map[string]*v1.P
 // podOutput is what nvidia-smi and the CUDA check printed in the pod's
 // container.
 func (s *session) podOutput(pod *v1.Pod) (podView, error) {
-	var views map[string]devcluster.ContainerView
+	var views map[string]noderuntime.ContainerView
 	if err := json.Unmarshal([]byte(pod.Annotations[devcluster.ContainersAnnotation]), &views); err != nil {
 		return podView{}, fmt.Errorf("pod %s: annotation %s: %w", pod.Name, devcluster.ContainersAnnotation, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 type options struct {
@@ -34,7 +35,7 @@ type options struct {
 	cpBurst    int
 	grove      bool
 	chart      devcluster.ChartOptions
-	runtime    devcluster.OCIRuntime
+	runtime    noderuntime.OCIRuntime
 	image      devcluster.ImageOptions
 }
 
@@ -111,7 +112,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	var runtime *devcluster.OCIRuntime
+	var runtime *noderuntime.OCIRuntime
 	if err := o.runtime.Usable(); err != nil {
 		fmt.Fprintf(os.Stderr, "containers are not run, their OCI specs only resolved: %v\n", err)
 	} else {

@@ -1,4 +1,4 @@
-package devcluster
+package noderuntime
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func TestCUDACheckInContainer(t *testing.T) {
 		p, _ := filepath.Abs(def)
 		return p
 	}
-	runc, probeBin := bin("RUNC", "../bin/runc"), bin("PROBE", "../bin/gpudra-probe")
+	runc, probeBin := bin("RUNC", "../../bin/runc"), bin("PROBE", "../../bin/gpudra-probe")
 	for _, p := range []string{runc, probeBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Skipf("%v (make probe bin/runc builds them; RUNC and PROBE name others)", err)
@@ -55,7 +55,7 @@ func TestCUDACheckInContainer(t *testing.T) {
 	require.NoError(t, err)
 	check := filepath.Join(tmp, "gpudra-cuda-check")
 	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", check, "./cmd/gpudra-cuda-check")
-	build.Dir, build.Env = "..", append(os.Environ(), "CGO_ENABLED=0")
+	build.Dir, build.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
 	built, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", built)
 

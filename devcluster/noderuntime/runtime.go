@@ -1,4 +1,14 @@
-package devcluster
+// Package noderuntime is devcluster's container runtime: what containerd and
+// runc do on a real node, played with the real runc binary and the real CDI
+// library. It resolves the kubelet's CDI ids into an OCI spec
+// (ResolveContainerSpec; the GPUs a container sees are named from its device
+// nodes), runs workload containers in runc with gpudra's probe as their
+// process (OCIRuntime.Start) and process pods' containers (MPS servers,
+// OCIRuntime.Run), finds and kills a container's processes (ContainerMarker),
+// keeps the kubelet's container log links (ContainerLog), and opens sockets
+// inside a pod's network namespace (ListenInNetns, DialInNetns). What is
+// simulated is only below it: the GPUs behind the device nodes.
+package noderuntime
 
 import (
 	"context"
@@ -125,7 +135,7 @@ func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*p
 	if err != nil {
 		return nil, err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
+	if err := WriteJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return nil, err
 	}
 	log, err := os.Create(filepath.Join(bundle, "output"))
@@ -193,8 +203,8 @@ func (r *OCIRuntime) PID(ctx context.Context, id string) (int, error) {
 	return state.Pid, nil
 }
 
-// cgroupRoot is where the host's cgroup hierarchies are mounted.
-const cgroupRoot = "/sys/fs/cgroup"
+// CgroupRoot is where the host's cgroup hierarchies are mounted.
+const CgroupRoot = "/sys/fs/cgroup"
 
 // RemoveCgroup removes a cgroup that held containers (a pod's, once its
 // containers are deleted: runc deletes a container's own cgroup, not its
@@ -206,8 +216,8 @@ func (r *OCIRuntime) RemoveCgroup(cgroup string) error {
 	if !filepath.IsAbs(cgroup) || filepath.Clean(cgroup) == "/" {
 		return fmt.Errorf("remove cgroup %q: want a cgroup below the root", cgroup)
 	}
-	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cgroup))
-	dirs = append(dirs, filepath.Join(cgroupRoot, cgroup))
+	dirs, _ := filepath.Glob(filepath.Join(CgroupRoot, "*", cgroup))
+	dirs = append(dirs, filepath.Join(CgroupRoot, cgroup))
 	var errs []error
 	for _, d := range dirs {
 		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) && !isNotEmpty(err) && !errors.Is(err, syscall.EBUSY) {
@@ -239,9 +249,9 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 			Env:  append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, edited.Process.Env...),
 			Cwd:  "/",
 			Capabilities: &oci.LinuxCapabilities{
-				Bounding:  defaultCapabilities,
-				Effective: defaultCapabilities,
-				Permitted: defaultCapabilities,
+				Bounding:  DefaultCapabilities,
+				Effective: DefaultCapabilities,
+				Permitted: DefaultCapabilities,
 			},
 			NoNewPrivileges: true,
 		},
@@ -283,7 +293,7 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 	// over the defaults, as containerd applies them; a /dev/shm from an
 	// MPS claim replaces the default one.
 	for _, m := range edited.Mounts {
-		s.Mounts = deleteMount(s.Mounts, m.Destination)
+		s.Mounts = DeleteMount(s.Mounts, m.Destination)
 		s.Mounts = append(s.Mounts, m)
 	}
 	return s, nil
@@ -321,12 +331,12 @@ func hostImageMounts(bundle string) ([]oci.Mount, error) {
 	}, nil
 }
 
-// deleteMount removes the mounts at destination.
-func deleteMount(mounts []oci.Mount, destination string) []oci.Mount {
+// DeleteMount removes the mounts at destination.
+func DeleteMount(mounts []oci.Mount, destination string) []oci.Mount {
 	return slices.DeleteFunc(mounts, func(d oci.Mount) bool { return d.Destination == destination })
 }
 
-func writeJSON(path string, v any) error {
+func WriteJSON(path string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -334,6 +344,6 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, data, 0o644)
 }
 
-// defaultCapabilities are containerd's default set for a container.
-var defaultCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+// DefaultCapabilities are containerd's default set for a container.
+var DefaultCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
 	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}

@@ -1,4 +1,4 @@
-package devcluster
+package noderuntime
 
 import (
 	"context"
@@ -16,6 +16,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
+// MPSServerCommand is the command of the gpudra image's MPS server.
+const MPSServerCommand = "gpudra-mps-server"
+
 // ProcessContainer is a process pod's container (an MPS server) as the
 // OCI runtime runs it: the pod's own command, environment, hostPath
 // volumes and privileges, nothing translated (the container sees its
@@ -31,15 +34,15 @@ type ProcessContainer struct {
 	Privileged bool
 	// Devices are created in a privileged container's /dev: containerd
 	// gives a privileged container every device node of the host; here
-	// the node's NVIDIA ones (nvidiaDeviceNodes), which a real MPS control
+	// the node's NVIDIA ones (NvidiaDeviceNodes), which a real MPS control
 	// daemon opens.
 	Devices []oci.LinuxDevice
 }
 
-// processContainer is the pod's one container for the runtime; marker is
+// PodProcessContainer is the pod's one container for the runtime; marker is
 // added to its environment so that devcluster (and tests) can find every
 // process it starts on the host's /proc.
-func processContainer(pod *v1.Pod) ProcessContainer {
+func PodProcessContainer(pod *v1.Pod) ProcessContainer {
 	c := pod.Spec.Containers[0]
 	pc := ProcessContainer{Name: c.Name, Args: append(append([]string{}, c.Command...), c.Args...)}
 	pc.Args[0] = path.Base(pc.Args[0])
@@ -99,7 +102,7 @@ func (r *OCIRuntime) Run(ctx context.Context, id string, c ProcessContainer, sto
 	if err != nil {
 		return err
 	}
-	if err := writeJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
+	if err := WriteJSON(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
 	}
 	log, err := os.OpenFile(filepath.Join(bundle, "output"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -124,7 +127,7 @@ func (r *OCIRuntime) Run(ctx context.Context, id string, c ProcessContainer, sto
 	select {
 	case err := <-exited:
 		out, _ := os.ReadFile(log.Name())
-		return fmt.Errorf("container %s exited (%v): %s", id, err, lastLines(string(out), 5))
+		return fmt.Errorf("container %s exited (%v): %s", id, err, LastLines(string(out), 5))
 	case <-ctx.Done():
 	}
 	// To the container's init only: its PID namespace goes with it.
@@ -160,7 +163,7 @@ func (r *OCIRuntime) processSpec(id, bundle string, c ProcessContainer) (*oci.Sp
 	}
 	s.Process.Args = c.Args
 	// No probe and no report: the pod's own command runs.
-	s.Mounts = deleteMount(deleteMount(s.Mounts, reportDir), "/gpudra-probe")
+	s.Mounts = DeleteMount(DeleteMount(s.Mounts, reportDir), "/gpudra-probe")
 	s.Process.Env = append([]string{"PATH=" + imageBinDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, c.Env...)
 	image, err := hostImageMounts(bundle)
 	if err != nil {
@@ -170,11 +173,11 @@ func (r *OCIRuntime) processSpec(id, bundle string, c ProcessContainer) (*oci.Sp
 	s.Mounts = append(s.Mounts,
 		oci.Mount{Destination: path.Join(imageBinDir, MPSServerCommand), Type: "bind", Source: r.MPSServer, Options: []string{"rbind", "ro"}})
 	for _, m := range c.Mounts {
-		s.Mounts = deleteMount(s.Mounts, m.Destination)
+		s.Mounts = DeleteMount(s.Mounts, m.Destination)
 		s.Mounts = append(s.Mounts, m)
 	}
 	if c.Privileged {
-		caps := privilegedCapabilities()
+		caps := PrivilegedCapabilities()
 		s.Process.Capabilities = &oci.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
 		s.Process.NoNewPrivileges = false
 		s.Linux.Resources.Devices = []oci.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}
@@ -184,8 +187,8 @@ func (r *OCIRuntime) processSpec(id, bundle string, c ProcessContainer) (*oci.Sp
 	return s, nil
 }
 
-// lastLines is the last n lines of s.
-func lastLines(s string, n int) string {
+// LastLines is the last n lines of s.
+func LastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
@@ -193,19 +196,19 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// privilegedCapabilities are a privileged container's: every capability
+// PrivilegedCapabilities are a privileged container's: every capability
 // this process may hand on (its bounding set), as containerd gives; one
 // outside it fails the container's start.
-func privilegedCapabilities() []string {
+func PrivilegedCapabilities() []string {
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return defaultCapabilities
+		return DefaultCapabilities
 	}
 	var bounding uint64
 	for _, line := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(line, "CapBnd:"); ok {
 			if bounding, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
-				return defaultCapabilities
+				return DefaultCapabilities
 			}
 		}
 	}
@@ -227,10 +230,10 @@ var capabilitiesByBit = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_
 	"CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
 	"CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"}
 
-// nvidiaDeviceNodes are the NVIDIA character devices under root's /dev
+// NvidiaDeviceNodes are the NVIDIA character devices under root's /dev
 // (nvidiactl, nvidia-uvm, nvidia<N>, nvidia-caps/...), as a privileged
 // container gets them, with the paths they have there.
-func nvidiaDeviceNodes(root string) []oci.LinuxDevice {
+func NvidiaDeviceNodes(root string) []oci.LinuxDevice {
 	var out []oci.LinuxDevice
 	for _, pattern := range []string{"dev/nvidia*", "dev/nvidia-caps/*"} {
 		matches, _ := filepath.Glob(filepath.Join(root, pattern))

@@ -1,4 +1,4 @@
-package devcluster
+package noderuntime
 
 import (
 	"context"
@@ -18,15 +18,15 @@ import (
 // of two nodes both listen on the chart's metrics port. devcluster has no
 // pod network (no CNI, no veth), so it reaches into the namespace instead:
 // a socket belongs to the network namespace of the thread that creates
-// it, and keeps working from any thread afterwards. listenInNetns opens a
+// it, and keeps working from any thread afterwards. ListenInNetns opens a
 // listener inside the pod's namespace (the API server at 127.0.0.1, as
-// kube-proxy's service address would be), dialInNetns a connection to a
+// kube-proxy's service address would be), DialInNetns a connection to a
 // port of the pod (probes, the webhook's Service).
 
-// inNetns runs f on a thread of its own that has entered the network
+// InNetns runs f on a thread of its own that has entered the network
 // namespace at nsPath. The thread is never given back to the Go scheduler
 // (the goroutine ends locked): it dies with its namespace.
-func inNetns(nsPath string, f func() error) error {
+func InNetns(nsPath string, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -46,20 +46,20 @@ func inNetns(nsPath string, f func() error) error {
 	return <-errc
 }
 
-// listenInNetns listens on addr inside the network namespace at nsPath.
-func listenInNetns(nsPath, addr string) (net.Listener, error) {
+// ListenInNetns listens on addr inside the network namespace at nsPath.
+func ListenInNetns(nsPath, addr string) (net.Listener, error) {
 	var l net.Listener
-	err := inNetns(nsPath, func() (err error) {
+	err := InNetns(nsPath, func() (err error) {
 		l, err = net.Listen("tcp", addr)
 		return err
 	})
 	return l, err
 }
 
-// dialInNetns connects to addr inside the network namespace at nsPath.
-func dialInNetns(ctx context.Context, nsPath, addr string) (net.Conn, error) {
+// DialInNetns connects to addr inside the network namespace at nsPath.
+func DialInNetns(ctx context.Context, nsPath, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(nsPath, func() (err error) {
+	err := InNetns(nsPath, func() (err error) {
 		var d net.Dialer
 		c, err = d.DialContext(ctx, "tcp", addr)
 		return err
@@ -69,7 +69,7 @@ func dialInNetns(ctx context.Context, nsPath, addr string) (net.Conn, error) {
 
 // forward serves l, copying each connection to one that dial makes, both
 // ways, until ctx ends: the stand-in for a Service's address.
-func forward(ctx context.Context, l net.Listener, dial func(context.Context) (net.Conn, error)) {
+func Forward(ctx context.Context, l net.Listener, dial func(context.Context) (net.Conn, error)) {
 	go func() {
 		<-ctx.Done()
 		_ = l.Close()
@@ -92,18 +92,18 @@ func forward(ctx context.Context, l net.Listener, dial func(context.Context) (ne
 			defer out.Close()
 			var wg sync.WaitGroup
 			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(out, in); closeWrite(out) }()
-			go func() { defer wg.Done(); _, _ = io.Copy(in, out); closeWrite(in) }()
+			go func() { defer wg.Done(); _, _ = io.Copy(out, in); CloseWrite(out) }()
+			go func() { defer wg.Done(); _, _ = io.Copy(in, out); CloseWrite(in) }()
 			wg.Wait()
 		}()
 	}
 }
 
-func closeWrite(c net.Conn) {
+func CloseWrite(c net.Conn) {
 	if tc, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = tc.CloseWrite()
 	}
 }
 
-// netnsOf is the network namespace of a process.
-func netnsOf(pid int) string { return fmt.Sprintf("/proc/%d/ns/net", pid) }
+// NetnsOf is the network namespace of a process.
+func NetnsOf(pid int) string { return fmt.Sprintf("/proc/%d/ns/net", pid) }

@@ -1,4 +1,4 @@
-package devcluster
+package noderuntime
 
 import (
 	"bytes"

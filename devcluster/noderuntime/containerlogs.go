@@ -1,4 +1,4 @@
-package devcluster
+package noderuntime
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// containerLog is a container's log file and the link to it, where the
+// ContainerLog is a container's log file and the link to it, where the
 // kubelet keeps them (below a node's /var/log): the file in
 // pods/<namespace>_<pod>_<uid>/<container>/0.log, the link
 // containers/<pod>_<namespace>_<container>-<container id>.log. The link
@@ -18,17 +18,17 @@ import (
 // pkg/telemetry) tell a container ID's pod, namespace and container
 // without the API server. The file stays empty: the container's output
 // is in its bundle.
-type containerLog struct {
+type ContainerLog struct {
 	// PodDir is the pod's directory, File the container's log in it,
 	// Link the container's link to File.
 	PodDir, File, Link string
 }
 
-// containerLogPaths are the log paths of a container with this ID, below
+// ContainerLogPaths are the log paths of a container with this ID, below
 // logRoot (a node's /var/log).
-func containerLogPaths(logRoot string, pod *v1.Pod, container, id string) containerLog {
+func ContainerLogPaths(logRoot string, pod *v1.Pod, container, id string) ContainerLog {
 	podDir := filepath.Join(logRoot, "pods", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID))
-	return containerLog{
+	return ContainerLog{
 		PodDir: podDir,
 		File:   filepath.Join(podDir, container, "0.log"),
 		Link:   filepath.Join(logRoot, "containers", fmt.Sprintf("%s_%s_%s-%s.log", pod.Name, pod.Namespace, container, id)),
@@ -37,7 +37,7 @@ func containerLogPaths(logRoot string, pod *v1.Pod, container, id string) contai
 
 // create makes the log file (empty) and the link to it; a link of an
 // earlier try is replaced.
-func (l containerLog) create() error {
+func (l ContainerLog) Create() error {
 	for _, d := range []string{filepath.Dir(l.File), filepath.Dir(l.Link)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("container log: %w", err)
@@ -62,7 +62,7 @@ func (l containerLog) create() error {
 // remove deletes the link and the file, and the container's and the
 // pod's directories once empty (another container's log keeps the pod's);
 // what is gone already is no error.
-func (l containerLog) remove() error {
+func (l ContainerLog) Remove() error {
 	var errs []error
 	for _, p := range []string{l.Link, l.File} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
