@@ -7,12 +7,15 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // installGpudraCRDs installs gpudra's CRDs (GpuReservation, GpuQueue), the
 // same documents as the chart's crds/.

@@ -35,16 +35,21 @@ func (t *ProcessTB) Fail()                     { t.mu.Lock(); t.failed = true; t
 func (t *ProcessTB) FailNow()                  { t.Fail(); panic(FatalError{Msg: "FailNow"}) }
 func (t *ProcessTB) Failed() bool              { t.mu.Lock(); defer t.mu.Unlock(); return t.failed }
 func (t *ProcessTB) Fatal(args ...any)         { t.Fail(); panic(FatalError{Msg: fmt.Sprint(args...)}) }
-func (t *ProcessTB) Fatalf(f string, a ...any) { t.Fail(); panic(FatalError{Msg: fmt.Sprintf(f, a...)}) }
-func (t *ProcessTB) Helper()                   {}
-func (t *ProcessTB) Log(args ...any)           { klog.V(4).InfoDepth(1, fmt.Sprint(args...)) }
-func (t *ProcessTB) Logf(f string, a ...any)   { klog.V(4).InfoDepth(1, fmt.Sprintf(f, a...)) }
-func (t *ProcessTB) Name() string              { return t.name }
-func (t *ProcessTB) Setenv(k, v string)        { _ = os.Setenv(k, v) }
-func (t *ProcessTB) Skip(args ...any)          { panic(FatalError{Msg: "Skip: " + fmt.Sprint(args...)}) }
-func (t *ProcessTB) Skipf(f string, a ...any)  { panic(FatalError{Msg: "Skip: " + fmt.Sprintf(f, a...)}) }
-func (t *ProcessTB) SkipNow()                  { panic(FatalError{Msg: "SkipNow"}) }
-func (t *ProcessTB) Skipped() bool             { return false }
+func (t *ProcessTB) Fatalf(f string, a ...any) {
+	t.Fail()
+	panic(FatalError{Msg: fmt.Sprintf(f, a...)})
+}
+func (t *ProcessTB) Helper()                 {}
+func (t *ProcessTB) Log(args ...any)         { klog.V(4).InfoDepth(1, fmt.Sprint(args...)) }
+func (t *ProcessTB) Logf(f string, a ...any) { klog.V(4).InfoDepth(1, fmt.Sprintf(f, a...)) }
+func (t *ProcessTB) Name() string            { return t.name }
+func (t *ProcessTB) Setenv(k, v string)      { _ = os.Setenv(k, v) }
+func (t *ProcessTB) Skip(args ...any)        { panic(FatalError{Msg: "Skip: " + fmt.Sprint(args...)}) }
+func (t *ProcessTB) Skipf(f string, a ...any) {
+	panic(FatalError{Msg: "Skip: " + fmt.Sprintf(f, a...)})
+}
+func (t *ProcessTB) SkipNow()      { panic(FatalError{Msg: "SkipNow"}) }
+func (t *ProcessTB) Skipped() bool { return false }
 
 func (t *ProcessTB) Cleanup(f func()) {
 	t.mu.Lock()

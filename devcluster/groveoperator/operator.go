@@ -1,4 +1,4 @@
-package devcluster
+package groveoperator
 
 import (
 	"context"
@@ -45,15 +45,15 @@ var (
 	pcsgGVR = grove.SchemeGroupVersion.WithResource("podcliquescalinggroups")
 )
 
-// groveOperator reconciles every PodCliqueSet by polling: the stand-in is
+// Operator reconciles every PodCliqueSet by polling: the stand-in is
 // for tests of a few objects, where a poll every half second is cheaper to
 // get right than Grove's watches.
-type groveOperator struct {
+type Operator struct {
 	client kubernetes.Interface
 	dyn    dynamic.Interface
 }
 
-func newGroveOperator(cfg *restclient.Config) (*groveOperator, error) {
+func NewOperator(cfg *restclient.Config) (*Operator, error) {
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("Grove stand-in client: %w", err)
@@ -62,10 +62,10 @@ func newGroveOperator(cfg *restclient.Config) (*groveOperator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("Grove stand-in dynamic client: %w", err)
 	}
-	return &groveOperator{client: client, dyn: dyn}, nil
+	return &Operator{client: client, dyn: dyn}, nil
 }
 
-func (g *groveOperator) run(ctx context.Context) {
+func (g *Operator) Run(ctx context.Context) {
 	logger := klog.LoggerWithName(klog.FromContext(ctx), "grove-stand-in")
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		list, err := g.dyn.Resource(pcsGVR).List(ctx, metav1.ListOptions{})
@@ -116,7 +116,7 @@ func applyDefaults(pcs *grove.PodCliqueSet) {
 // PodCliqueSet-level claims, then per replica the scaling groups (their
 // claims before their cliques), the cliques (their claims before their
 // pods), the PodGangs, and the gates.
-func (g *groveOperator) sync(ctx context.Context, pcs *grove.PodCliqueSet) error {
+func (g *Operator) sync(ctx context.Context, pcs *grove.PodCliqueSet) error {
 	applyDefaults(pcs)
 	ready, err := g.syncTokenSecret(ctx, pcs)
 	if err != nil || !ready {
@@ -145,7 +145,7 @@ func (g *groveOperator) sync(ctx context.Context, pcs *grove.PodCliqueSet) error
 // syncTokenSecret makes the PodCliqueSet's ServiceAccount and its
 // `<pcs>-ic-sat` Secret, and says whether the token controller has filled
 // the Secret yet (satokensecret.go in Grove).
-func (g *groveOperator) syncTokenSecret(ctx context.Context, pcs *grove.PodCliqueSet) (bool, error) {
+func (g *Operator) syncTokenSecret(ctx context.Context, pcs *grove.PodCliqueSet) (bool, error) {
 	base := grovecommon.GetDefaultLabelsForPodCliqueSetManagedResources(pcs.Name)
 	saName := grovecommon.GeneratePodServiceAccountName(pcs.Name)
 	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: saName, Namespace: pcs.Namespace,
@@ -172,7 +172,7 @@ func (g *groveOperator) syncTokenSecret(ctx context.Context, pcs *grove.PodCliqu
 
 // syncReplica makes one PodCliqueSet replica: its scaling groups with
 // their claims and cliques, its standalone cliques, its PodGangs and gates.
-func (g *groveOperator) syncReplica(ctx context.Context, pcs *grove.PodCliqueSet, r int) error {
+func (g *Operator) syncReplica(ctx context.Context, pcs *grove.PodCliqueSet, r int) error {
 	pcsReplica := grovecommon.ResourceNameReplica{Name: pcs.Name, Replica: r}
 	baseGang := grovecommon.GenerateBasePodGangName(pcsReplica)
 	inGroup := map[string]bool{}
@@ -227,7 +227,7 @@ func (g *groveOperator) syncReplica(ctx context.Context, pcs *grove.PodCliqueSet
 }
 
 // syncScalingGroup makes the PodCliqueScalingGroup object of one replica.
-func (g *groveOperator) syncScalingGroup(ctx context.Context, pcs *grove.PodCliqueSet, r int, cfg *grove.PodCliqueScalingGroupConfig) (*grove.PodCliqueScalingGroup, error) {
+func (g *Operator) syncScalingGroup(ctx context.Context, pcs *grove.PodCliqueSet, r int, cfg *grove.PodCliqueScalingGroupConfig) (*grove.PodCliqueScalingGroup, error) {
 	name := grovecommon.GeneratePodCliqueScalingGroupName(grovecommon.ResourceNameReplica{Name: pcs.Name, Replica: r}, cfg.Name)
 	pcsg := &grove.PodCliqueScalingGroup{
 		TypeMeta: metav1.TypeMeta{APIVersion: grove.SchemeGroupVersion.String(), Kind: "PodCliqueScalingGroup"},
@@ -251,7 +251,7 @@ func (g *groveOperator) syncScalingGroup(ctx context.Context, pcs *grove.PodCliq
 
 // ensure creates a Grove object from its typed form unless it exists, and
 // returns what the API server has.
-func (g *groveOperator) ensure(ctx context.Context, gvr schema.GroupVersionResource, obj metav1.Object) (*unstructured.Unstructured, error) {
+func (g *Operator) ensure(ctx context.Context, gvr schema.GroupVersionResource, obj metav1.Object) (*unstructured.Unstructured, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s %s: %w", gvr.Resource, obj.GetName(), err)
@@ -291,7 +291,7 @@ func claimName(owner string, s grove.ResourceSharingSpec, idx *int) string {
 // syncClaim makes one ResourceClaim from the template the sharing entry
 // names: the PodCliqueSet's own template (only its spec: Grove drops the
 // template's metadata) or a ResourceClaimTemplate object.
-func (g *groveOperator) syncClaim(ctx context.Context, pcs *grove.PodCliqueSet, ownerName string, s grove.ResourceSharingSpec, idx *int,
+func (g *Operator) syncClaim(ctx context.Context, pcs *grove.PodCliqueSet, ownerName string, s grove.ResourceSharingSpec, idx *int,
 	owner metav1.OwnerReference, extraLabels map[string]string) error {
 	name := claimName(ownerName, s, idx)
 	if _, err := g.client.ResourceV1().ResourceClaims(pcs.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil {

@@ -1,4 +1,4 @@
-package devcluster
+package groveoperator
 
 import (
 	"context"
@@ -59,7 +59,7 @@ func (cl *cliqueInstance) labels(pcs *grove.PodCliqueSet) map[string]string {
 
 // syncClique makes the PodClique object, its claims, then its missing
 // pods (lowest free indices first).
-func (g *groveOperator) syncClique(ctx context.Context, pcs *grove.PodCliqueSet, cl *cliqueInstance) error {
+func (g *Operator) syncClique(ctx context.Context, pcs *grove.PodCliqueSet, cl *cliqueInstance) error {
 	lbls := cl.labels(pcs)
 	pclq := &grove.PodClique{
 		TypeMeta: metav1.TypeMeta{APIVersion: grove.SchemeGroupVersion.String(), Kind: "PodClique"},
@@ -107,7 +107,7 @@ func (g *groveOperator) syncClique(ctx context.Context, pcs *grove.PodCliqueSet,
 // buildPod is Grove's pod (podclique/components/pod/pod.go, buildResource):
 // the clique's pod spec, gated, with Grove's names, labels and environment
 // and every shared claim in scope in every container and init container.
-func (g *groveOperator) buildPod(pcs *grove.PodCliqueSet, cl *cliqueInstance, pclqLabels map[string]string, owner metav1.OwnerReference, idx int) *v1.Pod {
+func (g *Operator) buildPod(pcs *grove.PodCliqueSet, cl *cliqueInstance, pclqLabels map[string]string, owner metav1.OwnerReference, idx int) *v1.Pod {
 	pcsReplica := grovecommon.ResourceNameReplica{Name: pcs.Name, Replica: cl.pcsReplica}
 	spec := cl.tmpl.Spec.PodSpec.DeepCopy()
 	spec.SchedulingGates = append(spec.SchedulingGates, v1.PodSchedulingGate{Name: podGangGate})
@@ -210,7 +210,7 @@ func injectClaim(spec *v1.PodSpec, name string) {
 // as Grove's podgang component does) and lifts the gate of every pod that
 // is in its PodGang, once a scaled PodGang's base PodGang is scheduled
 // (podclique/components/pod/syncflow.go, checkAndRemovePodSchedulingGates).
-func (g *groveOperator) syncGangs(ctx context.Context, pcs *grove.PodCliqueSet, cliques []*cliqueInstance) error {
+func (g *Operator) syncGangs(ctx context.Context, pcs *grove.PodCliqueSet, cliques []*cliqueInstance) error {
 	pods, err := g.client.CoreV1().Pods(pcs.Namespace).List(ctx, metav1.ListOptions{LabelSelector: grovecommon.LabelPartOfKey + "=" + pcs.Name})
 	if err != nil {
 		return fmt.Errorf("list pods of PodCliqueSet %s: %w", pcs.Name, err)
@@ -293,7 +293,7 @@ func hasGate(p *v1.Pod) bool {
 }
 
 // removeGate deletes only Grove's gate with a merge patch, as Grove does.
-func (g *groveOperator) removeGate(ctx context.Context, p *v1.Pod) error {
+func (g *Operator) removeGate(ctx context.Context, p *v1.Pod) error {
 	gates := []v1.PodSchedulingGate{}
 	for _, gate := range p.Spec.SchedulingGates {
 		if gate.Name != podGangGate {
@@ -311,7 +311,7 @@ func (g *groveOperator) removeGate(ctx context.Context, p *v1.Pod) error {
 }
 
 // writeGang creates or updates a PodGang and its Initialized condition.
-func (g *groveOperator) writeGang(ctx context.Context, pcs *grove.PodCliqueSet, name string, podgroups []any, complete bool) error {
+func (g *Operator) writeGang(ctx context.Context, pcs *grove.PodCliqueSet, name string, podgroups []any, complete bool) error {
 	ri := g.dyn.Resource(podGangGVR).Namespace(pcs.Namespace)
 	gang, err := ri.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
