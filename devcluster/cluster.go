@@ -6,7 +6,7 @@
 // backs `make demo` and the end-to-end suite. Pods' containers run in runc
 // where it can (runtime.go); the plugin and the controller run in this
 // process, or, in image mode (Options.Image), as the chart's own pods from
-// make image's layout (imagepods.go, imagechart.go).
+// make image's layout (package imagemode, imagechart.go).
 package devcluster
 
 import (
@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpudra/gpudra/devcluster/controlplane"
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"go.etcd.io/etcd/server/v3/embed"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +29,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+
+	"github.com/gpudra/gpudra/devcluster/controlplane"
+	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // The plugins' namespace, where they create MPS server pods, and the image
@@ -82,9 +84,9 @@ type Options struct {
 	// Runtime overrides it per node); nil: their specs are only resolved.
 	Runtime *noderuntime.OCIRuntime
 	// Image runs the chart's own plugin and controller pods from make
-	// image's layout in runc (imagepods.go, imagechart.go) instead of
+	// image's layout in runc (package imagemode, imagechart.go) instead of
 	// in this process; nil: in-process, the default (faster).
-	Image *ImageOptions
+	Image *imagemode.Options
 }
 
 // Cluster is a running devcluster.
@@ -118,7 +120,7 @@ type Cluster struct {
 	runtime      *noderuntime.OCIRuntime
 	forbidden    forbiddenLog
 	// image runs the chart's pods in image mode; nil otherwise.
-	image *imageRunner
+	image *imagemode.Runner
 
 	mu    sync.Mutex
 	nodes map[string]*Node
@@ -165,7 +167,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		// configurations name the Service), as no kube-proxy runs.
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--enable-aggregator-routing=true")
 		// The caller's values last: a test may override image mode's.
-		opts.Chart.Values = append(imagePodValues(c.Dir), opts.Chart.Values...)
+		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
 	}
 	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
@@ -208,7 +210,8 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	if opts.Image != nil {
-		if c.image, err = newImageRunner(c.ctx, c, *opts.Image); err != nil {
+		if c.image, err = imagemode.NewRunner(c.ctx, imagemode.Config{Dir: c.Dir, Admin: c.Client, APIServerHost: c.RESTConfig.Host,
+			TokenLifetime: componentTokenLifetime}, *opts.Image); err != nil {
 			return c, err
 		}
 		if err := c.startImageController(c.ctx); err != nil {
@@ -246,7 +249,7 @@ func (c *Cluster) Node(name string) *Node {
 func (c *Cluster) Stop() { c.stopOnce.Do(c.stop) }
 
 func (c *Cluster) stop() {
-	c.image.stopAll()
+	c.image.StopAll()
 	for _, n := range c.Nodes() {
 		n.StopPlugin()
 	}

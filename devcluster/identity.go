@@ -27,6 +27,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/devcluster/imagemode"
 )
 
 // The chart's release in devcluster and the identities it creates there.
@@ -39,11 +41,6 @@ const (
 	PluginServiceAccount     = "gpudra-kubelet-plugin"
 	ControllerServiceAccount = "gpudra-controller"
 	MPSServerServiceAccount  = "gpudra-mps-server"
-	// NodeNamePlaceholder stands for the node's name in the host paths
-	// the chart is rendered with: each simulated node has directories of
-	// its own, and the admission policy puts the requesting node's name
-	// in its place.
-	NodeNamePlaceholder = "$(NODE_NAME)"
 	// componentTokenLifetime outlives any devcluster run.
 	componentTokenLifetime = 48 * time.Hour
 )
@@ -104,7 +101,7 @@ func RenderChart(ctx context.Context, chart ChartOptions, dir string, extra ...s
 	if chart.Dir == "" || chart.Helm == "" {
 		return "", fmt.Errorf("devcluster installs the chart's identities and needs the chart and helm (ChartOptions %+v; `make helm` builds bin/helm)", chart)
 	}
-	nodeDir := filepath.Join(dir, "nodes", NodeNamePlaceholder)
+	nodeDir := filepath.Join(dir, "nodes", imagemode.NodeNamePlaceholder)
 	args := append([]string{"template", ChartRelease, chart.Dir, "--namespace", PluginNamespace, "--kube-version", "1.37.1",
 		"--set-string", "image.tag=" + strings.TrimPrefix(MPSServerImage, "ghcr.io/gpudra/gpudra:"),
 		// The node's directory stands for the kubelet's: the plugin's is

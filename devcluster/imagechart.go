@@ -23,16 +23,53 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
-// The chart's workloads in image mode (ImageOptions): devcluster plays
+// The chart's workloads in image mode (imagemode.Options): devcluster plays
 // the DaemonSet and Deployment controllers (it makes their pods from the
 // rendered templates, unchanged) and the kubelet and container runtime
-// that run them (imagepods.go); the API server reaches the webhook
+// that run them (package imagemode); the API server reaches the webhook
 // through the chart's own Service and webhook configurations, by an
 // EndpointSlice that names devcluster's front.
+
+// ControlPlaneHost is the node name the controller's pods are bound to:
+// the machine devcluster runs on, which has no kubelet and no Node object.
+const ControlPlaneHost = "devcluster-control-plane"
+
+// SimMachineFile is where, in each node's driver root, devcluster writes
+// the node's simulated machine for the plugin run from the image
+// (--backend sim --sim-machine /driver-root/<this>).
+const SimMachineFile = "gpudra-sim-machine.yaml"
+
+// imageChartValues are the chart values devcluster renders with in image
+// mode: the simulated backend over each node's machine file, the nodes'
+// CDI directories.
+func imageChartValues(dir string) []string {
+	nodeDir := filepath.Join(dir, "nodes", imagemode.NodeNamePlaceholder)
+	return []string{"--set-string", "kubeletPlugin.backend=sim",
+		"--set-string", "kubeletPlugin.simMachine=/driver-root/" + SimMachineFile,
+		"--set-string", "kubeletPlugin.cdiDir=" + filepath.Join(nodeDir, "cdi")}
+}
+
+// ImagePodProcess is the host PID of the container of a pod run from the
+// image, and its log (every start of it): for tests, which read what runs.
+func (c *Cluster) ImagePodProcess(namespace, name string) (pid int, logPath string, err error) {
+	if c.image == nil {
+		return 0, "", errors.New("devcluster runs no pods from the image (imagemode.Options)")
+	}
+	return c.image.Process(namespace, name)
+}
+
+// ImageLogs are the logs of every pod run from the image, by pod.
+func (c *Cluster) ImageLogs() map[string]string {
+	if c.image == nil {
+		return map[string]string{}
+	}
+	return c.image.Logs()
+}
 
 // chartPodTemplate is the pod template and replica count of the rendered
 // chart's workload of this kind and name.
@@ -92,7 +129,7 @@ func (c *Cluster) runPluginPod(ctx context.Context, n *Node) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.image.runPod(ctx, podFromTemplate(t, MetricsPodName(n.Name), n.Name), n.Dir, nil)
+	_, err = c.image.RunPod(ctx, podFromTemplate(t, MetricsPodName(n.Name), n.Name), n.Dir, nil)
 	return err
 }
 
@@ -141,23 +178,23 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	webhookPort, err := containerPort(&t.Spec.Containers[0], intstr.FromString("webhook"))
+	webhookPort, err := imagemode.ContainerPort(&t.Spec.Containers[0], intstr.FromString("webhook"))
 	if err != nil {
 		return fmt.Errorf("the chart's controller: %w", err)
 	}
 	for i := range replicas {
 		var netns atomic.Value
 		name := ControllerServiceAccount + "-" + strconv.Itoa(int(i))
-		p, err := c.image.runPod(ctx, podFromTemplate(t, name, ControlPlaneHost), c.Dir, func(ns string) { netns.Store(ns) })
+		p, err := c.image.RunPod(ctx, podFromTemplate(t, name, ControlPlaneHost), c.Dir, func(ns string) { netns.Store(ns) })
 		if err != nil {
 			return err
 		}
 		done := make(chan error, 1)
 		go func() {
-			<-p.done
+			<-p.Done()
 			done <- nil
 		}()
-		r := &Controller{Name: name, Addr: "pod " + name, cancel: p.cancel, done: done, isReady: p.ready.Load,
+		r := &Controller{Name: name, Addr: "pod " + name, cancel: p.Cancel, done: done, isReady: p.Ready,
 			dial: func(ctx context.Context) (net.Conn, error) {
 				ns, started := netns.Load().(string)
 				addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(webhookPort))
@@ -176,7 +213,7 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 	}
 	klog.FromContext(ctx).Info("The chart's controller runs from the image", "replicas", replicas, "webhookFront", c.gpudra.front.Addr().String())
 	if err := c.WaitForWebhook(ctx, 90*time.Second); err != nil {
-		return fmt.Errorf("the chart's controller pods (logs: %s): %w", filepath.Join(c.image.root, "logs"), err)
+		return fmt.Errorf("the chart's controller pods (logs: %s): %w", c.image.LogDir(), err)
 	}
 	return c.waitGangPathDecided(ctx)
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,6 +28,9 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+
+	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // ContainersAnnotation is set by the devcluster kubelet on every pod it
@@ -308,8 +310,8 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		return err
 	}
 
-	if pod.Annotations[ImagePodAnnotation] != "" {
-		// The image runner's (imagepods.go), its deletion too: it confirms
+	if pod.Annotations[imagemode.PodAnnotation] != "" {
+		// The image runner's (package imagemode), its deletion too: it confirms
 		// one once the container is gone.
 		return nil
 	}

@@ -105,7 +105,7 @@ type Node struct {
 
 	mu sync.Mutex
 	// fromImage: the node's plugin is the chart's pod run from the image
-	// (ImageOptions), not an instance in this process.
+	// (imagemode.Options), not an instance in this process.
 	fromImage bool
 	// current is the running plugin instance, nil while stopped.
 	current *PluginInstance

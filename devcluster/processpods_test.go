@@ -3,10 +3,11 @@ package devcluster
 import (
 	"testing"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/stretchr/testify/assert"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 func TestContainerArgv(t *testing.T) {

@@ -8,12 +8,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // TestContainerInKubeletCgroup: a container runc starts with the

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// A pod run from the image (imagepods.go) has a network namespace of its
+// A pod run from the image (package imagemode) has a network namespace of its
 // own, as a pod has on a node: its ports are its own, so two plugin pods
 // of two nodes both listen on the chart's metrics port. devcluster has no
 // pod network (no CNI, no veth), so it reaches into the namespace instead:

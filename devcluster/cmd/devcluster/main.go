@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -36,7 +37,7 @@ type options struct {
 	grove      bool
 	chart      devcluster.ChartOptions
 	runtime    noderuntime.OCIRuntime
-	image      devcluster.ImageOptions
+	image      imagemode.Options
 }
 
 type stringList []string
@@ -131,12 +132,12 @@ func run(ctx context.Context, o options) error {
 		}
 		runtime = &rt
 	}
-	var image *devcluster.ImageOptions
+	var image *imagemode.Options
 	if o.image.Layout != "" {
 		if runtime == nil {
 			return fmt.Errorf("--image runs the chart's pods in runc: %w", o.runtime.Usable())
 		}
-		image = &devcluster.ImageOptions{Layout: o.image.Layout, Runc: runtime.Runc}
+		image = &imagemode.Options{Layout: o.image.Layout, Runc: runtime.Runc}
 		step("the chart's plugin and controller pods run from the image %s", o.image.Layout)
 	}
 	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl, Chart: o.chart,

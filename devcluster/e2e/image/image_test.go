@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -71,7 +72,7 @@ func startFromImage(t *testing.T, values ...string) *devcluster.Cluster {
 	dir, err := os.MkdirTemp("", "dvi")
 	require.NoError(t, err)
 	c, err := devcluster.Start(context.Background(), devcluster.Options{Dir: dir, Chart: chart,
-		Image: &devcluster.ImageOptions{Layout: os.Getenv("GPUDRA_IMAGE_LAYOUT"), Runc: os.Getenv("RUNC")}})
+		Image: &imagemode.Options{Layout: os.Getenv("GPUDRA_IMAGE_LAYOUT"), Runc: os.Getenv("RUNC")}})
 	require.NoError(t, err, "start devcluster from the image %s", os.Getenv("GPUDRA_IMAGE_LAYOUT"))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -167,7 +168,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 			return false, nil
 		}
 		for _, p := range pods.Items {
-			if p.Annotations[devcluster.ImagePodAnnotation] != "" && (len(p.Status.ContainerStatuses) == 0 || !p.Status.ContainerStatuses[0].Ready) {
+			if p.Annotations[imagemode.PodAnnotation] != "" && (len(p.Status.ContainerStatuses) == 0 || !p.Status.ContainerStatuses[0].Ready) {
 				return false, nil
 			}
 		}
@@ -181,7 +182,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 		seen := map[string]int{}
 		netns := map[string]int{}
 		for _, p := range pods.Items {
-			if p.Annotations[devcluster.ImagePodAnnotation] == "" {
+			if p.Annotations[imagemode.PodAnnotation] == "" {
 				continue
 			}
 			component := p.Labels["app.kubernetes.io/component"]

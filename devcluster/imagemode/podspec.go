@@ -1,4 +1,4 @@
-package devcluster
+package imagemode
 
 import (
 	"fmt"
@@ -7,14 +7,15 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // imageContainer is what the kubelet and the container runtime know of
-// one container of a pod run from the image (imagepods.go) when they make
+// one container of a pod run from the image (pods.go) when they make
 // its OCI spec: the pod as the API server has it, the image's config, the
 // volumes already set up on the host, the cluster's service variables.
 type imageContainer struct {

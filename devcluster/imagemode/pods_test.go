@@ -1,4 +1,4 @@
-package devcluster
+package imagemode
 
 import (
 	"context"
@@ -27,8 +27,8 @@ func TestImagePodVolumes(t *testing.T) {
 		&v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "cert", Namespace: "ns"}, Data: map[string][]byte{"tls.crt": []byte("CERT")}},
 		&v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cfg", Namespace: "ns"}, Data: map[string]string{"config.yaml": "a: 1"}})
 	dirOrCreate, dir := ptr.To(v1.HostPathDirectoryOrCreate), ptr.To(v1.HostPathDirectory)
-	pod := func(vols ...v1.Volume) *imagePod {
-		return &imagePod{r: &imageRunner{clusterDir: clusterDir, admin: client}, nodeDir: nodeDir,
+	pod := func(vols ...v1.Volume) *Pod {
+		return &Pod{r: &Runner{clusterDir: clusterDir, admin: client}, nodeDir: nodeDir,
 			pod: &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
 				Spec: v1.PodSpec{NodeName: "n0", AutomountServiceAccountToken: ptr.To(false), Volumes: vols}}}
 	}

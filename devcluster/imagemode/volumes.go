@@ -1,4 +1,4 @@
-package devcluster
+package imagemode
 
 import (
 	"context"
@@ -30,7 +30,7 @@ const (
 // emptyDir; and the service account token (TokenRequest bound to the
 // pod), unless automountServiceAccountToken is false. Any other kind is an
 // error naming the volume.
-func (p *imagePod) volumes(ctx context.Context, bundle string) (map[string]string, error) {
+func (p *Pod) volumes(ctx context.Context, bundle string) (map[string]string, error) {
 	pod := p.pod
 	out := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
@@ -78,7 +78,7 @@ func (p *imagePod) volumes(ctx context.Context, bundle string) (map[string]strin
 	}
 	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
 		tok, err := p.r.admin.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(componentTokenLifetime.Seconds())),
+			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(p.r.tokenLifetime.Seconds())),
 				BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("pod %s/%s: token of ServiceAccount %q: %w", pod.Namespace, pod.Name, pod.Spec.ServiceAccountName, err)

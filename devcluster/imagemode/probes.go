@@ -1,4 +1,4 @@
-package devcluster
+package imagemode
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // A pod run from the image: its readiness and liveness probes, dialled
@@ -28,7 +29,7 @@ func probePeriod(pr *v1.Probe) time.Duration {
 
 // probe runs an httpGet or tcpSocket probe against the container, from
 // inside its network namespace (its pod IP, were there a pod network).
-func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
+func (p *Pod) probe(ctx context.Context, pr *v1.Probe) error {
 	c := &p.pod.Spec.Containers[0]
 	p.mu.Lock()
 	netns := noderuntime.NetnsOf(p.pid)
@@ -49,7 +50,7 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 	defer cancel()
 	switch {
 	case pr.HTTPGet != nil:
-		port, err := containerPort(c, pr.HTTPGet.Port)
+		port, err := ContainerPort(c, pr.HTTPGet.Port)
 		if err != nil {
 			return err
 		}
@@ -77,7 +78,7 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 		}
 		return nil
 	case pr.TCPSocket != nil:
-		port, err := containerPort(c, pr.TCPSocket.Port)
+		port, err := ContainerPort(c, pr.TCPSocket.Port)
 		if err != nil {
 			return err
 		}
@@ -90,9 +91,9 @@ func (p *imagePod) probe(ctx context.Context, pr *v1.Probe) error {
 	return errors.New("probe: only httpGet and tcpSocket probes are run by devcluster")
 }
 
-// containerPort resolves a probe's port: a number, or a container port's
+// ContainerPort resolves a probe's port: a number, or a container port's
 // name.
-func containerPort(c *v1.Container, port intstr.IntOrString) (int, error) {
+func ContainerPort(c *v1.Container, port intstr.IntOrString) (int, error) {
 	if port.Type == intstr.Int {
 		return port.IntValue(), nil
 	}

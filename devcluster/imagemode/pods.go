@@ -1,4 +1,14 @@
-package devcluster
+// Package imagemode runs pods from make image's OCI layout, as a kubelet and
+// containerd would: the image unpacked with go-containerregistry, each
+// container in real runc over an overlay of it, its OCI spec made from the
+// pod spec (podspec.go: command, env with the downward API, user,
+// capabilities, privileges, namespaces), its volumes (hostPath, secret,
+// configMap, emptyDir, a bound ServiceAccount token), its readiness and
+// liveness probes dialled inside its network namespace, restarts with
+// back-off and the status the kubelet would write. devcluster's image mode
+// runs the chart's plugin and controller pods with it; what it does not
+// apply (seccomp, resources, ...) is listed in docs/devcluster.md.
+package imagemode
 
 import (
 	"bytes"
@@ -32,12 +42,12 @@ import (
 	"github.com/gpudra/gpudra/internal/image"
 )
 
-// ImageOptions run the chart's own pods from the image (issue 38): the
+// Options run the chart's own pods from the image (issue 38): the
 // kubelet plugin DaemonSet's pod on every node and the controller
 // Deployment's pods, as the chart renders them, in runc, from make image's
 // OCI layout. devcluster's in-process plugin and controller are then not
 // started.
-type ImageOptions struct {
+type Options struct {
 	// Layout is make image's OCI layout (bin/image/oci); the host's
 	// architecture is run.
 	Layout string
@@ -45,31 +55,33 @@ type ImageOptions struct {
 	Runc string
 }
 
-// ImagePodAnnotation marks a pod that devcluster runs from the image: the
+// PodAnnotation marks a pod that devcluster runs from the image: the
 // devcluster kubelet leaves it to the image runner.
-const ImagePodAnnotation = "devcluster.gpudra.dev/image-pod"
+const PodAnnotation = "devcluster.gpudra.dev/image-pod"
 
-// ControlPlaneHost is the node name the controller's pods are bound to:
-// the machine devcluster runs on, which has no kubelet and no Node object.
-const ControlPlaneHost = "devcluster-control-plane"
+// NodeNamePlaceholder stands for the node's name in the host paths
+// the chart is rendered with: each simulated node has directories of
+// its own, and the admission policy puts the requesting node's name
+// in its place. The runner puts the pod's node's name there in its
+// hostPath volumes and mount paths.
+const NodeNamePlaceholder = "$(NODE_NAME)"
 
-// SimMachineFile is where, in each node's driver root, devcluster writes
-// the node's simulated machine for the plugin run from the image
-// (--backend sim --sim-machine /driver-root/<this>).
-const SimMachineFile = "gpudra-sim-machine.yaml"
-
-// imagePodValues are the chart values devcluster renders with in image
-// mode: the simulated backend over each node's machine file, the nodes'
-// CDI directories.
-func imagePodValues(dir string) []string {
-	nodeDir := filepath.Join(dir, "nodes", NodeNamePlaceholder)
-	return []string{"--set-string", "kubeletPlugin.backend=sim",
-		"--set-string", "kubeletPlugin.simMachine=/driver-root/" + SimMachineFile,
-		"--set-string", "kubeletPlugin.cdiDir=" + filepath.Join(nodeDir, "cdi")}
+// Config is what the runner needs of the cluster.
+type Config struct {
+	// Dir is devcluster's directory: host paths below it are the nodes'
+	// own; the runner keeps its state in Dir/image.
+	Dir string
+	// Admin is the client the runner plays the pods' controllers and the
+	// kubelet with; APIServerHost is the API server's URL, whose serving
+	// CA pods trust.
+	Admin         kubernetes.Interface
+	APIServerHost string
+	// TokenLifetime is that of the pods' ServiceAccount tokens.
+	TokenLifetime time.Duration
 }
 
-// imageRunner runs pods from the image.
-type imageRunner struct {
+// Runner runs pods from the image.
+type Runner struct {
 	runc string
 	root string // state/, bundles/, logs/, volumes/
 	img  *image.Unpacked
@@ -77,29 +89,34 @@ type imageRunner struct {
 	// hostPath is below the node's directory, the node's root.
 	clusterDir string
 	admin      kubernetes.Interface
+	// tokenLifetime is that of the pods' ServiceAccount tokens.
+	tokenLifetime time.Duration
 	// apiAddr is the API server's host:port, caPEM its CA.
 	apiAddr string
 	caPEM   []byte
 
 	mu   sync.Mutex
-	pods map[string]*imagePod
+	pods map[string]*Pod
 }
 
-func newImageRunner(ctx context.Context, c *Cluster, opts ImageOptions) (*imageRunner, error) {
+// NewRunner unpacks the image of the host's architecture from the layout
+// and trusts the API server's serving CA.
+func NewRunner(ctx context.Context, cfg Config, opts Options) (*Runner, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("image mode runs the chart's pods in runc and needs root")
 	}
 	if _, err := os.Stat(opts.Runc); err != nil {
 		return nil, fmt.Errorf("image mode: runc: %w", err)
 	}
-	r := &imageRunner{runc: opts.Runc, root: filepath.Join(c.Dir, "image"), clusterDir: c.Dir, admin: c.Client, pods: map[string]*imagePod{}}
+	r := &Runner{runc: opts.Runc, root: filepath.Join(cfg.Dir, "image"), clusterDir: cfg.Dir, admin: cfg.Admin, tokenLifetime: cfg.TokenLifetime,
+		pods: map[string]*Pod{}}
 	start := time.Now()
 	var err error
 	if r.img, err = image.Unpack(opts.Layout, runtime.GOARCH, filepath.Join(r.root, "unpacked")); err != nil {
 		return nil, fmt.Errorf("image mode: %w", err)
 	}
 	klog.FromContext(ctx).Info("Image unpacked", "layout", opts.Layout, "image", r.img.Digest.String(), "elapsed", time.Since(start).Round(time.Millisecond))
-	u, err := url.Parse(c.RESTConfig.Host)
+	u, err := url.Parse(cfg.APIServerHost)
 	if err != nil {
 		return nil, err
 	}
@@ -127,10 +144,10 @@ func servingCA(addr string) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: chain[len(chain)-1].Raw}), nil
 }
 
-// imagePod is one pod run from the image: its one container, restarted
+// Pod is one pod run from the image: its one container, restarted
 // as restartPolicy Always does, probed as its spec says.
-type imagePod struct {
-	r       *imageRunner
+type Pod struct {
+	r       *Runner
 	pod     *v1.Pod
 	nodeDir string
 	// webhook, when set, learns each container's network namespace
@@ -154,10 +171,10 @@ type imagePod struct {
 	cancelContainer context.CancelFunc
 }
 
-// runPod creates the pod (as its controller would) and runs it until ctx
+// RunPod creates the pod (as its controller would) and runs it until ctx
 // ends or stop. nodeDir is the node's root for host paths outside
 // devcluster's directory.
-func (r *imageRunner) runPod(ctx context.Context, pod *v1.Pod, nodeDir string, onStart func(netns string)) (*imagePod, error) {
+func (r *Runner) RunPod(ctx context.Context, pod *v1.Pod, nodeDir string, onStart func(netns string)) (*Pod, error) {
 	if len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) > 0 {
 		return nil, fmt.Errorf("pod %s/%s: devcluster runs pods of one container from the image, this one has %d (and %d init containers)",
 			pod.Namespace, pod.Name, len(pod.Spec.Containers), len(pod.Spec.InitContainers))
@@ -165,7 +182,7 @@ func (r *imageRunner) runPod(ctx context.Context, pod *v1.Pod, nodeDir string, o
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	pod.Annotations[ImagePodAnnotation] = "true"
+	pod.Annotations[PodAnnotation] = "true"
 	err := r.admin.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
@@ -174,8 +191,8 @@ func (r *imageRunner) runPod(ctx context.Context, pod *v1.Pod, nodeDir string, o
 	if err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "imagePod", created.Name)))
-	p := &imagePod{r: r, pod: created, nodeDir: nodeDir, onStart: onStart, cancel: cancel, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "Pod", created.Name)))
+	p := &Pod{r: r, pod: created, nodeDir: nodeDir, onStart: onStart, cancel: cancel, done: make(chan struct{})}
 	r.mu.Lock()
 	r.pods[created.Namespace+"/"+created.Name] = p
 	r.mu.Unlock()
@@ -183,23 +200,35 @@ func (r *imageRunner) runPod(ctx context.Context, pod *v1.Pod, nodeDir string, o
 	return p, nil
 }
 
+// Cancel stops the pod's container and its loops.
+func (p *Pod) Cancel() { p.cancel() }
+
+// Done is closed once the pod's container and loops have ended.
+func (p *Pod) Done() <-chan struct{} { return p.done }
+
+// Ready says whether the pod's container passes its readiness probe.
+func (p *Pod) Ready() bool { return p.ready.Load() }
+
+// LogDir holds the logs of the pods run from the image.
+func (r *Runner) LogDir() string { return filepath.Join(r.root, "logs") }
+
 // stop stops the pod's container and its loops.
-func (p *imagePod) stop() {
+func (p *Pod) stop() {
 	p.cancel()
 	<-p.done
 }
 
-// stopAll stops every pod run from the image: none outlives devcluster.
-func (r *imageRunner) stopAll() {
+// StopAll stops every pod run from the image: none outlives devcluster.
+func (r *Runner) StopAll() {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	pods := make([]*imagePod, 0, len(r.pods))
+	pods := make([]*Pod, 0, len(r.pods))
 	for _, p := range r.pods {
 		pods = append(pods, p)
 	}
-	r.pods = map[string]*imagePod{}
+	r.pods = map[string]*Pod{}
 	r.mu.Unlock()
 	for _, p := range pods {
 		p.stop()
@@ -211,7 +240,7 @@ func (r *imageRunner) stopAll() {
 // doubling to 10 s), report its status, until ctx ends or the pod is
 // deleted. A container that could not be set up (a volume, its spec) is
 // waiting in ContainerCreating and was never started: no restart counts.
-func (p *imagePod) run(ctx context.Context) {
+func (p *Pod) run(ctx context.Context) {
 	defer close(p.done)
 	defer p.removePodDir()
 	logger := klog.FromContext(ctx)
@@ -271,7 +300,7 @@ var errPodDeleted = errors.New("pod deleted")
 // confirmDeletion removes the pod's object once its container is gone, as
 // the kubelet does (devcluster does not recreate it, as a DaemonSet or a
 // ReplicaSet would).
-func (p *imagePod) confirmDeletion(ctx context.Context) {
+func (p *Pod) confirmDeletion(ctx context.Context) {
 	err := p.r.admin.CoreV1().Pods(p.pod.Namespace).Delete(ctx, p.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)),
 		Preconditions: &metav1.Preconditions{UID: &p.pod.UID}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -285,13 +314,13 @@ func (p *imagePod) confirmDeletion(ctx context.Context) {
 }
 
 // podDir holds what lives as long as the pod: its emptyDir volumes.
-func (p *imagePod) podDir() string { return filepath.Join(p.r.root, "pods", string(p.pod.UID)) }
+func (p *Pod) podDir() string { return filepath.Join(p.r.root, "pods", string(p.pod.UID)) }
 
-func (p *imagePod) removePodDir() { _ = os.RemoveAll(p.podDir()) }
+func (p *Pod) removePodDir() { _ = os.RemoveAll(p.podDir()) }
 
 // start prepares the volumes and the spec, creates the container, opens
 // the API server's address inside its network namespace and starts it.
-func (p *imagePod) start(ctx context.Context) error {
+func (p *Pod) start(ctx context.Context) error {
 	r, pod := p.r, p.pod
 	// The chart's host paths below devcluster's directory name the node
 	// (NodeNamePlaceholder: each node's directories are its own), in its
@@ -381,7 +410,7 @@ func (p *imagePod) start(ctx context.Context) error {
 
 // watch probes the running container until it ends, its liveness probe
 // fails failureThreshold times, or ctx ends.
-func (p *imagePod) watch(ctx context.Context, started time.Time) error {
+func (p *Pod) watch(ctx context.Context, started time.Time) error {
 	c := &p.pod.Spec.Containers[0]
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
@@ -449,7 +478,7 @@ func (p *imagePod) watch(ctx context.Context, started time.Time) error {
 }
 
 // state is the container's pid and status, as runc state tells them.
-func (p *imagePod) state(ctx context.Context) (int, string, error) {
+func (p *Pod) state(ctx context.Context) (int, string, error) {
 	p.mu.Lock()
 	id := p.id
 	p.mu.Unlock()
@@ -468,7 +497,7 @@ func (p *imagePod) state(ctx context.Context) (int, string, error) {
 }
 
 // kill deletes the container, unmounts its root and removes its bundle.
-func (p *imagePod) kill() {
+func (p *Pod) kill() {
 	p.mu.Lock()
 	id, l, cancel := p.id, p.apiListener, p.cancelContainer
 	p.apiListener, p.cancelContainer = nil, nil
@@ -496,12 +525,12 @@ func (p *imagePod) kill() {
 	_ = os.Remove(filepath.Join("/sys/fs/cgroup/devcluster-image", id))
 }
 
-func (p *imagePod) logPath() string {
+func (p *Pod) logPath() string {
 	return filepath.Join(p.r.root, "logs", p.pod.Namespace+"_"+p.pod.Name+".log")
 }
 
 // logTail is the end of the container's output, for its status message.
-func (p *imagePod) logTail() string {
+func (p *Pod) logTail() string {
 	b, _ := os.ReadFile(p.logPath())
 	if i := bytes.LastIndex(b, []byte("--- devcluster: container ")); i >= 0 {
 		if j := bytes.IndexByte(b[i:], '\n'); j >= 0 {
@@ -511,15 +540,12 @@ func (p *imagePod) logTail() string {
 	return noderuntime.LastLines(string(b), 5)
 }
 
-// ImagePodProcess is the host PID of the container of a pod run from the
-// image, and its log (every start of it): for tests, which read what runs.
-func (c *Cluster) ImagePodProcess(namespace, name string) (pid int, logPath string, err error) {
-	if c.image == nil {
-		return 0, "", errors.New("devcluster runs no pods from the image (ImageOptions)")
-	}
-	c.image.mu.Lock()
-	p := c.image.pods[namespace+"/"+name]
-	c.image.mu.Unlock()
+// Process is the host PID of the container of a pod run from the image,
+// and its log (every start of it): for tests, which read what runs.
+func (r *Runner) Process(namespace, name string) (pid int, logPath string, err error) {
+	r.mu.Lock()
+	p := r.pods[namespace+"/"+name]
+	r.mu.Unlock()
 	if p == nil {
 		return 0, "", fmt.Errorf("no pod %s/%s runs from the image", namespace, name)
 	}
@@ -528,15 +554,12 @@ func (c *Cluster) ImagePodProcess(namespace, name string) (pid int, logPath stri
 	return p.pid, p.logPath(), nil
 }
 
-// ImageLogs are the logs of every pod run from the image, by pod.
-func (c *Cluster) ImageLogs() map[string]string {
+// Logs are the logs of every pod run from the image, by pod.
+func (r *Runner) Logs() map[string]string {
 	out := map[string]string{}
-	if c.image == nil {
-		return out
-	}
-	c.image.mu.Lock()
-	defer c.image.mu.Unlock()
-	for k, p := range c.image.pods {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, p := range r.pods {
 		out[k] = p.logPath()
 	}
 	return out

@@ -1,4 +1,4 @@
-package devcluster
+package imagemode
 
 import (
 	"context"
@@ -26,7 +26,7 @@ type podState struct {
 // container running and ready (or not); Pending while its first container
 // cannot be set up; the container waiting in CrashLoopBackOff with the end
 // of its output once it ended.
-func (p *imagePod) report(ctx context.Context, st podState) {
+func (p *Pod) report(ctx context.Context, st podState) {
 	p.mu.Lock()
 	if !st.finishedAt.IsZero() {
 		p.lastFinished = st.finishedAt

@@ -1,17 +1,18 @@
-package devcluster
+package imagemode
 
 import (
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 func TestImageContainerSpec(t *testing.T) {
