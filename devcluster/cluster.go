@@ -30,17 +30,10 @@ import (
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/controlplane"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
-)
-
-// The plugins' namespace, where they create MPS server pods, and the image
-// those pods name (the devcluster kubelet runs them in-process, so it is
-// never pulled).
-const (
-	PluginNamespace = "gpudra-system"
-	MPSServerImage  = "ghcr.io/gpudra/gpudra:devcluster"
 )
 
 // Options configure a devcluster.
@@ -75,7 +68,7 @@ type Options struct {
 	// Chart is the chart whose ServiceAccounts, RBAC and admission
 	// policies devcluster installs; every gpudra component authenticates
 	// as its ServiceAccount (identity.go). Required.
-	Chart ChartOptions
+	Chart chart.Options
 	// Grove installs Grove's CRDs and runs a stand-in for Grove's operator
 	// (grove*.go): PodCliqueSets get their PodCliques, scaling groups,
 	// ResourceClaims, gated pods and PodGangs as Grove makes them.
@@ -195,9 +188,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	// No ServiceAccount admission runs (package controlplane), so pods need no
 	// default ServiceAccount there; the namespace itself must exist.
-	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PluginNamespace}}, metav1.CreateOptions{})
+	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: chart.PluginNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return c, fmt.Errorf("create namespace %s: %w", PluginNamespace, err)
+		return c, fmt.Errorf("create namespace %s: %w", chart.PluginNamespace, err)
 	}
 	// Who the components are and what they may do, from the chart.
 	if err := c.installChartIdentities(c.ctx, opts.Chart); err != nil {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpudraapi "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/webhook"
@@ -182,7 +183,7 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 	}
 	// A client of its own, at the controller's default limits, as the
 	// chart's ServiceAccount.
-	rc, err := c.componentConfig(c.ctx, ControllerServiceAccount, "gpudra-controller/"+name, nil)
+	rc, err := c.componentConfig(c.ctx, chart.ControllerServiceAccount, "gpudra-controller/"+name, nil)
 	if err != nil {
 		_ = l.Close()
 		return nil, err
@@ -195,7 +196,7 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 	ctx, cancel := context.WithCancel(klog.NewContext(c.ctx, klog.FromContext(c.ctx).WithName(name)))
 	r := &Controller{Name: name, Addr: l.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() {
-		r.done <- controller.Run(ctx, controller.Config{RESTConfig: rc, Namespace: PluginNamespace, Identity: name,
+		r.done <- controller.Run(ctx, controller.Config{RESTConfig: rc, Namespace: chart.PluginNamespace, Identity: name,
 			LeaseName: ControllerLease, LeaseDuration: ControllerLeaseDuration, RenewDeadline: controllerRenewDeadline, RetryPeriod: controllerRetryPeriod,
 			WebhookListener: l, WebhookSecret: WebhookSecret, WebhookConfiguration: WebhookConfigurationName, ManageCertificates: true,
 			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace,

@@ -14,10 +14,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,51 +26,11 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
-// The chart's release in devcluster and the identities it creates there.
-const (
-	ChartRelease = "gpudra"
-	// PluginServiceAccount runs the kubelet plugin and the device-plugin
-	// agent; ControllerServiceAccount both controller replicas;
-	// MPSServerServiceAccount the MPS server pods (no permissions, no
-	// token).
-	PluginServiceAccount     = "gpudra-kubelet-plugin"
-	ControllerServiceAccount = "gpudra-controller"
-	MPSServerServiceAccount  = "gpudra-mps-server"
-	// componentTokenLifetime outlives any devcluster run.
-	componentTokenLifetime = 48 * time.Hour
-)
-
-// ChartOptions say where the chart and the helm binary that renders it are.
-type ChartOptions struct {
-	// Dir is the chart (deployments/helm/gpudra).
-	Dir string
-	// Helm is the helm binary (`make helm` builds bin/helm).
-	Helm string
-	// Rendered, when set, is the chart rendered ahead by RenderChart with
-	// RenderedDirPlaceholder as devcluster's directory (the gpu-smoke
-	// bundle carries it instead of helm): Dir and Helm are then unused.
-	Rendered string
-	// Values are helm flags (--set ...) added when devcluster renders the
-	// chart: image mode's, or a test's.
-	Values []string
-}
-
-// RenderedDirPlaceholder stands for devcluster's directory in a chart
-// rendered ahead (ChartOptions.Rendered).
-const RenderedDirPlaceholder = "/@DEVCLUSTER_DIR@"
-
-// DefaultChart is the chart of the repository at root, rendered by
-// $HELM or root's bin/helm (`make helm`).
-func DefaultChart(root string) ChartOptions {
-	helm := os.Getenv("HELM")
-	if helm == "" {
-		helm = filepath.Join(root, "bin", "helm")
-	}
-	return ChartOptions{Dir: filepath.Join(root, "deployments", "helm", "gpudra"), Helm: helm}
-}
+// componentTokenLifetime outlives any devcluster run.
+const componentTokenLifetime = 48 * time.Hour
 
 // identityKinds are what devcluster applies from the rendered chart: who
 // the components are and what they may do. The workloads (DaemonSet,
@@ -81,45 +39,10 @@ func DefaultChart(root string) ChartOptions {
 var identityKinds = []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
 	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
-// RenderChart renders the chart as devcluster installs it: release gpudra
-// in PluginNamespace, the devcluster image tag, the nodes' own directories
-// below dir, gangs on; extra values (helm flags) are added last.
-func RenderChart(ctx context.Context, chart ChartOptions, dir string, extra ...string) (string, error) {
-	if chart.Rendered != "" {
-		if len(extra) > 0 {
-			return "", fmt.Errorf("values %v need helm: the chart was rendered ahead (%s)", extra, chart.Rendered)
-		}
-		b, err := os.ReadFile(chart.Rendered)
-		if err != nil {
-			return "", fmt.Errorf("the chart rendered ahead: %w", err)
-		}
-		if !strings.Contains(string(b), RenderedDirPlaceholder) {
-			return "", fmt.Errorf("%s was not rendered for devcluster: it has no %s", chart.Rendered, RenderedDirPlaceholder)
-		}
-		return strings.ReplaceAll(string(b), RenderedDirPlaceholder, dir), nil
-	}
-	if chart.Dir == "" || chart.Helm == "" {
-		return "", fmt.Errorf("devcluster installs the chart's identities and needs the chart and helm (ChartOptions %+v; `make helm` builds bin/helm)", chart)
-	}
-	nodeDir := filepath.Join(dir, "nodes", imagemode.NodeNamePlaceholder)
-	args := append([]string{"template", ChartRelease, chart.Dir, "--namespace", PluginNamespace, "--kube-version", "1.37.1",
-		"--set-string", "image.tag=" + strings.TrimPrefix(MPSServerImage, "ghcr.io/gpudra/gpudra:"),
-		// The node's directory stands for the kubelet's: the plugin's is
-		// <node>/plugins/gpu.gpudra.dev (Node.PluginDataDir).
-		"--set-string", "kubeletPlugin.kubeletDir=" + nodeDir,
-		"--set-string", "kubeletPlugin.driverRoot=" + filepath.Join(nodeDir, "driver"),
-		"--set", "gangs.enabled=true"}, extra...)
-	out, err := exec.CommandContext(ctx, chart.Helm, args...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("helm template %s: %w: %s", chart.Dir, err, out)
-	}
-	return string(out), nil
-}
-
 // installChartIdentities applies the chart's ServiceAccounts, RBAC and
 // admission policies, and waits until the policies are in force.
-func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions) error {
-	rendered, err := RenderChart(ctx, chart, c.Dir, chart.Values...)
+func (c *Cluster) installChartIdentities(ctx context.Context, opts chart.Options) error {
+	rendered, err := chart.Render(ctx, opts, c.Dir, opts.Values...)
 	if err != nil {
 		return err
 	}
@@ -130,11 +53,11 @@ func (c *Cluster) installChartIdentities(ctx context.Context, chart ChartOptions
 	if err != nil {
 		return err
 	}
-	if err := c.Apply(ctx, PluginNamespace, keep); err != nil {
+	if err := c.Apply(ctx, chart.PluginNamespace, keep); err != nil {
 		return fmt.Errorf("apply the chart's identities: %w", err)
 	}
-	for _, sa := range []string{PluginServiceAccount, ControllerServiceAccount, MPSServerServiceAccount} {
-		if _, err := c.Client.CoreV1().ServiceAccounts(PluginNamespace).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+	for _, sa := range []string{chart.PluginServiceAccount, chart.ControllerServiceAccount, chart.MPSServerServiceAccount} {
+		if _, err := c.Client.CoreV1().ServiceAccounts(chart.PluginNamespace).Get(ctx, sa, metav1.GetOptions{}); err != nil {
 			return fmt.Errorf("the chart has no ServiceAccount %s: %w", sa, err)
 		}
 	}
@@ -182,7 +105,7 @@ func (c *Cluster) InstallChartDeviceClasses(ctx context.Context) ([]string, erro
 }
 
 // componentConfig is a client configuration that authenticates as the
-// service account sa of PluginNamespace with a token from the API server,
+// service account sa of chart.PluginNamespace with a token from the API server,
 // bound to node when node is set (the node-name extra), with no other
 // credentials. Every response it gets is watched: a 403 is recorded
 // (TakeForbidden).
@@ -191,7 +114,7 @@ func (c *Cluster) componentConfig(ctx context.Context, sa, userAgent string, nod
 	if err != nil {
 		return nil, err
 	}
-	user := "system:serviceaccount:" + PluginNamespace + ":" + sa
+	user := "system:serviceaccount:" + chart.PluginNamespace + ":" + sa
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return forbiddenRecorder{next: rt, user: user, log: &c.forbidden}
 	})
@@ -199,7 +122,7 @@ func (c *Cluster) componentConfig(ctx context.Context, sa, userAgent string, nod
 }
 
 // ServiceAccountConfig is a client configuration with the credentials a
-// component has (the ServiceAccount sa of PluginNamespace, its token bound
+// component has (the ServiceAccount sa of chart.PluginNamespace, its token bound
 // to the Node named node unless node is empty) but none of its recording:
 // for tests that try what a compromised component could do.
 func (c *Cluster) ServiceAccountConfig(ctx context.Context, sa, node string) (*restclient.Config, error) {
@@ -220,9 +143,9 @@ func (c *Cluster) serviceAccountConfig(ctx context.Context, sa, userAgent string
 	if node != nil {
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
 	}
-	tok, err := c.Client.CoreV1().ServiceAccounts(PluginNamespace).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+	tok, err := c.Client.CoreV1().ServiceAccounts(chart.PluginNamespace).CreateToken(ctx, sa, req, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("token for ServiceAccount %s/%s: %w", PluginNamespace, sa, err)
+		return nil, fmt.Errorf("token for ServiceAccount %s/%s: %w", chart.PluginNamespace, sa, err)
 	}
 	cfg := restclient.AnonymousClientConfig(c.RESTConfig)
 	cfg.BearerToken = tok.Status.Token

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -48,7 +49,7 @@ const SimMachineFile = "gpudra-sim-machine.yaml"
 // mode: the simulated backend over each node's machine file, the nodes'
 // CDI directories.
 func imageChartValues(dir string) []string {
-	nodeDir := filepath.Join(dir, "nodes", imagemode.NodeNamePlaceholder)
+	nodeDir := filepath.Join(dir, "nodes", chart.NodeNamePlaceholder)
 	return []string{"--set-string", "kubeletPlugin.backend=sim",
 		"--set-string", "kubeletPlugin.simMachine=/driver-root/" + SimMachineFile,
 		"--set-string", "kubeletPlugin.cdiDir=" + filepath.Join(nodeDir, "cdi")}
@@ -103,7 +104,7 @@ func (c *Cluster) chartPodTemplate(kind, name string) (*v1.PodTemplateSpec, int3
 // podFromTemplate is the pod a workload controller makes from its
 // template.
 func podFromTemplate(t *v1.PodTemplateSpec, name, node string) *v1.Pod {
-	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: PluginNamespace, Labels: t.Labels, Annotations: t.Annotations},
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: chart.PluginNamespace, Labels: t.Labels, Annotations: t.Annotations},
 		Spec: *t.Spec.DeepCopy()}
 	pod.Spec.NodeName = node
 	return pod
@@ -125,7 +126,7 @@ func (c *Cluster) runPluginPod(ctx context.Context, n *Node) error {
 	if err := os.WriteFile(filepath.Join(n.DriverRoot(), SimMachineFile), spec, 0o644); err != nil {
 		return err
 	}
-	t, _, err := c.chartPodTemplate("DaemonSet", ChartRelease+"-kubelet-plugin")
+	t, _, err := c.chartPodTemplate("DaemonSet", chart.Release+"-kubelet-plugin")
 	if err != nil {
 		return err
 	}
@@ -140,7 +141,7 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("image mode: the webhook Service's EndpointSlice needs an address the API server dials: %w", err)
 	}
-	c.gpudra = &controllers{serverName: WebhookConfigurationName + "." + PluginNamespace + ".svc"}
+	c.gpudra = &controllers{serverName: WebhookConfigurationName + "." + chart.PluginNamespace + ".svc"}
 	if c.gpudra.front, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
 		return fmt.Errorf("webhook front: %w", err)
 	}
@@ -158,23 +159,23 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 	if len(webhook) != 3 {
 		return fmt.Errorf("the rendered chart has %d of the webhook's Service and two configurations named %s", len(webhook), WebhookConfigurationName)
 	}
-	if err := c.Apply(ctx, PluginNamespace, webhook); err != nil {
+	if err := c.Apply(ctx, chart.PluginNamespace, webhook); err != nil {
 		return fmt.Errorf("apply the chart's webhook: %w", err)
 	}
 	// As the EndpointSlice controller would write it for the ready
 	// replicas, with devcluster's front as their one address.
 	port := int32(c.gpudra.front.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfigurationName + "-devcluster", Namespace: PluginNamespace,
+		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfigurationName + "-devcluster", Namespace: chart.PluginNamespace,
 			Labels: map[string]string{discoveryv1.LabelServiceName: WebhookConfigurationName, discoveryv1.LabelManagedBy: "devcluster.gpudra.dev"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("webhook"), Port: &port, Protocol: ptr.To(v1.ProtocolTCP)}},
 	}
-	if _, err := c.Client.DiscoveryV1().EndpointSlices(PluginNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := c.Client.DiscoveryV1().EndpointSlices(chart.PluginNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("the webhook Service's EndpointSlice: %w", err)
 	}
-	t, replicas, err := c.chartPodTemplate("Deployment", ControllerServiceAccount)
+	t, replicas, err := c.chartPodTemplate("Deployment", chart.ControllerServiceAccount)
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ func (c *Cluster) startImageController(ctx context.Context) error {
 	}
 	for i := range replicas {
 		var netns atomic.Value
-		name := ControllerServiceAccount + "-" + strconv.Itoa(int(i))
+		name := chart.ControllerServiceAccount + "-" + strconv.Itoa(int(i))
 		p, err := c.image.RunPod(ctx, podFromTemplate(t, name, ControlPlaneHost), c.Dir, func(ns string) { netns.Store(ns) })
 		if err != nil {
 			return err

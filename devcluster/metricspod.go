@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // A node's plugin runs in this process, not as a pod, so nothing in the
@@ -36,7 +38,7 @@ func MetricsPodName(node string) string { return "gpudra-kubelet-plugin-" + node
 // PluginPodLabels are the chart's labels on its kubelet plugin pods
 // (templates/_helpers.tpl, gpudra.pluginSelectorLabels).
 func PluginPodLabels() map[string]string {
-	return map[string]string{"app.kubernetes.io/name": "gpudra", "app.kubernetes.io/instance": ChartRelease,
+	return map[string]string{"app.kubernetes.io/name": "gpudra", "app.kubernetes.io/instance": chart.Release,
 		"app.kubernetes.io/component": "kubelet-plugin"}
 }
 
@@ -104,18 +106,18 @@ func (n *Node) serveMetricsPod(ctx context.Context, c *Cluster) error {
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
 	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: MetricsPodName(n.Name), Namespace: PluginNamespace, Labels: PluginPodLabels(),
+		ObjectMeta: metav1.ObjectMeta{Name: MetricsPodName(n.Name), Namespace: chart.PluginNamespace, Labels: PluginPodLabels(),
 			Annotations: map[string]string{PodIPAnnotation: ip}},
 		Spec: v1.PodSpec{NodeName: n.Name, Containers: []v1.Container{{
 			Name: "plugin", Image: "gpudra:devcluster", Command: []string{"gpudra-kubelet-plugin"},
 			Ports: []v1.ContainerPort{{Name: MetricsPort, ContainerPort: int32(port), Protocol: v1.ProtocolTCP}},
 		}}},
 	}
-	err = c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	err = c.Client.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
-	if _, err := c.Client.CoreV1().Pods(PluginNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Pods(chart.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Metrics pod created", "node", n.Name, "address", net.JoinHostPort(ip, strconv.Itoa(port)))

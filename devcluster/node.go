@@ -19,6 +19,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
@@ -152,7 +153,7 @@ func (n *Node) Backend() nvdevice.Interface { return n.backend }
 // PluginDataDir is the plugin's socket and checkpoint directory.
 // It is where the chart puts it below the kubelet's directory
 // (<kubeletDir>/plugins/gpu.gpudra.dev) with the node's directory as the
-// kubelet's, as devcluster renders the chart (RenderChart): its admission
+// kubelet's, as devcluster renders the chart (chart.Render): its admission
 // policy pins the same paths.
 func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "gpu.gpudra.dev") }
 
@@ -253,7 +254,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// binary builds it, so that a call to any other group fails here; as
 	// the chart's ServiceAccount with a token bound to this Node, as the
 	// DaemonSet's pod has one.
-	pluginCfg, err := c.nodeComponentConfig(ctx, PluginServiceAccount, "gpudra-kubelet-plugin/"+opts.Name, opts.Name)
+	pluginCfg, err := c.nodeComponentConfig(ctx, chart.PluginServiceAccount, "gpudra-kubelet-plugin/"+opts.Name, opts.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +274,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.
-		Namespace: PluginNamespace, MPSServerImage: MPSServerImage, MPSServerServiceAccount: MPSServerServiceAccount,
+		Namespace: chart.PluginNamespace, MPSServerImage: chart.MPSServerImage, MPSServerServiceAccount: chart.MPSServerServiceAccount,
 		HostDriverRoot: hostDriverRoot,
 		// Every MIG placement, created at prepare (the demo and the MIG
 		// examples create instances on demand), where the chart's default

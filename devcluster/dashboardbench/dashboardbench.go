@@ -32,6 +32,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/scalebench"
 	"github.com/gpudra/gpudra/internal/browser"
 	"github.com/gpudra/gpudra/pkg/dashboard"
@@ -48,7 +49,7 @@ type Config struct {
 	Runs int
 	// Chart is the chart whose identities and DeviceClasses the cluster
 	// gets.
-	Chart devcluster.ChartOptions
+	Chart chart.Options
 	// Dir is where the cluster keeps its files ("": a temporary
 	// directory, removed at the end).
 	Dir string

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/internal/browser"
 )
 
@@ -23,7 +23,7 @@ func TestRun(t *testing.T) {
 		browser.SkipOrFail(t, err)
 	}
 	var out bytes.Buffer
-	res, err := Run(context.Background(), Config{Nodes: 40, Runs: 2, Chart: devcluster.DefaultChart("../.."), Dir: t.TempDir(), Out: &out})
+	res, err := Run(context.Background(), Config{Nodes: 40, Runs: 2, Chart: chart.Default("../.."), Dir: t.TempDir(), Out: &out})
 	t.Log("\n" + out.String())
 	if errors.Is(err, browser.ErrNoBrowser) {
 		browser.SkipOrFail(t, err)

@@ -20,7 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -51,7 +51,7 @@ func mpsServerPod(t *testing.T, ns, name, hostDir, serverDir string) *v1.Pod {
 			NodeName: containersNode, RestartPolicy: v1.RestartPolicyAlways, PriorityClassName: "system-node-critical",
 			Tolerations: []v1.Toleration{{Operator: v1.TolerationOpExists}},
 			Containers: []v1.Container{{
-				Name: "mps-server", Image: devcluster.MPSServerImage, Command: []string{noderuntime.MPSServerCommand},
+				Name: "mps-server", Image: chart.MPSServerImage, Command: []string{noderuntime.MPSServerCommand},
 				Args: []string{"--driver-root=/driver-root", "--control-binary=" + control, "--dir=" + serverDir,
 					"--devices=GPU-aaaa,GPU-bbbb", "-v=2"},
 				VolumeMounts: []v1.VolumeMount{{Name: "server", MountPath: serverDir}, {Name: "shm", MountPath: "/dev/shm"},

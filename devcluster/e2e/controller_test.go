@@ -21,12 +21,13 @@ import (
 	restclient "k8s.io/client-go/rest"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
 func leaseHolder(ctx context.Context) string {
-	l, err := cluster.Client.CoordinationV1().Leases(devcluster.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
+	l, err := cluster.Client.CoordinationV1().Leases(chart.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}
@@ -36,7 +37,7 @@ func leaseHolder(ctx context.Context) string {
 // certificateEvents counts the Events the leader-only certificate manager
 // recorded: each one is a certificate issued.
 func certificateEvents(t *testing.T, ctx context.Context) int {
-	events, err := cluster.Client.EventsV1().Events(devcluster.PluginNamespace).List(ctx, metav1.ListOptions{})
+	events, err := cluster.Client.EventsV1().Events(chart.PluginNamespace).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	n := 0
 	for _, e := range events.Items {
@@ -64,7 +65,7 @@ func TestControllerLeaderFailover(t *testing.T) {
 	require.Eventually(t, func() bool { leader = leaseHolder(ctx); return leader != "" }, 30*time.Second, 100*time.Millisecond)
 	require.Eventually(t, func() bool { return certificateEvents(t, ctx) >= 1 }, 30*time.Second, 200*time.Millisecond)
 	issued := certificateEvents(t, ctx)
-	secret, err := cluster.Client.CoreV1().Secrets(devcluster.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
+	secret, err := cluster.Client.CoreV1().Secrets(chart.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
 	require.NoError(t, err)
 
 	var stop, other *devcluster.Controller
@@ -94,7 +95,7 @@ func TestControllerLeaderFailover(t *testing.T) {
 	// Give the new leader's certificate manager time to run, then check it
 	// did nothing twice.
 	time.Sleep(3 * time.Second)
-	after, err := cluster.Client.CoreV1().Secrets(devcluster.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
+	after, err := cluster.Client.CoreV1().Secrets(chart.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, secret.Data["tls.crt"], after.Data["tls.crt"], "the new leader keeps the valid certificate")
 	assert.Equal(t, issued, certificateEvents(t, ctx), "no certificate issued, or reported, twice")
@@ -193,8 +194,8 @@ func TestChartControllerLeastPrivilege(t *testing.T) {
 	_, forbidden["another webhook configuration"] = sa.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, devcluster.WebhookConfigurationName, metav1.GetOptions{})
 	_, forbidden["listing webhook configurations"] = sa.AdmissionregistrationV1().ValidatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
 	_, forbidden["listing secrets"] = sa.CoreV1().Secrets(chartNamespace).List(ctx, metav1.ListOptions{})
-	_, forbidden["devcluster's webhook Secret"] = sa.CoreV1().Secrets(devcluster.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
-	_, forbidden["another Lease"] = sa.CoordinationV1().Leases(devcluster.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
+	_, forbidden["devcluster's webhook Secret"] = sa.CoreV1().Secrets(chart.PluginNamespace).Get(ctx, devcluster.WebhookSecret, metav1.GetOptions{})
+	_, forbidden["another Lease"] = sa.CoordinationV1().Leases(chart.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
 	_, forbidden["creating pods"] = sa.CoreV1().Pods("default").Create(ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	forbidden["deleting pods"] = sa.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}, metav1.ListOptions{})

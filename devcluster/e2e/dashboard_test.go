@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/internal/browser"
 	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -55,7 +55,7 @@ func openDashboard(t *testing.T, cfg *rest.Config, namespace, fallback, fragment
 		done <- dashboard.RunCluster(ctx, dashboard.ClusterRunConfig{
 			ServeConfig: dashboard.ServeConfig{Address: "127.0.0.1:0", Listening: func(u string) { urls <- u }},
 			RESTConfig:  cfg, Context: "devcluster", Namespace: namespace, FallbackNamespace: fallback,
-			PluginNamespace: devcluster.PluginNamespace, UsageInterval: time.Second,
+			PluginNamespace: chart.PluginNamespace, UsageInterval: time.Second,
 		})
 	}()
 	var base string
@@ -432,7 +432,7 @@ func TestDashboardTenantSeesOnlyItsNamespace(t *testing.T) {
 	// the same tenant sees every GPU and who holds it, free GPUs as free,
 	// and still no pod of another namespace beyond the claim's own record.
 	ctx := context.Background()
-	rendered, err := devcluster.RenderChart(ctx, devcluster.DefaultChart("../.."), t.TempDir(), "--set", "dashboard.fleetViewerRole=true")
+	rendered, err := chart.Render(ctx, chart.Default("../.."), t.TempDir(), "--set", "dashboard.fleetViewerRole=true")
 	require.NoError(t, err)
 	role := slices.IndexFunc(objectsFrom(t, rendered), func(o *unstructured.Unstructured) bool {
 		return o.GetKind() == "ClusterRole" && strings.HasSuffix(o.GetName(), "-fleet-viewer")

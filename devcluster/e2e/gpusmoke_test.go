@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // gpuSmokeBundle is the gpu-smoke bundle make test-e2e builds without cgo
@@ -85,7 +85,7 @@ func TestGPUSmokeDiagnosesAMissingDeviceClass(t *testing.T) {
 	bundle := gpuSmokeBundle(t)
 	source, err := filepath.Abs("../..")
 	require.NoError(t, err)
-	rendered, err := devcluster.RenderChart(context.Background(), devcluster.DefaultChart(source), devcluster.RenderedDirPlaceholder,
+	rendered, err := chart.Render(context.Background(), chart.Default(source), chart.RenderedDirPlaceholder,
 		"--set", "deviceClasses.gpu.enabled=false")
 	require.NoError(t, err)
 	chart := filepath.Join(t.TempDir(), "chart.yaml")

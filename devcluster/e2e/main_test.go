@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -68,7 +69,7 @@ func run(m *testing.M) int {
 	// Under Node,RBAC, every gpudra component as the chart's
 	// ServiceAccount: the chart's RBAC and admission policies are tested
 	// for real, and a call they forbid fails the test (forbiddenCalls).
-	opts := devcluster.Options{MPSControlBinary: mpsControl, Grove: true, Chart: devcluster.DefaultChart("../.."),
+	opts := devcluster.Options{MPSControlBinary: mpsControl, Grove: true, Chart: chart.Default("../.."),
 		// resource.k8s.io/v1beta1 served, as clusters that still carry
 		// old clients serve it: admission must hold for its shape too
 		// (TestFenceTolerationRefused).

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/scalebench"
 )
 
@@ -37,7 +37,7 @@ func TestScaleBench(t *testing.T) {
 	}
 	var stdout bytes.Buffer
 	cfg := scalebench.Config{ControllerBinary: filepath.Join(bin, "gpudra-controller"), PluginBinary: filepath.Join(bin, "gpudra-kubelet-plugin"),
-		Chart: devcluster.DefaultChart("../.."), Dir: t.TempDir(), ControlPlaneQPS: 1000, Stdout: &stdout}
+		Chart: chart.Default("../.."), Dir: t.TempDir(), ControlPlaneQPS: 1000, Stdout: &stdout}
 	cfg.Quick()
 	res, err := scalebench.Run(context.Background(), cfg)
 	t.Log("\n" + stdout.String())

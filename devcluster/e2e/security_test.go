@@ -29,6 +29,7 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -68,7 +69,7 @@ func TestMPSServerPodPinned(t *testing.T) {
 	ctx := context.Background()
 	node := cluster.Node("dgx-h100-1")
 	require.NotNil(t, node)
-	plugin := asServiceAccount(t, devcluster.PluginServiceAccount, node.Name)
+	plugin := asServiceAccount(t, chart.PluginServiceAccount, node.Name)
 	opts := node.SharingOptions()
 	servers, ok := opts.MPSServers.(*sharing.PodServers)
 	require.True(t, ok, "devcluster's plugins run MPS servers as pods, as the chart does")
@@ -78,7 +79,7 @@ func TestMPSServerPodPinned(t *testing.T) {
 	require.NoError(t, err)
 
 	create := func(pod *v1.Pod) error {
-		_, err := plugin.CoreV1().Pods(devcluster.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := plugin.CoreV1().Pods(chart.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
 	require.NoError(t, create(base), "the server pod the plugin makes")
@@ -89,8 +90,8 @@ func TestMPSServerPodPinned(t *testing.T) {
 		change func(p *v1.Pod)
 		want   string
 	}{
-		{"the controller's ServiceAccount", func(p *v1.Pod) { p.Spec.ServiceAccountName = devcluster.ControllerServiceAccount },
-			"MPS server pods that run as ServiceAccount " + devcluster.MPSServerServiceAccount},
+		{"the controller's ServiceAccount", func(p *v1.Pod) { p.Spec.ServiceAccountName = chart.ControllerServiceAccount },
+			"MPS server pods that run as ServiceAccount " + chart.MPSServerServiceAccount},
 		{"a mounted token", func(p *v1.Pod) { p.Spec.AutomountServiceAccountToken = nil }, "automountServiceAccountToken false"},
 		{"--control-binary=/bin/sh", func(p *v1.Pod) {
 			p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--control-binary=/bin/sh")
@@ -180,17 +181,17 @@ func TestPluginDeletesOnlyMPSServerPods(t *testing.T) {
 	ctx := context.Background()
 	node := cluster.Node("dgx-h100-1")
 	require.NotNil(t, node)
-	plugin := asServiceAccount(t, devcluster.PluginServiceAccount, node.Name)
-	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "not-an-mps-server", Namespace: devcluster.PluginNamespace,
+	plugin := asServiceAccount(t, chart.PluginServiceAccount, node.Name)
+	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "not-an-mps-server", Namespace: chart.PluginNamespace,
 		Labels: map[string]string{"app.kubernetes.io/component": "controller"}},
 		Spec: v1.PodSpec{NodeName: node.Name, Containers: []v1.Container{{Name: "c", Image: "x"}}}}
-	_, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).Create(ctx, other, metav1.CreateOptions{})
+	_, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).Create(ctx, other, metav1.CreateOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_ = cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).Delete(context.Background(), other.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		_ = cluster.Client.CoreV1().Pods(chart.PluginNamespace).Delete(context.Background(), other.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	})
 	refusedWith(t, "may only create or delete MPS server pods (label app.kubernetes.io/component=mps-server), not pod 'not-an-mps-server'", func() error {
-		return plugin.CoreV1().Pods(devcluster.PluginNamespace).Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		return plugin.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, other.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	})
 }
 
@@ -206,7 +207,7 @@ func TestControllerPodUpdatesPinned(t *testing.T) {
 			Containers: []v1.Container{{Name: "c", Image: "registry.example.com/app:1"}}}}
 	_, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
-	controller := asServiceAccount(t, devcluster.ControllerServiceAccount, "")
+	controller := asServiceAccount(t, chart.ControllerServiceAccount, "")
 
 	patch := func(ops ...map[string]any) error {
 		b, err := json.Marshal(ops)
@@ -256,7 +257,7 @@ func TestGangControllerFailsWithoutItsRule(t *testing.T) {
 	onGangPath(t, controller.GangModeGates)
 	ctx := context.Background()
 	roles := cluster.Client.RbacV1().ClusterRoles()
-	role, err := roles.Get(ctx, devcluster.ControllerServiceAccount, metav1.GetOptions{})
+	role, err := roles.Get(ctx, chart.ControllerServiceAccount, metav1.GetOptions{})
 	require.NoError(t, err)
 	original := role.DeepCopy()
 	restore := func() {
@@ -288,7 +289,7 @@ func TestGangControllerFailsWithoutItsRule(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "no forbidden call recorded")
 	assert.Contains(t, cond.Message+" "+condMessage(t, ns, "rule-0"), "devicetaintrules.resource.k8s.io is forbidden")
 	for _, call := range forbidden {
-		assert.Equal(t, "system:serviceaccount:"+devcluster.PluginNamespace+":"+devcluster.ControllerServiceAccount, call.User)
+		assert.Equal(t, "system:serviceaccount:"+chart.PluginNamespace+":"+chart.ControllerServiceAccount, call.User)
 		assert.Equal(t, "POST /apis/resource.k8s.io/v1/devicetaintrules", call.Method+" "+call.URL)
 	}
 

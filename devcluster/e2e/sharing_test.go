@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -53,7 +53,7 @@ func assertSeesMPSServer(t *testing.T, pod string, v noderuntime.ContainerView) 
 // mpsServers are the node's MPS server pods, with their daemons.
 func mpsServers(t *testing.T, node string) []mpsServer {
 	t.Helper()
-	pods, err := cluster.Client.CoreV1().Pods(devcluster.PluginNamespace).List(context.Background(), metav1.ListOptions{
+	pods, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).List(context.Background(), metav1.ListOptions{
 		LabelSelector: "app.kubernetes.io/component=" + sharing.MPSServerComponent, FieldSelector: "spec.nodeName=" + node})
 	require.NoError(t, err)
 	var out []mpsServer

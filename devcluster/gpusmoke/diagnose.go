@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // lastErrors is how many of the log's error lines the diagnostics show.
@@ -29,7 +29,7 @@ const lastErrors = 20
 func (s *session) diagnose(ctx context.Context, failure error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n== diagnostics (gpu-smoke failed: %v)\n", failure)
-	diagnoseCluster(ctx, &b, s.cluster.Client, []string{namespace, devcluster.PluginNamespace}, GPUNode)
+	diagnoseCluster(ctx, &b, s.cluster.Client, []string{namespace, chart.PluginNamespace}, GPUNode)
 	if s.cfg.LogFile != "" {
 		fmt.Fprintf(&b, "\n-- the last %d errors in the log (%s):\n", lastErrors, s.cfg.LogFile)
 		errs, err := lastErrorLines(s.cfg.LogFile, lastErrors)

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -37,7 +38,7 @@ type Config struct {
 	DriverRoot string
 	// Chart is the gpudra chart: its ServiceAccounts, RBAC and
 	// DeviceClasses are installed.
-	Chart devcluster.ChartOptions
+	Chart chart.Options
 	// Results, when set, is a directory that receives what the run saw:
 	// comparison, slices, each pod's report, timings and RESULT.
 	Results string

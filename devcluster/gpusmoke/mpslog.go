@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/pkg/mpsserver"
 	"github.com/gpudra/gpudra/pkg/sharing"
 )
@@ -22,7 +22,7 @@ var newClient = regexp.MustCompile(`NEW CLIENT [0-9]+ from user`)
 // writes them) in the results, and counts the clients the control daemon
 // logged.
 func (s *session) mpsServerLogs(ctx context.Context) (clients int, err error) {
-	servers, err := (&sharing.PodServers{Client: s.cluster.Client, Namespace: devcluster.PluginNamespace, NodeName: GPUNode}).List(ctx)
+	servers, err := (&sharing.PodServers{Client: s.cluster.Client, Namespace: chart.PluginNamespace, NodeName: GPUNode}).List(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("list the MPS server pods of node %s: %w", GPUNode, err)
 	}

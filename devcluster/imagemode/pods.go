@@ -38,6 +38,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/internal/image"
 )
@@ -58,13 +59,6 @@ type Options struct {
 // PodAnnotation marks a pod that devcluster runs from the image: the
 // devcluster kubelet leaves it to the image runner.
 const PodAnnotation = "devcluster.gpudra.dev/image-pod"
-
-// NodeNamePlaceholder stands for the node's name in the host paths
-// the chart is rendered with: each simulated node has directories of
-// its own, and the admission policy puts the requesting node's name
-// in its place. The runner puts the pod's node's name there in its
-// hostPath volumes and mount paths.
-const NodeNamePlaceholder = "$(NODE_NAME)"
 
 // Config is what the runner needs of the cluster.
 type Config struct {
@@ -323,11 +317,11 @@ func (p *Pod) removePodDir() { _ = os.RemoveAll(p.podDir()) }
 func (p *Pod) start(ctx context.Context) error {
 	r, pod := p.r, p.pod
 	// The chart's host paths below devcluster's directory name the node
-	// (NodeNamePlaceholder: each node's directories are its own), in its
+	// (chart.NodeNamePlaceholder: each node's directories are its own), in its
 	// hostPath volumes and in the mount paths that repeat them.
 	c := pod.Spec.Containers[0].DeepCopy()
 	for i := range c.VolumeMounts {
-		c.VolumeMounts[i].MountPath = strings.ReplaceAll(c.VolumeMounts[i].MountPath, NodeNamePlaceholder, pod.Spec.NodeName)
+		c.VolumeMounts[i].MountPath = strings.ReplaceAll(c.VolumeMounts[i].MountPath, chart.NodeNamePlaceholder, pod.Spec.NodeName)
 	}
 	p.mu.Lock()
 	p.id = fmt.Sprintf("%s-%d", pod.UID, p.restarts)

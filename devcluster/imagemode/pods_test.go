@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // TestImagePodVolumes: the pod's volumes as the kubelet sets them up: the
@@ -38,8 +40,8 @@ func TestImagePodVolumes(t *testing.T) {
 	bundle := t.TempDir()
 
 	got, err := pod(
-		hostPath("plugin-data", filepath.Join(clusterDir, "nodes", NodeNamePlaceholder, "plugins"), dirOrCreate),
-		hostPath("driver-root", filepath.Join(clusterDir, "nodes", NodeNamePlaceholder, "driver"), dir),
+		hostPath("plugin-data", filepath.Join(clusterDir, "nodes", chart.NodeNamePlaceholder, "plugins"), dirOrCreate),
+		hostPath("driver-root", filepath.Join(clusterDir, "nodes", chart.NodeNamePlaceholder, "driver"), dir),
 		hostPath("local-state", "/var/lib/gpudra/local", dirOrCreate),
 		v1.Volume{Name: "cert", VolumeSource: v1.VolumeSource{Secret: &v1.SecretVolumeSource{SecretName: "cert"}}},
 		v1.Volume{Name: "cfg", VolumeSource: v1.VolumeSource{ConfigMap: &v1.ConfigMapVolumeSource{LocalObjectReference: v1.LocalObjectReference{Name: "cfg"}}}},

@@ -12,6 +12,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // A pod run from the image: its volumes and its root, set up on the host
@@ -37,7 +39,7 @@ func (p *Pod) volumes(ctx context.Context, bundle string) (map[string]string, er
 		where := fmt.Sprintf("pod %s/%s volume %s", pod.Namespace, pod.Name, v.Name)
 		switch {
 		case v.HostPath != nil:
-			path := strings.ReplaceAll(v.HostPath.Path, NodeNamePlaceholder, pod.Spec.NodeName)
+			path := strings.ReplaceAll(v.HostPath.Path, chart.NodeNamePlaceholder, pod.Spec.NodeName)
 			if !strings.HasPrefix(path, p.r.clusterDir+"/") {
 				path = filepath.Join(p.nodeDir, path)
 			}

@@ -35,6 +35,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // Config of one run.
@@ -83,7 +84,7 @@ type Config struct {
 	Dir string
 	// Chart gives the cluster its identities; the plugin runs as the
 	// chart's ServiceAccount.
-	Chart devcluster.ChartOptions
+	Chart chart.Options
 	// Cluster, when set, is the control plane to run against (Chart is
 	// then not used, and Run does not stop it); nil: Run starts one and
 	// stops it at the end.
@@ -344,7 +345,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return Result{}, err
 	}
-	sa := devcluster.PluginServiceAccount
+	sa := chart.PluginServiceAccount
 	if cfg.Foreign != nil {
 		if err := foreignIdentity(ctx, client, cfg.Foreign); err != nil {
 			return Result{}, err
@@ -441,7 +442,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 // foreignIdentity creates (or updates) the ServiceAccount a Foreign plugin
 // runs as, with its rules.
 func foreignIdentity(ctx context.Context, client kubernetes.Interface, f *Foreign) error {
-	ns := devcluster.PluginNamespace
+	ns := chart.PluginNamespace
 	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ForeignServiceAccount, Namespace: ns}}
 	if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

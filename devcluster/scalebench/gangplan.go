@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/prepbench"
 	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -154,8 +155,8 @@ func allocatedClaim(name, node, device string) *resourceapi.ResourceClaim {
 }
 
 // chartClasses are the DeviceClasses the chart ships, as typed objects.
-func chartClasses(ctx context.Context, chart devcluster.ChartOptions, dir string) ([]*resourceapi.DeviceClass, error) {
-	rendered, err := devcluster.RenderChart(ctx, chart, dir)
+func chartClasses(ctx context.Context, opts chart.Options, dir string) ([]*resourceapi.DeviceClass, error) {
+	rendered, err := chart.Render(ctx, opts, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // Point is what one node count of one mix measured.
@@ -323,8 +324,8 @@ func (s *mixState) measureIdle(ctx context.Context, p *Point) error {
 
 // DeviceClasses applies the DeviceClasses the chart ships, as rendered for
 // devcluster (the scale and the dashboard benchmarks).
-func DeviceClasses(ctx context.Context, c *devcluster.Cluster, chart devcluster.ChartOptions, dir string) error {
-	rendered, err := devcluster.RenderChart(ctx, chart, c.Dir)
+func DeviceClasses(ctx context.Context, c *devcluster.Cluster, opts chart.Options, dir string) error {
+	rendered, err := chart.Render(ctx, opts, c.Dir)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // controllerProcess is gpudra-controller running as the shipped binary:
@@ -49,7 +50,7 @@ func startController(ctx context.Context, c *devcluster.Cluster, binary, dir str
 			klog.FromContext(ctx).V(1).Info("In-process controller replica stopped with an error", "replica", r.Name, "err", err)
 		}
 	}
-	cfg, err := c.ServiceAccountConfig(ctx, devcluster.ControllerServiceAccount, "")
+	cfg, err := c.ServiceAccountConfig(ctx, chart.ControllerServiceAccount, "")
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +79,7 @@ func startController(ctx context.Context, c *devcluster.Cluster, binary, dir str
 	p := &controllerProcess{metricsURL: "http://" + healthAddr + "/metrics", log: logFile, done: make(chan struct{})}
 	// The chart's settings (leader election, fence settle) but for the
 	// addresses: no Service networking here.
-	p.cmd = exec.Command(binary, "--kubeconfig="+kubeconfig, "--namespace="+devcluster.PluginNamespace, "--identity=gpudra-controller-bench",
+	p.cmd = exec.Command(binary, "--kubeconfig="+kubeconfig, "--namespace="+chart.PluginNamespace, "--identity=gpudra-controller-bench",
 		"--lease-name="+devcluster.ControllerLease, "--health-address="+healthAddr, "--webhook-address="+webhookAddr,
 		"--webhook-ips=127.0.0.1", "--webhook-secret="+devcluster.WebhookSecret, "--webhook-configuration="+devcluster.WebhookConfigurationName,
 		"--gangs=true", "-v=1")

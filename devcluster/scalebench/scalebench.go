@@ -29,7 +29,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 )
 
 // Node mixes: what every node of the cluster publishes (8 H100s each).
@@ -83,7 +83,7 @@ type Config struct {
 	// MigDefault, when set, is used instead of asking PluginBinary.
 	MigDefault string
 	// Chart gives the cluster its identities and the DeviceClasses.
-	Chart devcluster.ChartOptions
+	Chart chart.Options
 	// ControlPlaneQPS tunes the scheduler's and the controllers' client
 	// limits (devcluster.Options); zero: the shipped limits.
 	ControlPlaneQPS float32

@@ -18,7 +18,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/dashboardbench"
 )
 
@@ -30,11 +30,11 @@ func main() {
 	flag.IntVar(&cfg.Workers, "workers", 32, "parallel writers for the nodes, pods and claims")
 	flag.StringVar(&cfg.Dir, "dir", "", "where the cluster keeps its files (default: a temporary directory)")
 	flag.StringVar(&out, "out", "bench-dashboard-results.md", "the Markdown results")
-	chart := devcluster.DefaultChart(".")
-	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose identities and DeviceClasses the cluster gets")
-	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
+	chartOpts := chart.Default(".")
+	flag.StringVar(&chartOpts.Dir, "chart", chartOpts.Dir, "the chart whose identities and DeviceClasses the cluster gets")
+	flag.StringVar(&chartOpts.Helm, "helm", chartOpts.Helm, "helm, to render the chart (make helm)")
 	flag.Parse()
-	cfg.Chart = chart
+	cfg.Chart = chartOpts
 	cfg.Out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/prepbench"
 )
 
@@ -46,11 +46,11 @@ func main() {
 	flag.StringVar(&latencies, "latencies", "", "append every claim's latencies to this CSV file (plugin,round,claim,prepare_us,unprepare_us,claimread_us)")
 	flag.BoolVar(&cfg.Paced, "paced", false, "the benchmark's own requests through the cluster's admin client (100 QPS, burst 200), as before issue 34: about 100 prepares a second instead of back to back")
 	flag.StringVar(&cfg.Dir, "dir", "", "where the cluster and the plugin keep their files (kept); empty: a temporary directory, removed")
-	chart := devcluster.DefaultChart(".")
-	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
-	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
+	chartOpts := chart.Default(".")
+	flag.StringVar(&chartOpts.Dir, "chart", chartOpts.Dir, "the chart whose ServiceAccount and RBAC the plugin runs with")
+	flag.StringVar(&chartOpts.Helm, "helm", chartOpts.Helm, "helm, to render the chart (make helm)")
 	flag.Parse()
-	cfg.Chart = chart
+	cfg.Chart = chartOpts
 	cfg.PluginArgs = strings.Fields(pluginArgs)
 	cfg.PluginEnv = strings.Fields(pluginEnv)
 	if devicesOverride != "" {

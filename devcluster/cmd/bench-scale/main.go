@@ -16,7 +16,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/scalebench"
 )
 
@@ -46,11 +46,11 @@ func main() {
 	flag.StringVar(&cfg.CSV, "csv", "bench-scale-results.csv", "the CSV results")
 	flag.StringVar(&cfg.Plot, "plot", "docs/bench-scale.png", "the PNG plot of throughput and memory against node count")
 	flag.StringVar(&cfg.Dir, "dir", "", "where the clusters keep their files (default: a temporary directory)")
-	chart := devcluster.DefaultChart(".")
-	flag.StringVar(&chart.Dir, "chart", chart.Dir, "the chart whose identities and DeviceClasses the cluster gets")
-	flag.StringVar(&chart.Helm, "helm", chart.Helm, "helm, to render the chart (make helm)")
+	chartOpts := chart.Default(".")
+	flag.StringVar(&chartOpts.Dir, "chart", chartOpts.Dir, "the chart whose identities and DeviceClasses the cluster gets")
+	flag.StringVar(&chartOpts.Helm, "helm", chartOpts.Helm, "helm, to render the chart (make helm)")
 	flag.Parse()
-	cfg.Chart = chart
+	cfg.Chart = chartOpts
 	cfg.ControlPlaneQPS = float32(qps)
 	var err error
 	if cfg.Nodes, err = ints(nodes); err != nil {

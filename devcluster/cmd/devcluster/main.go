@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
@@ -35,7 +36,7 @@ type options struct {
 	cpQPS      float64
 	cpBurst    int
 	grove      bool
-	chart      devcluster.ChartOptions
+	chart      chart.Options
 	runtime    noderuntime.OCIRuntime
 	image      imagemode.Options
 }
@@ -69,7 +70,7 @@ func main() {
 	fs.StringVar(&o.runtime.MPSServer, "mps-server", "bin/gpudra-mps-server", "a static gpudra-mps-server, to run MPS server pods as real containers too (make probe); missing: they run in this process")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
-	o.chart = devcluster.DefaultChart(".")
+	o.chart = chart.Default(".")
 	fs.StringVar(&o.chart.Dir, "chart", o.chart.Dir, "the gpudra chart: its ServiceAccounts, RBAC and admission policies are installed, and every gpudra component runs as its ServiceAccount")
 	fs.StringVar(&o.chart.Helm, "helm", o.chart.Helm, "helm, to render the chart (make helm builds bin/helm; env HELM)")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)

@@ -21,7 +21,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/gpusmoke"
 )
 
@@ -44,7 +44,7 @@ func main() {
 	fs.StringVar(&pluginArgs, "plugin-args", "", "flags added to the timed plugin's (default: as shipped, as make bench-prepare)")
 	fs.DurationVar(&cfg.PodTimeout, "pod-timeout", 3*time.Minute, "how long to wait for each step's pods")
 	fs.StringVar(&cfg.LogFile, "log-file", "", "the cluster's log (default: gpu-smoke.log in --results, else in the working directory)")
-	cfg.Chart = devcluster.DefaultChart(".")
+	cfg.Chart = chart.Default(".")
 	fs.StringVar(&cfg.Chart.Dir, "chart", cfg.Chart.Dir, "the gpudra chart (its ServiceAccounts, RBAC and DeviceClasses)")
 	fs.StringVar(&cfg.Chart.Helm, "helm", cfg.Chart.Helm, "helm, to render the chart")
 	fs.StringVar(&cfg.Chart.Rendered, "rendered-chart", "", "the chart rendered ahead by --write-rendered-chart (the bundle's, which carries no helm): --chart and --helm are then unused")
@@ -55,7 +55,7 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	cfg.Timing.PluginArgs = strings.Fields(pluginArgs)
 	if *writeRendered != "" {
-		rendered, err := devcluster.RenderChart(context.Background(), cfg.Chart, devcluster.RenderedDirPlaceholder)
+		rendered, err := chart.Render(context.Background(), cfg.Chart, chart.RenderedDirPlaceholder)
 		if err == nil {
 			err = os.WriteFile(*writeRendered, []byte(rendered), 0o644) //nolint:gosec // a chart, for people too
 		}

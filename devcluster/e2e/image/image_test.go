@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
@@ -67,11 +68,11 @@ func TestMain(m *testing.M) {
 // chart's pods run from the image, the chart rendered with values added.
 func startFromImage(t *testing.T, values ...string) *devcluster.Cluster {
 	t.Helper()
-	chart := devcluster.DefaultChart("../../..")
-	chart.Values = values
+	chartOpts := chart.Default("../../..")
+	chartOpts.Values = values
 	dir, err := os.MkdirTemp("", "dvi")
 	require.NoError(t, err)
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Dir: dir, Chart: chart,
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Dir: dir, Chart: chartOpts,
 		Image: &imagemode.Options{Layout: os.Getenv("GPUDRA_IMAGE_LAYOUT"), Runc: os.Getenv("RUNC")}})
 	require.NoError(t, err, "start devcluster from the image %s", os.Getenv("GPUDRA_IMAGE_LAYOUT"))
 	t.Cleanup(func() {
@@ -163,7 +164,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 	// webhook serves a valid certificate (a replica that does not lead
 	// loads the leader's at its next reload).
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := c.Client.CoreV1().Pods(devcluster.PluginNamespace).List(ctx, metav1.ListOptions{})
+		pods, err := c.Client.CoreV1().Pods(chart.PluginNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -177,7 +178,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 	require.NoError(t, err, "the chart's pods become ready")
 
 	t.Run("the chart's pods, from the image", func(t *testing.T) {
-		pods, err := c.Client.CoreV1().Pods(devcluster.PluginNamespace).List(ctx, metav1.ListOptions{})
+		pods, err := c.Client.CoreV1().Pods(chart.PluginNamespace).List(ctx, metav1.ListOptions{})
 		require.NoError(t, err)
 		seen := map[string]int{}
 		netns := map[string]int{}
@@ -237,7 +238,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 		}
 		assert.Equal(t, map[string]int{"controller": 2, "kubelet-plugin": 2}, seen)
 		assert.Len(t, netns, 6, "each controller pod has namespaces of its own: %v", netns)
-		lease, err := c.Client.CoordinationV1().Leases(devcluster.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
+		lease, err := c.Client.CoordinationV1().Leases(chart.PluginNamespace).Get(ctx, devcluster.ControllerLease, metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Contains(t, []string{"gpudra-controller-0", "gpudra-controller-1"}, *lease.Spec.HolderIdentity, "a controller pod leads")
 	})
@@ -347,7 +348,7 @@ func TestBrokenChartValueFailsFromImage(t *testing.T) {
 			var last v1.ContainerStatus
 			var phase v1.PodPhase
 			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-				p, err := c.Client.CoreV1().Pods(devcluster.PluginNamespace).Get(ctx, "gpudra-kubelet-plugin-dgx-h100-0", metav1.GetOptions{})
+				p, err := c.Client.CoreV1().Pods(chart.PluginNamespace).Get(ctx, "gpudra-kubelet-plugin-dgx-h100-0", metav1.GetOptions{})
 				if err != nil || len(p.Status.ContainerStatuses) == 0 {
 					return false, nil
 				}
