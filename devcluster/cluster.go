@@ -1,12 +1,17 @@
 // Package devcluster runs a real Kubernetes control plane inside one Go
 // process (embedded etcd, kube-apiserver, kube-scheduler, the ResourceClaim
 // controller, the garbage collector and the device-taint eviction
-// controller) with simulated H100 nodes, each running the real gpudra
-// kubelet plugin and a kubelet built on the kubelet's own DRA manager. It
-// backs `make demo` and the end-to-end suite. Pods' containers run in runc
-// where it can (runtime.go); the plugin and the controller run in this
-// process, or, in image mode (Options.Image), as the chart's own pods from
-// make image's layout (package imagemode, imagechart.go).
+// controller: package controlplane) with simulated H100 nodes, each running
+// the real gpudra kubelet plugin and a kubelet built on the kubelet's own
+// DRA manager (package nodeagent). It backs `make demo` and the end-to-end
+// suite. Pods' containers run in runc where it can (package noderuntime);
+// the plugin and the controller run in this process, or, in image mode
+// (Options.Image), as the chart's own pods from make image's layout
+// (package imagemode, imagechart.go). This package is the Cluster that
+// wires them: the chart's identities (identity.go, package chart), the
+// gpudra-controller replicas and their webhook front (controller.go), the
+// nodes (nodes.go), Grove's stand-in (package groveoperator) and what the
+// demo prints (report.go).
 package devcluster
 
 import (
@@ -33,6 +38,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/controlplane"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -70,7 +76,7 @@ type Options struct {
 	// as its ServiceAccount (identity.go). Required.
 	Chart chart.Options
 	// Grove installs Grove's CRDs and runs a stand-in for Grove's operator
-	// (grove*.go): PodCliqueSets get their PodCliques, scaling groups,
+	// (package groveoperator): PodCliqueSets get their PodCliques, scaling groups,
 	// ResourceClaims, gated pods and PodGangs as Grove makes them.
 	Grove bool
 	// Runtime runs every node's pods' containers for real (NodeOptions
@@ -105,7 +111,7 @@ type Cluster struct {
 	gpudra      *controllers // gpudra-controller replicas (controller.go)
 	removeDir   bool
 	// releaseCerts gives back the API server's certificate directory
-	// (certfixtures.go).
+	// (controlplane.AcquireCertFixtures).
 	releaseCerts func()
 	stopOnce     sync.Once
 	bootID       string
@@ -116,13 +122,13 @@ type Cluster struct {
 	image *imagemode.Runner
 
 	mu    sync.Mutex
-	nodes map[string]*Node
+	nodes map[string]*nodeagent.Node
 	order []string
 }
 
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
-	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
+	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*nodeagent.Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
 		mpsControl: opts.MPSControlBinary, runtime: opts.Runtime}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
@@ -219,10 +225,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 }
 
 // Nodes returns the nodes in the order they were added.
-func (c *Cluster) Nodes() []*Node {
+func (c *Cluster) Nodes() []*nodeagent.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]*Node, 0, len(c.order))
+	out := make([]*nodeagent.Node, 0, len(c.order))
 	for _, name := range c.order {
 		out = append(out, c.nodes[name])
 	}
@@ -230,7 +236,7 @@ func (c *Cluster) Nodes() []*Node {
 }
 
 // Node returns the named node, or nil.
-func (c *Cluster) Node(name string) *Node {
+func (c *Cluster) Node(name string) *nodeagent.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[name]
@@ -250,8 +256,8 @@ func (c *Cluster) stop() {
 		c.cancel()
 	}
 	for _, n := range c.Nodes() {
-		if n.kubeletEnd != nil {
-			waitOrTimeout(n.kubeletEnd, 10*time.Second)
+		if n.KubeletDone() != nil {
+			waitOrTimeout(n.KubeletDone(), 10*time.Second)
 		}
 	}
 	c.gpudra.stop()

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
@@ -112,7 +113,7 @@ func podFromTemplate(t *v1.PodTemplateSpec, name, node string) *v1.Pod {
 
 // runPluginPod runs the chart's kubelet plugin DaemonSet pod on the node,
 // after writing the node's machine where the pod's --sim-machine finds it.
-func (c *Cluster) runPluginPod(ctx context.Context, n *Node) error {
+func (c *Cluster) runPluginPod(ctx context.Context, n *nodeagent.Node) error {
 	if n.Machine == nil {
 		return fmt.Errorf("node %s: image mode runs simulated machines only", n.Name)
 	}
@@ -130,14 +131,14 @@ func (c *Cluster) runPluginPod(ctx context.Context, n *Node) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.image.RunPod(ctx, podFromTemplate(t, MetricsPodName(n.Name), n.Name), n.Dir, nil)
+	_, err = c.image.RunPod(ctx, podFromTemplate(t, nodeagent.MetricsPodName(n.Name), n.Name), n.Dir, nil)
 	return err
 }
 
 // startImageController runs the chart's controller Deployment's pods and
 // routes the chart's webhook Service to them.
 func (c *Cluster) startImageController(ctx context.Context) error {
-	ip, err := ProxyableHostIP()
+	ip, err := nodeagent.ProxyableHostIP()
 	if err != nil {
 		return fmt.Errorf("image mode: the webhook Service's EndpointSlice needs an address the API server dials: %w", err)
 	}

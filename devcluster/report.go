@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
@@ -56,9 +57,9 @@ func ReportPods(ctx context.Context, client kubernetes.Interface, namespace stri
 				r.Reason = cond.Message
 			}
 		}
-		if data := pod.Annotations[ContainersAnnotation]; data != "" {
+		if data := pod.Annotations[nodeagent.ContainersAnnotation]; data != "" {
 			if err := json.Unmarshal([]byte(data), &r.Containers); err != nil {
-				return nil, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, ContainersAnnotation, err)
+				return nil, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, nodeagent.ContainersAnnotation, err)
 			}
 		}
 		for j := range pod.Spec.ResourceClaims {

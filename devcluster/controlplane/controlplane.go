@@ -119,7 +119,7 @@ func StartAPIServer(tb *ProcessTB, etcdURL string, workloadAPI bool, extraFlags 
 		// such as the kubelet plugin run privileged.
 		"--allow-privileged=true",
 		// As in a cluster: every gpudra component is held to the chart's
-		// RBAC and admission policies (identity.go).
+		// RBAC and admission policies (devcluster's identity.go).
 		"--authorization-mode=Node,RBAC",
 		// As kubeadm enables it: a kubelet may change only its own Node
 		// and its own pods.

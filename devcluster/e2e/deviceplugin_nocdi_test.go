@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -34,7 +34,7 @@ func TestDevicePluginWithoutCDI(t *testing.T) {
 	if node == nil {
 		// migStrategy mixed, deviceListStrategy left to NVIDIA's default.
 		var err error
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpNoCDINode, dpMachine, mustDPConfig("version: v1\nflags:\n  migStrategy: mixed\n")))
+		node, err = cluster.AddNode(ctx, nodeagent.DevicePluginNode(dpNoCDINode, dpMachine, mustDPConfig("version: v1\nflags:\n  migStrategy: mixed\n")))
 		require.NoError(t, err)
 		require.NoError(t, node.WaitForDevicePlugin(ctx))
 	}

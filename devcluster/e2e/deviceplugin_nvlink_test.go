@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
@@ -28,7 +28,7 @@ func TestDevicePluginNVLinkPairs(t *testing.T) {
 	node := cluster.Node(dpPCIeNode)
 	if node == nil {
 		var err error
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpPCIeNode, dpPCIeMachine,
+		node, err = cluster.AddNode(ctx, nodeagent.DevicePluginNode(dpPCIeNode, dpPCIeMachine,
 			mustDPConfig("version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\n")))
 		require.NoError(t, err)
 		require.NoError(t, node.WaitForDevicePlugin(ctx))

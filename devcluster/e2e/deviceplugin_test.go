@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -72,7 +72,7 @@ func dpPod(name, node string, resources map[string]int64) *v1.Pod {
 		Spec: v1.PodSpec{
 			RestartPolicy: v1.RestartPolicyNever,
 			NodeSelector:  map[string]string{"kubernetes.io/hostname": node},
-			Tolerations:   []v1.Toleration{{Key: devcluster.DevicePluginTaintKey, Operator: v1.TolerationOpExists}},
+			Tolerations:   []v1.Toleration{{Key: nodeagent.DevicePluginTaintKey, Operator: v1.TolerationOpExists}},
 			Containers: []v1.Container{{Name: "cuda", Image: "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
 				Resources: v1.ResourceRequirements{Limits: limits}}},
 		},
@@ -80,7 +80,7 @@ func dpPod(name, node string, resources map[string]int64) *v1.Pod {
 }
 
 // inventory is the node's GPUs and MIG devices by UUID.
-func inventory(t *testing.T, node *devcluster.Node) (map[string]nvdevice.GPU, map[string]nvdevice.MigDevice) {
+func inventory(t *testing.T, node *nodeagent.Node) (map[string]nvdevice.GPU, map[string]nvdevice.MigDevice) {
 	t.Helper()
 	inv, err := node.Machine.Inventory(context.Background())
 	require.NoError(t, err)
@@ -119,7 +119,7 @@ func waitAllocatable(t *testing.T, node, name string, want int64) {
 func TestDevicePluginNodeAllocatable(t *testing.T) {
 	node := cluster.Node(dpNode)
 	require.NotNil(t, node)
-	assert.Equal(t, devcluster.ModeDevicePlugin, node.Mode())
+	assert.Equal(t, nodeagent.ModeDevicePlugin, node.Mode())
 	for name, want := range map[string]int64{"nvidia.com/gpu": 6, "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1} {
 		c, a := nodeResource(t, dpNode, name)
 		assert.Equal(t, want, c, "capacity %s", name)
@@ -230,7 +230,7 @@ sharing:
       rename: nvidia.com/gpu.shared
 `))
 		require.NoError(t, err)
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpSharedNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
+		node, err = cluster.AddNode(ctx, nodeagent.DevicePluginNode(dpSharedNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
 		require.NoError(t, err)
 		require.NoError(t, node.WaitForDevicePlugin(ctx))
 	}
@@ -280,7 +280,7 @@ sharing:
       replicas: 2
 `))
 		require.NoError(t, err)
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpMPSNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
+		node, err = cluster.AddNode(ctx, nodeagent.DevicePluginNode(dpMPSNode, filepath.Join(examples, "machines", "one-h100.yaml"), cfg))
 		require.NoError(t, err)
 		require.NoError(t, node.WaitForDevicePlugin(ctx))
 	}
@@ -367,14 +367,14 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	holder := waitRunning(t, ns, "holder")
 	claim := podClaim(t, holder, "gpu")
 
-	err := node.SwitchMode(devcluster.ModeDevicePlugin)
+	err := node.SwitchMode(nodeagent.ModeDevicePlugin)
 	require.Error(t, err, "device plugin mode must be refused while a claim is prepared")
 	assert.Contains(t, err.Error(), "device plugin mode refused")
 	assert.Contains(t, err.Error(), claim.Namespace+"/"+claim.Name)
 	assert.Contains(t, err.Error(), string(claim.UID))
 	assert.Contains(t, err.Error(), deviceplugin.DrainAdvice)
 	t.Logf("refusal: %v", err)
-	require.NoError(t, node.SwitchMode(devcluster.ModeDRA), "back to DRA mode")
+	require.NoError(t, node.SwitchMode(nodeagent.ModeDRA), "back to DRA mode")
 	require.NoError(t, node.WaitForSlices(ctx))
 	assert.Error(t, deviceplugin.CheckDRADrained(node.PluginDataDir()), "the claim is still prepared")
 	after, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "holder", metav1.GetOptions{})
@@ -395,12 +395,12 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 	_, gpusBefore := nodeResource(t, dpNode, "nvidia.com/gpu")
 	create(t, ns, nil, dpPod("dp-holder", dpNode, map[string]int64{"nvidia.com/gpu": 1}))
 	held := waitRunning(t, ns, "dp-holder")
-	err = dp.SwitchMode(devcluster.ModeDRA)
+	err = dp.SwitchMode(nodeagent.ModeDRA)
 	require.Error(t, err, "DRA mode must be refused while a pod holds a device plugin GPU")
 	assert.Contains(t, err.Error(), "DRA mode refused: the kubelet's pod-resources API ("+dp.PodResourcesSocket()+") lists 1 pod(s)")
 	assert.Contains(t, err.Error(), "pod "+held.Namespace+"/"+held.Name+" (nvidia.com/gpu)")
 	assert.Nil(t, dp.Plugin(), "no DRA plugin started")
-	require.NoError(t, dp.SwitchMode(devcluster.ModeDevicePlugin), "back to device-plugin mode")
+	require.NoError(t, dp.SwitchMode(nodeagent.ModeDevicePlugin), "back to device-plugin mode")
 	require.NoError(t, dp.WaitForDevicePlugin(ctx))
 	waitAllocatable(t, dpNode, "nvidia.com/gpu", gpusBefore)
 	assert.Equal(t, v1.PodRunning, waitRunning(t, ns, "dp-holder").Status.Phase)
@@ -411,14 +411,14 @@ func TestDevicePluginModeSwitchRefused(t *testing.T) {
 // (kubeletPlugin.perNodeMode).
 func labelMode(t *testing.T, node, mode string) {
 	t.Helper()
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, devcluster.DevicePluginModeLabel, mode)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, nodeagent.DevicePluginModeLabel, mode)
 	_, err := cluster.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	require.NoError(t, err)
 }
 
 // podResources is the kubelet's pod-resources answer for one pod, nil if
 // it does not list the pod.
-func podResources(t *testing.T, node *devcluster.Node, ns, name string) *podresourcesv1.PodResources {
+func podResources(t *testing.T, node *nodeagent.Node, ns, name string) *podresourcesv1.PodResources {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+node.PodResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -435,7 +435,7 @@ func podResources(t *testing.T, node *devcluster.Node, ns, name string) *podreso
 
 // podDeviceIDs are the device IDs of resource the pod's containers hold,
 // as the kubelet's pod-resources API lists them.
-func podDeviceIDs(t *testing.T, node *devcluster.Node, ns, name, resource string) []string {
+func podDeviceIDs(t *testing.T, node *nodeagent.Node, ns, name, resource string) []string {
 	t.Helper()
 	pr := podResources(t, node, ns, name)
 	require.NotNil(t, pr, "the pod-resources API does not list %s/%s", ns, name)
@@ -464,10 +464,10 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	node := cluster.Node(dpSwitchNode)
 	if node == nil {
 		var err error
-		node, err = cluster.AddNode(ctx, devcluster.DevicePluginNode(dpSwitchNode, filepath.Join(examples, "machines", "one-h100.yaml"), nil))
+		node, err = cluster.AddNode(ctx, nodeagent.DevicePluginNode(dpSwitchNode, filepath.Join(examples, "machines", "one-h100.yaml"), nil))
 		require.NoError(t, err)
 	}
-	require.Equal(t, devcluster.ModeDevicePlugin, node.Mode())
+	require.Equal(t, nodeagent.ModeDevicePlugin, node.Mode())
 	require.NoError(t, node.WaitForDevicePlugin(ctx))
 	gpus, _ := inventory(t, node)
 	require.Len(t, gpus, 1)
@@ -482,14 +482,14 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	create(t, ns, nil, dpPod("dp-holder", dpSwitchNode, map[string]int64{"nvidia.com/gpu": 1}))
 	held := waitRunning(t, ns, "dp-holder")
 	assert.Equal(t, []string{only}, podDeviceIDs(t, node, ns, "dp-holder", "nvidia.com/gpu"))
-	labelMode(t, dpSwitchNode, devcluster.ModeDRA)
-	err := node.SwitchMode(devcluster.ModeDRA)
+	labelMode(t, dpSwitchNode, nodeagent.ModeDRA)
+	err := node.SwitchMode(nodeagent.ModeDRA)
 	require.Error(t, err, "DRA mode must be refused while a pod holds the GPU")
 	assert.Contains(t, err.Error(), "DRA mode refused: the kubelet's pod-resources API ("+node.PodResourcesSocket()+
 		") lists 1 pod(s) holding GPUs through a device plugin: pod "+ns+"/dp-holder (nvidia.com/gpu); drain them")
 	t.Logf("refusal: %v", err)
-	labelMode(t, dpSwitchNode, devcluster.ModeDevicePlugin)
-	require.NoError(t, node.SwitchMode(devcluster.ModeDevicePlugin), "back to device-plugin mode")
+	labelMode(t, dpSwitchNode, nodeagent.ModeDevicePlugin)
+	require.NoError(t, node.SwitchMode(nodeagent.ModeDevicePlugin), "back to device-plugin mode")
 	require.NoError(t, node.WaitForDevicePlugin(ctx))
 
 	// Drained: the checkpoint keeps the deleted pod's entry, the
@@ -512,13 +512,13 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	}
 
 	// To DRA mode: it starts, publishes the GPU, and a claim gets it.
-	labelMode(t, dpSwitchNode, devcluster.ModeDRA)
-	require.NoError(t, node.SwitchMode(devcluster.ModeDRA), "DRA mode on a drained node")
+	labelMode(t, dpSwitchNode, nodeagent.ModeDRA)
+	require.NoError(t, node.SwitchMode(nodeagent.ModeDRA), "DRA mode on a drained node")
 	assert.Nil(t, podResources(t, node, ns, "dp-holder"), "the pod-resources API lists no deleted pod")
 	require.NoError(t, node.WaitForSlices(ctx))
 	pod := gpuPod("dra-user", "one-gpu")
 	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": dpSwitchNode}
-	pod.Spec.Tolerations = []v1.Toleration{{Key: devcluster.DevicePluginTaintKey, Operator: v1.TolerationOpExists}}
+	pod.Spec.Tolerations = []v1.Toleration{{Key: nodeagent.DevicePluginTaintKey, Operator: v1.TolerationOpExists}}
 	create(t, ns, template("one-gpu", resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gpudra.dev"}}, nil, nil), pod)
 	user := waitRunning(t, ns, "dra-user")
 	assert.Equal(t, []string{only}, views(t, user)["cuda"].VisibleGPUs())
@@ -543,8 +543,8 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	require.NoError(t, wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
 		return deviceplugin.CheckDRADrained(node.PluginDataDir()) == nil, nil
 	}), "drained node still refused")
-	labelMode(t, dpSwitchNode, devcluster.ModeDevicePlugin)
-	require.NoError(t, node.SwitchMode(devcluster.ModeDevicePlugin), "device-plugin mode on a drained node")
+	labelMode(t, dpSwitchNode, nodeagent.ModeDevicePlugin)
+	require.NoError(t, node.SwitchMode(nodeagent.ModeDevicePlugin), "device-plugin mode on a drained node")
 	require.NoError(t, node.WaitForDevicePlugin(ctx))
 	waitAllocatable(t, dpSwitchNode, "nvidia.com/gpu", 1)
 	create(t, ns, nil, dpPod("dp-again", dpSwitchNode, map[string]int64{"nvidia.com/gpu": 1}))
@@ -556,14 +556,14 @@ func TestDevicePluginModeSwitchNodeByNode(t *testing.T) {
 	dra := cluster.Node(draSwitchNode)
 	if dra == nil {
 		var err error
-		dra, err = cluster.AddNode(ctx, devcluster.NodeOptions{Name: draSwitchNode, Machine: filepath.Join(examples, "machines", "one-h100.yaml"),
-			Taints: []v1.Taint{{Key: devcluster.DevicePluginTaintKey, Value: "true", Effect: v1.TaintEffectNoSchedule}}})
+		dra, err = cluster.AddNode(ctx, nodeagent.NodeOptions{Name: draSwitchNode, Machine: filepath.Join(examples, "machines", "one-h100.yaml"),
+			Taints: []v1.Taint{{Key: nodeagent.DevicePluginTaintKey, Value: "true", Effect: v1.TaintEffectNoSchedule}}})
 		require.NoError(t, err)
 		require.NoError(t, dra.WaitForSlices(ctx))
 	}
-	if dra.Mode() == devcluster.ModeDRA {
-		labelMode(t, draSwitchNode, devcluster.ModeDevicePlugin)
-		require.NoError(t, dra.SwitchMode(devcluster.ModeDevicePlugin), "device-plugin mode on a node added in DRA mode")
+	if dra.Mode() == nodeagent.ModeDRA {
+		labelMode(t, draSwitchNode, nodeagent.ModeDevicePlugin)
+		require.NoError(t, dra.SwitchMode(nodeagent.ModeDevicePlugin), "device-plugin mode on a node added in DRA mode")
 	}
 	require.NoError(t, dra.WaitForDevicePlugin(ctx))
 	draGPUs, _ := inventory(t, dra)

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -28,10 +28,10 @@ const eventsNodeName = "events-0"
 
 var eventsNodeOnce sync.Once
 
-func eventsNode(t *testing.T) *devcluster.Node {
+func eventsNode(t *testing.T) *nodeagent.Node {
 	t.Helper()
 	eventsNodeOnce.Do(func() {
-		n, err := cluster.AddNode(context.Background(), devcluster.NodeOptions{Name: eventsNodeName, Machine: "dgx-h100-nomig",
+		n, err := cluster.AddNode(context.Background(), nodeagent.NodeOptions{Name: eventsNodeName, Machine: "dgx-h100-nomig",
 			Taints: []v1.Taint{{Key: "gpudra.dev/e2e-events", Value: "true", Effect: v1.TaintEffectNoSchedule}}})
 		require.NoError(t, err)
 		require.NoError(t, n.WaitForSlices(context.Background()))

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 )
 
 // addBenchNodes adds whole-GPU DGX nodes (MIG off, 8 H100s each) up to
@@ -19,7 +19,7 @@ import (
 func addBenchNodes(b *testing.B) {
 	ctx := context.Background()
 	for i := len(cluster.Nodes()); i < benchNodes; i++ {
-		n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: fmt.Sprintf("bench-%02d", i), Machine: "dgx-h100-nomig"})
+		n, err := cluster.AddNode(ctx, nodeagent.NodeOptions{Name: fmt.Sprintf("bench-%02d", i), Machine: "dgx-h100-nomig"})
 		if err != nil {
 			b.Fatal(err)
 		}

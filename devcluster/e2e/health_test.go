@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -28,7 +28,7 @@ func TestUnhealthyGPUIsTaintedAndItsPodEvicted(t *testing.T) {
 	node := cluster.Node(nodeName)
 	if node == nil {
 		var err error
-		node, err = cluster.AddNode(ctx, devcluster.NodeOptions{Name: nodeName, Machine: "dgx-h100-nomig",
+		node, err = cluster.AddNode(ctx, nodeagent.NodeOptions{Name: nodeName, Machine: "dgx-h100-nomig",
 			UnhealthyTaintEffect: resourceapi.DeviceTaintEffectNoExecute,
 			Taints:               []v1.Taint{{Key: "gpudra.dev/e2e-health", Value: "true", Effect: v1.TaintEffectNoSchedule}}})
 		require.NoError(t, err)

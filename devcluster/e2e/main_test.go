@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -97,13 +98,13 @@ func run(m *testing.M) int {
 	}
 	defer cluster.Stop()
 	// As in the demo: one DGX H100 in MIG mode, one with MIG off.
-	nodes := []devcluster.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig",
+	nodes := []nodeagent.NodeOptions{{Name: "dgx-h100-0", Machine: "dgx-h100"}, {Name: "dgx-h100-1", Machine: "dgx-h100-nomig",
 		// A PodGroup's 300 pods share one claim here (gangworkload_test.go).
 		MaxPods: 400},
-		devcluster.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml")),
+		nodeagent.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml")),
 		// Device-plugin mode (deviceplugin_test.go): labelled and tainted,
 		// with no ResourceSlices, so DRA tests never land there.
-		devcluster.DevicePluginNode(dpNode, dpMachine, dpNodeConfig)}
+		nodeagent.DevicePluginNode(dpNode, dpMachine, dpNodeConfig)}
 	for _, opts := range nodes {
 		n, err := cluster.AddNode(ctx, opts)
 		if err == nil {
@@ -255,7 +256,7 @@ func describe(pod *v1.Pod) string {
 func views(t *testing.T, pod *v1.Pod) map[string]noderuntime.ContainerView {
 	t.Helper()
 	var v map[string]noderuntime.ContainerView
-	require.NoError(t, json.Unmarshal([]byte(pod.Annotations[devcluster.ContainersAnnotation]), &v))
+	require.NoError(t, json.Unmarshal([]byte(pod.Annotations[nodeagent.ContainersAnnotation]), &v))
 	return v
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/top"
 )
 
@@ -22,11 +22,11 @@ import (
 func TestPluginMetricsThroughTheAPIServerProxy(t *testing.T) {
 	ctx := context.Background()
 	for _, node := range []string{"dgx-h100-0", nomigNode} {
-		pod, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).Get(ctx, devcluster.MetricsPodName(node), metav1.GetOptions{})
+		pod, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).Get(ctx, nodeagent.MetricsPodName(node), metav1.GetOptions{})
 		require.NoError(t, err)
 		require.NotEmpty(t, pod.Status.PodIP, "%s: the metrics pod has an IP", node)
 		port := pod.Spec.Containers[0].Ports[0]
-		require.Equal(t, devcluster.MetricsPort, port.Name)
+		require.Equal(t, nodeagent.MetricsPort, port.Name)
 		body, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).ProxyGet("http", pod.Name, strconv.Itoa(int(port.ContainerPort)), "/metrics", nil).DoRaw(ctx)
 		require.NoError(t, err, "%s: /metrics through the API server's proxy", node)
 		fams, err := top.ParseMetrics(bytes.NewReader(body))

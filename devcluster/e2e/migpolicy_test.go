@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
@@ -30,7 +30,7 @@ import (
 func TestMigDevicesNodeAnnotation(t *testing.T) {
 	ctx := context.Background()
 	const name = "dgx-h100-3g"
-	n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: "dgx-h100",
+	n, err := cluster.AddNode(ctx, nodeagent.NodeOptions{Name: name, Machine: "dgx-h100",
 		Annotations: map[string]string{plugin.AnnotationMigDevices: "profiles=3g.40gb"},
 		// Kept out of the other tests' way: no pod of theirs lands here.
 		Taints: []v1.Taint{{Key: "gpu.gpudra.dev/e2e", Value: "mig-policy", Effect: v1.TaintEffectNoSchedule}}})
@@ -69,7 +69,7 @@ func TestNarrowedMigPolicyKeepsPreparedMigDevice(t *testing.T) {
 	const name, taint = "one-h100-narrowed", "gpu.gpudra.dev/e2e"
 	machine := filepath.Join(t.TempDir(), "one-h100-mig.yaml")
 	require.NoError(t, os.WriteFile(machine, []byte("name: one-h100-mig\ngpuModel: h100-sxm5\ngpuCount: 1\nnvlink: none\nmigEnabled: all\n"), 0o600))
-	node, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: machine,
+	node, err := cluster.AddNode(ctx, nodeagent.NodeOptions{Name: name, Machine: machine,
 		Taints: []v1.Taint{{Key: taint, Value: "mig-narrowed", Effect: v1.TaintEffectNoSchedule}}})
 	require.NoError(t, err)
 	require.NoError(t, node.WaitForSlices(ctx))

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 )
 
 // These tests do to the kubelet plugin what a real node does: a rolling
@@ -26,7 +26,7 @@ import (
 // damaged while pods run.
 
 // migCount counts the node's MIG devices with one of the UUIDs.
-func migCount(t *testing.T, node *devcluster.Node, uuids ...string) int {
+func migCount(t *testing.T, node *nodeagent.Node, uuids ...string) int {
 	t.Helper()
 	inv, err := node.Machine.Inventory(context.Background())
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/probe"
@@ -49,7 +49,7 @@ func TestRealContainers(t *testing.T) {
 	driverRoot := t.TempDir()
 	require.NoError(t, sim.WriteDriverRoot(driverRoot, machine.DriverVersion()))
 	machine.SetDriverRoot(driverRoot)
-	n, err := cluster.AddNode(ctx, devcluster.NodeOptions{Name: node, Backend: machine, DriverRoot: driverRoot,
+	n, err := cluster.AddNode(ctx, nodeagent.NodeOptions{Name: node, Backend: machine, DriverRoot: driverRoot,
 		Runtime: &noderuntime.OCIRuntime{Runc: runc, Probe: probeBin, HostImage: true},
 		Taints:  []v1.Taint{{Key: "gpu.gpudra.dev/e2e", Value: "runc", Effect: v1.TaintEffectNoSchedule}}})
 	require.NoError(t, err)
@@ -67,7 +67,7 @@ func TestRealContainers(t *testing.T) {
 		Env: []v1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}}}}})
 	none.Name = "no-claim"
 	one := onNode(gpuPod("one-gpu", "one"))
-	one.Annotations = map[string]string{devcluster.ProbeCommandAnnotation: `["sh", "-c", "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev"]`}
+	one.Annotations = map[string]string{nodeagent.ProbeCommandAnnotation: `["sh", "-c", "echo visible=$NVIDIA_VISIBLE_DEVICES; ls /dev"]`}
 	create(t, ns, gpus("one", 1), one)
 	create(t, ns, gpus("two", 2), onNode(gpuPod("two-gpus", "two")), none)
 
@@ -207,7 +207,7 @@ func gpuNodesInside(r *probe.Report) []string {
 // machine's /dev, with the same major and minor (sim.Machine.WriteDevNodes),
 // so the specs, the runtime and the device cgroup deal with real numbers.
 // It returns how many nodes it checked.
-func assertCDISpecsNameRealNodes(t *testing.T, node *devcluster.Node) int {
+func assertCDISpecsNameRealNodes(t *testing.T, node *nodeagent.Node) int {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		return 0 // mknod refused: the machine's /dev is only its model

@@ -20,7 +20,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
@@ -233,10 +233,10 @@ func waitForSeries(t *testing.T, nodes []string, namespace string, want []wantCo
 	return scrapes
 }
 
-// withLoad sets the container's declared load (devcluster.SimLoadEnv).
+// withLoad sets the container's declared load (nodeagent.SimLoadEnv).
 func withLoad(load string) func(*v1.Pod) {
 	return func(p *v1.Pod) {
-		p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, v1.EnvVar{Name: devcluster.SimLoadEnv, Value: load})
+		p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, v1.EnvVar{Name: nodeagent.SimLoadEnv, Value: load})
 	}
 }
 
@@ -455,11 +455,11 @@ func assertContainerPlumbing(t *testing.T, pod *v1.Pod, container string) {
 }
 
 // declaredLoad is the load the container declares, nil if none.
-func declaredLoad(t *testing.T, c v1.Container) *devcluster.SimLoad {
+func declaredLoad(t *testing.T, c v1.Container) *nodeagent.SimLoad {
 	t.Helper()
 	for _, e := range c.Env {
-		if e.Name == devcluster.SimLoadEnv {
-			l, err := devcluster.ParseSimLoad(e.Value)
+		if e.Name == nodeagent.SimLoadEnv {
+			l, err := nodeagent.ParseSimLoad(e.Value)
 			require.NoError(t, err)
 			return &l
 		}
@@ -497,8 +497,8 @@ func TestTelemetryOfTheDemo(t *testing.T) {
 	// What each container holds and declares, and what each device is
 	// asked for in all.
 	var want []wantContainer
-	var loads []devcluster.SimLoad // want's
-	asked := map[string]float64{}  // by node/device
+	var loads []nodeagent.SimLoad // want's
+	asked := map[string]float64{} // by node/device
 	nodes := map[string]bool{}
 	for _, pod := range pods.Items {
 		for _, c := range pod.Spec.Containers {
@@ -506,7 +506,7 @@ func TestTelemetryOfTheDemo(t *testing.T) {
 				continue
 			}
 			load := declaredLoad(t, c)
-			require.NotNil(t, load, "example pod %s container %s holds a claim and declares no %s", pod.Name, c.Name, devcluster.SimLoadEnv)
+			require.NotNil(t, load, "example pod %s container %s holds a claim and declares no %s", pod.Name, c.Name, nodeagent.SimLoadEnv)
 			w := wantContainer{namespace: ns, pod: pod.Name, container: c.Name, claims: map[string]string{},
 				sm: map[string]float64{}, memory: map[string]float64{}, mig: map[string]bool{}}
 			for _, rc := range c.Resources.Claims {

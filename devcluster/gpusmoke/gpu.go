@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/drivertools"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -52,11 +52,11 @@ func openGPU(ctx context.Context, cfg Config) (*gpuUnderTest, error) {
 
 // nodeOptions are the GPU node's: MIG policy existing, so that nothing
 // creates or destroys a MIG device on a real GPU.
-func (g *gpuUnderTest) nodeOptions(mig *slicebuilder.MigPolicy) devcluster.NodeOptions {
+func (g *gpuUnderTest) nodeOptions(mig *slicebuilder.MigPolicy) nodeagent.NodeOptions {
 	if g.backend != nil {
-		return devcluster.NodeOptions{Name: GPUNode, Backend: g.backend, DriverRoot: g.driverRoot, MigDevices: mig}
+		return nodeagent.NodeOptions{Name: GPUNode, Backend: g.backend, DriverRoot: g.driverRoot, MigDevices: mig}
 	}
-	return devcluster.NodeOptions{Name: GPUNode, Machine: g.simulated, MigDevices: mig, DriverStandIns: g.standIns}
+	return nodeagent.NodeOptions{Name: GPUNode, Machine: g.simulated, MigDevices: mig, DriverStandIns: g.standIns}
 }
 
 // checkIdle refuses GPUs that other processes use: the smoke test must

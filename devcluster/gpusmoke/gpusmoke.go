@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -188,7 +189,7 @@ func (s *session) test(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(s.w, "== the chart's DeviceClasses: %v\n", classes)
-	if _, err := s.cluster.AddNode(ctx, devcluster.NodeOptions{Name: simNode, Machine: "dgx-h100-nomig"}); err != nil {
+	if _, err := s.cluster.AddNode(ctx, nodeagent.NodeOptions{Name: simNode, Machine: "dgx-h100-nomig"}); err != nil {
 		return err
 	}
 	existing := slicebuilder.MigPolicy{Existing: true}

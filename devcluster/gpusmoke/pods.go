@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/probe/cudacheck"
@@ -179,7 +179,7 @@ func smokePod(name, claim string, bytes int64) *v1.Pod {
 	cmd, _ := json.Marshal([]string{"sh", "-c", script})
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace,
-			Annotations: map[string]string{devcluster.ProbeCommandAnnotation: string(cmd)}},
+			Annotations: map[string]string{nodeagent.ProbeCommandAnnotation: string(cmd)}},
 		Spec: v1.PodSpec{
 			NodeSelector: map[string]string{"kubernetes.io/hostname": GPUNode},
 			Containers:   []v1.Container{{Name: "smi", Image: "gpudra-probe"}},
@@ -224,7 +224,7 @@ func (s *session) runPods(ctx context.Context, pods []*v1.Pod) (map[string]*v1.P
 		return nil, fmt.Errorf("pods %s are not Running after %s (see the diagnostics above): %w", strings.Join(names, ", "), s.cfg.PodTimeout, err)
 	}
 	for _, p := range pods {
-		if err := s.res.write("pods/"+p.Name+".json", running[p.Name].Annotations[devcluster.ContainersAnnotation]+"\n"); err != nil {
+		if err := s.res.write("pods/"+p.Name+".json", running[p.Name].Annotations[nodeagent.ContainersAnnotation]+"\n"); err != nil {
 			return nil, err
 		}
 	}
@@ -235,8 +235,8 @@ func (s *session) runPods(ctx context.Context, pods []*v1.Pod) (map[string]*v1.P
 // container.
 func (s *session) podOutput(pod *v1.Pod) (podView, error) {
 	var views map[string]noderuntime.ContainerView
-	if err := json.Unmarshal([]byte(pod.Annotations[devcluster.ContainersAnnotation]), &views); err != nil {
-		return podView{}, fmt.Errorf("pod %s: annotation %s: %w", pod.Name, devcluster.ContainersAnnotation, err)
+	if err := json.Unmarshal([]byte(pod.Annotations[nodeagent.ContainersAnnotation]), &views); err != nil {
+		return podView{}, fmt.Errorf("pod %s: annotation %s: %w", pod.Name, nodeagent.ContainersAnnotation, err)
 	}
 	v := views["smi"]
 	if v.Report == nil || v.Report.Command == nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -155,7 +156,7 @@ func run(ctx context.Context, o options) error {
 	}()
 	for i, machine := range strings.Split(o.machines, ",") {
 		name := fmt.Sprintf("%s-%d", strings.TrimSuffix(nodeBase(strings.Split(o.machines, ",")[0]), "-nomig"), i)
-		n, err := c.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: machine})
+		n, err := c.AddNode(ctx, nodeagent.NodeOptions{Name: name, Machine: machine})
 		if err != nil {
 			return err
 		}
@@ -167,7 +168,7 @@ func run(ctx context.Context, o options) error {
 	if o.fractional && image != nil {
 		step("no fractional node: in image mode --fractional-gpus is the chart's value for every node (kubeletPlugin.fractionalGPUs)")
 	} else if o.fractional {
-		n, err := c.AddNode(ctx, devcluster.FractionalNode("h100-fractional-0", filepath.Join(o.examples, "machines", "one-h100.yaml")))
+		n, err := c.AddNode(ctx, nodeagent.FractionalNode("h100-fractional-0", filepath.Join(o.examples, "machines", "one-h100.yaml")))
 		if err != nil {
 			return err
 		}

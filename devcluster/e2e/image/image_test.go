@@ -32,6 +32,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/imagemode"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -155,7 +156,7 @@ func TestChartPodsRunFromImage(t *testing.T) {
 	// a broken value does to this test (docs/devcluster.md).
 	c := startFromImage(t, strings.Fields(os.Getenv("GPUDRA_IMAGE_E2E_VALUES"))...)
 	for _, name := range []string{"dgx-h100-0", "dgx-h100-1"} {
-		n, err := c.AddNode(ctx, devcluster.NodeOptions{Name: name, Machine: "dgx-h100-nomig"})
+		n, err := c.AddNode(ctx, nodeagent.NodeOptions{Name: name, Machine: "dgx-h100-nomig"})
 		require.NoError(t, err)
 		require.NoError(t, n.WaitForSlices(ctx), "node %s: the plugin pod publishes the node's pool", name)
 	}
@@ -343,7 +344,7 @@ func TestBrokenChartValueFailsFromImage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			c := startFromImage(t, "--set-string", tc.value)
-			_, err := c.AddNode(ctx, devcluster.NodeOptions{Name: "dgx-h100-0", Machine: "dgx-h100-nomig"})
+			_, err := c.AddNode(ctx, nodeagent.NodeOptions{Name: "dgx-h100-0", Machine: "dgx-h100-nomig"})
 			require.NoError(t, err)
 			var last v1.ContainerStatus
 			var phase v1.PodPhase

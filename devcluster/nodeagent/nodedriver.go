@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 import (
 	"context"
@@ -31,7 +31,7 @@ type nodeDriver struct {
 // driver root with the real layout (so the plugin's common CDI spec mounts
 // real paths), devcluster's MPS control stand-in and real device nodes. A
 // real backend keeps its own driver root and the host's /dev.
-func (c *Cluster) setUpDriver(ctx context.Context, n *Node, machine *sim.Machine, opts NodeOptions) (nodeDriver, error) {
+func setUpDriver(ctx context.Context, n *Node, machine *sim.Machine, opts NodeOptions, mpsControlBinary string) (nodeDriver, error) {
 	if machine == nil {
 		return realDriver(n)
 	}
@@ -41,7 +41,7 @@ func (c *Cluster) setUpDriver(ctx context.Context, n *Node, machine *sim.Machine
 	}
 	machine.SetDriverRoot(n.DriverRoot())
 	var err error
-	if d.mpsControl, err = c.installMPSControl(n.DriverRoot()); err != nil {
+	if d.mpsControl, err = installMPSControl(mpsControlBinary, n.DriverRoot()); err != nil {
 		return d, err
 	}
 	// The machine's /dev: real character devices under the node's
@@ -72,14 +72,14 @@ func realDriver(n *Node) (nodeDriver, error) {
 }
 
 // installMPSControl puts the stand-in nvidia-cuda-mps-control
-// (Options.MPSControlBinary) where a driver install has it, under the
+// (binary, devcluster.Options.MPSControlBinary) where a driver install has it, under the
 // node's driver root: MPS server pods run the driver root's own, as the
 // chart's admission policy allows no other. Empty: no MPS.
-func (c *Cluster) installMPSControl(driverRoot string) (string, error) {
-	if c.mpsControl == "" {
+func installMPSControl(binary, driverRoot string) (string, error) {
+	if binary == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(c.mpsControl)
+	b, err := os.ReadFile(binary)
 	if err != nil {
 		return "", fmt.Errorf("the MPS control stand-in: %w", err)
 	}

@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
@@ -86,7 +87,7 @@ func ProxyableHostIP() (string, error) {
 
 // serveMetricsPod serves the node's registry on this machine's proxyable
 // address and creates its metrics pod, until the node's context ends.
-func (n *Node) serveMetricsPod(ctx context.Context, c *Cluster) error {
+func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface) error {
 	ip, err := ProxyableHostIP()
 	if err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
@@ -113,11 +114,11 @@ func (n *Node) serveMetricsPod(ctx context.Context, c *Cluster) error {
 			Ports: []v1.ContainerPort{{Name: MetricsPort, ContainerPort: int32(port), Protocol: v1.ProtocolTCP}},
 		}}},
 	}
-	err = c.Client.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	err = admin.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
-	if _, err := c.Client.CoreV1().Pods(chart.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().Pods(chart.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Metrics pod created", "node", n.Name, "address", net.JoinHostPort(ip, strconv.Itoa(port)))

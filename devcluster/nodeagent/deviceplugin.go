@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 // Device plugin mode: a node whose agent runs gpudra's classic device
 // plugin (pkg/deviceplugin.Serve) instead of the DRA plugin, and whose

@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 // The kubelet's pod-resources API (k8s.io/kubelet/pkg/apis/podresources/v1)
 // on each node: the kubelet's own server (NewV1PodResourcesServer, with its

@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 import (
 	"errors"

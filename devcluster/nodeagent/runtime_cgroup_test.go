@@ -1,4 +1,4 @@
-package devcluster
+package nodeagent
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func TestContainerInKubeletCgroup(t *testing.T) {
 		p, _ := filepath.Abs(def)
 		return p
 	}
-	rt := &noderuntime.OCIRuntime{Runc: bin("RUNC", "../bin/runc"), Probe: bin("PROBE", "../bin/gpudra-probe"), Root: t.TempDir()}
+	rt := &noderuntime.OCIRuntime{Runc: bin("RUNC", "../../bin/runc"), Probe: bin("PROBE", "../../bin/gpudra-probe"), Root: t.TempDir()}
 	if err := rt.Usable(); err != nil {
 		t.Skipf("%v (make probe bin/runc builds them; RUNC and PROBE name others)", err)
 	}

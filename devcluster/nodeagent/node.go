@@ -1,7 +1,21 @@
-package devcluster
+// Package nodeagent is a simulated GPU node's agent: what the kubelet and
+// the chart's plugin DaemonSet pod do on a real node. Its kubelet is built
+// on the kubelet's own code where it matters: the plugin manager registers
+// DRA plugins from the registry directory, the DRA manager prepares and
+// unprepares claims over dra/v1, the device manager serves device plugins,
+// and the pod-resources server is the kubelet's. Devcluster's own part is
+// the pod lifecycle around them (kubelet.go, containers.go: syncing pods,
+// starting their containers in the node's runtime, package noderuntime;
+// process pods, processpods.go) and the node's status. Beside the kubelet
+// it runs the real gpudra kubelet plugin (nodeplugin.go: instances, rolling
+// updates, kills) or the classic device plugin (deviceplugin.go), the
+// node's telemetry (telemetry.go) and a metrics pod that stands in for the
+// plugin's pod (metricspod.go). What is simulated is the GPUs: a
+// sim.Machine with its driver root and real device nodes (nodedriver.go),
+// or a real backend's for gpu-smoke.
+package nodeagent
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -12,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -121,6 +134,10 @@ type Node struct {
 	health    *telemetry.HealthMetrics
 }
 
+// KubeletDone is closed once the node's kubelet has stopped (the
+// cluster's context ended).
+func (n *Node) KubeletDone() <-chan struct{} { return n.kubeletEnd }
+
 // RegistryDir is the kubelet's plugin registry, where plugins put their
 // registration sockets: <kubeletDir>/plugins_registry, as the chart mounts
 // it, with the node's directory as the kubelet's.
@@ -157,31 +174,53 @@ func (n *Node) Backend() nvdevice.Interface { return n.backend }
 // policy pins the same paths.
 func (n *Node) PluginDataDir() string { return filepath.Join(n.Dir, "plugins", "gpu.gpudra.dev") }
 
-// AddNode creates the Node object, starts the plugin over the simulated
-// machine and the kubelet that serves it.
-func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) {
-	if opts.Machine == "" {
-		opts.Machine = "dgx-h100"
-	}
-	switch opts.Mode {
-	case "":
-		opts.Mode = ModeDRA
-	case ModeDRA, ModeDevicePlugin:
-	default:
-		return nil, fmt.Errorf("node %s: unknown mode %q, want %s or %s", opts.Name, opts.Mode, ModeDRA, ModeDevicePlugin)
-	}
-	if c.image != nil {
-		if err := imageModeNode(opts); err != nil {
-			return nil, err
-		}
-	}
-	c.mu.Lock()
-	if _, dup := c.nodes[opts.Name]; dup {
-		c.mu.Unlock()
-		return nil, fmt.Errorf("node %q exists already", opts.Name)
-	}
-	c.mu.Unlock()
-	n := &Node{Name: opts.Name, Dir: filepath.Join(c.Dir, "nodes", opts.Name), ctx: c.ctx, bootID: c.bootID,
+// Cluster is what a node needs of the cluster it joins, at the points of
+// its start where a kubelet and the chart's DaemonSet reach the cluster.
+type Cluster interface {
+	// CreateNode creates the Node object, Ready, with the options'
+	// labels, annotations, taints and pod capacity.
+	CreateNode(ctx context.Context, opts NodeOptions) error
+	// KubeletClient is the node's kubelet client: the kubelet's own
+	// identity (system:node:<node>).
+	KubeletClient(node string) (kubernetes.Interface, error)
+	// NodeComponentConfig is the client configuration of a component of
+	// the node: the chart's ServiceAccount sa with a token bound to the
+	// Node named node.
+	NodeComponentConfig(ctx context.Context, sa, userAgent, node string) (*restclient.Config, error)
+	// RunPluginPod runs the chart's plugin pod for the node from the
+	// image (Env.Image).
+	RunPluginPod(ctx context.Context, n *Node) error
+}
+
+// Env is what every node of a cluster shares.
+type Env struct {
+	Cluster Cluster
+	// Ctx is the cluster's: the node's kubelet, plugin and telemetry run
+	// until it ends.
+	Ctx context.Context
+	// Dir is the cluster's directory; a node's is Dir/nodes/<name>.
+	Dir    string
+	BootID string
+	// Admin is the harness's client, for what devcluster records and no
+	// kubelet writes (the containers a pod got, the metrics pod).
+	Admin kubernetes.Interface
+	// MPSControlBinary is the nvidia-cuda-mps-control stand-in
+	// (devcluster.Options.MPSControlBinary); empty: no MPS.
+	MPSControlBinary string
+	// Runtime is the nodes' default container runtime
+	// (NodeOptions.Runtime overrides it); nil: specs are only resolved.
+	Runtime *noderuntime.OCIRuntime
+	// Image: the node's plugin is the chart's pod run from the image
+	// (Cluster.RunPluginPod), not an instance in this process.
+	Image bool
+}
+
+// Start lays out the node's directories and driver, creates the Node
+// object, and starts the kubelet, then the plugin (or the device plugin)
+// over the simulated machine or the node's real backend. opts has its
+// defaults (Machine, Mode) filled in.
+func Start(ctx context.Context, env Env, opts NodeOptions) (*Node, error) {
+	n := &Node{Name: opts.Name, Dir: filepath.Join(env.Dir, "nodes", opts.Name), ctx: env.Ctx, bootID: env.BootID,
 		mode: opts.Mode, dpOpts: deviceplugin.ResourceOptions{GPUResourceName: opts.GPUResourceName, Config: opts.DevicePluginConfig}}
 	var machine *sim.Machine
 	if opts.Backend != nil {
@@ -201,19 +240,19 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 			return nil, err
 		}
 	}
-	drv, err := c.setUpDriver(ctx, n, machine, opts)
+	drv, err := setUpDriver(ctx, n, machine, opts, env.MPSControlBinary)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 	}
 	mpsControl, hostDriverRoot := drv.mpsControl, drv.hostDriverRoot
-	if err := c.createNodeObject(ctx, opts); err != nil {
+	if err := env.Cluster.CreateNode(ctx, opts); err != nil {
 		return nil, err
 	}
 
 	// The kubelet first, as on a real node: the plugin registers with it.
-	logger := klog.LoggerWithValues(klog.FromContext(c.ctx), "node", opts.Name)
-	nodeCtx := klog.NewContext(c.ctx, logger)
-	kubeletClient, err := c.kubeletClientFor(opts.Name)
+	logger := klog.LoggerWithValues(klog.FromContext(env.Ctx), "node", opts.Name)
+	nodeCtx := klog.NewContext(env.Ctx, logger)
+	kubeletClient, err := env.Cluster.KubeletClient(opts.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +270,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		dirs.Processes = sims
 	}
 	if opts.Runtime == nil {
-		opts.Runtime = c.runtime
+		opts.Runtime = env.Runtime
 	}
 	if opts.Runtime != nil {
 		if err := opts.Runtime.Usable(); err != nil {
@@ -244,7 +283,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 			dirs.Runtime = &rt
 		}
 	}
-	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, c.Client, dirs)
+	_, n.kubeletEnd, err = startKubelet(nodeCtx, opts.Name, kubeletClient, env.Admin, dirs)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +293,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	// binary builds it, so that a call to any other group fails here; as
 	// the chart's ServiceAccount with a token bound to this Node, as the
 	// DaemonSet's pod has one.
-	pluginCfg, err := c.nodeComponentConfig(ctx, chart.PluginServiceAccount, "gpudra-kubelet-plugin/"+opts.Name, opts.Name)
+	pluginCfg, err := env.Cluster.NodeComponentConfig(ctx, chart.PluginServiceAccount, "gpudra-kubelet-plugin/"+opts.Name, opts.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +309,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		RegistrarDir: n.RegistryDir(), PluginDataDir: n.PluginDataDir(), CDIDir: n.CDIDir(),
 		// The machine is also the node's host: device majors, capability
 		// minors and the time slicer come from its Host.
-		BootID: c.bootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: mpsControl,
+		BootID: env.BootID, FractionalGPUs: opts.FractionalGPUs, MPSControlBinary: mpsControl,
 		UnhealthyTaintEffect: opts.UnhealthyTaintEffect,
 		// MPS servers run as pods, which the devcluster kubelet runs
 		// (processpods.go), so that they outlive the plugin's container.
@@ -287,98 +326,25 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err := n.startTelemetry(ctx); err != nil {
 		return nil, err
 	}
-	if c.image != nil {
+	if env.Image {
 		// The chart's own plugin pod, from the image, in place of the
 		// in-process plugin and its metrics pod.
 		n.fromImage = true
-		if err := c.runPluginPod(nodeCtx, n); err != nil {
+		if err := env.Cluster.RunPluginPod(nodeCtx, n); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
 		}
 	} else {
 		// Without it only the dashboard's usage through the pods proxy is
 		// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
 		// reason to refuse the node, on a machine with no global address.
-		if err := n.serveMetricsPod(ctx, c); err != nil {
+		if err := n.serveMetricsPod(ctx, env.Admin); err != nil {
 			klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
 		}
 		if err := n.StartPlugin(); err != nil {
 			return nil, err
 		}
 	}
-	c.mu.Lock()
-	c.nodes[opts.Name] = n
-	c.order = append(c.order, opts.Name)
-	c.mu.Unlock()
 	return n, nil
-}
-
-// imageModeNode refuses, before anything is made for the node, what image
-// mode cannot give one node: the chart has one DaemonSet, in DRA mode, and
-// its values are every node's.
-func imageModeNode(opts NodeOptions) error {
-	if opts.Mode != ModeDRA {
-		return fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
-	}
-	if opts.Backend != nil {
-		return fmt.Errorf("node %s: image mode runs simulated machines only", opts.Name)
-	}
-	if opts.FractionalGPUs || opts.MigDevices != nil || opts.UnhealthyTaintEffect != "" {
-		return fmt.Errorf("node %s: FractionalGPUs, MigDevices and UnhealthyTaintEffect are the chart's values for every node in image mode (kubeletPlugin.fractionalGPUs, .migDevices, .unhealthyTaintEffect)", opts.Name)
-	}
-	return nil
-}
-
-func (c *Cluster) createNodeObject(ctx context.Context, opts NodeOptions) error {
-	labels := map[string]string{"kubernetes.io/hostname": opts.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-		"gpu.gpudra.dev/present": "true"}
-	if opts.Mode == ModeDevicePlugin {
-		labels[DevicePluginModeLabel] = ModeDevicePlugin
-	}
-	for k, v := range opts.Labels {
-		labels[k] = v
-	}
-	capacity := v1.ResourceList{
-		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
-		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
-	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations}}
-	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create Node %s: %w", opts.Name, err)
-	}
-	now := metav1.Now()
-	node.Status = v1.NodeStatus{
-		Capacity: capacity, Allocatable: capacity, Phase: v1.NodeRunning,
-		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
-			Message: "devcluster kubelet is ready", LastHeartbeatTime: now, LastTransitionTime: now}},
-		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: opts.Name}},
-		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64", ContainerRuntimeVersion: "devcluster://0"},
-	}
-	node, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-	if err != nil {
-		return fmt.Errorf("Node %s status: %w", opts.Name, err)
-	}
-	// Admission taints a new Node not-ready; no node lifecycle controller
-	// runs here to lift it once the node reports Ready.
-	node.Spec.Taints = opts.Taints
-	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("Node %s taints: %w", opts.Name, err)
-	}
-	return nil
-}
-
-// kubeletClientFor is the node's kubelet client: the kubelet's own
-// identity (user system:node:<node>, group system:nodes), held to what the
-// Node authorizer and NodeRestriction admission allow a kubelet, at the
-// limits the plugin uses. Its 403s are not recorded as the components'
-// are: the Node authorizer learns a pod's claims a moment after the pod is
-// bound, so a kubelet meets (and retries) transient 403s, as on a real
-// node.
-func (c *Cluster) kubeletClientFor(node string) (kubernetes.Interface, error) {
-	cfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), "kubelet/"+node)
-	cfg.Impersonate = restclient.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
-	cfg.QPS, cfg.Burst = 50, 100
-	return kubernetes.NewForConfig(cfg)
 }
 
 // WaitForSlices waits until the API server holds every ResourceSlice the

@@ -1,0 +1,139 @@
+package devcluster
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
+
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
+)
+
+// AddNode creates the Node object, starts the plugin over the simulated
+// machine and the kubelet that serves it (nodeagent.Start).
+func (c *Cluster) AddNode(ctx context.Context, opts nodeagent.NodeOptions) (*nodeagent.Node, error) {
+	if opts.Machine == "" {
+		opts.Machine = "dgx-h100"
+	}
+	switch opts.Mode {
+	case "":
+		opts.Mode = nodeagent.ModeDRA
+	case nodeagent.ModeDRA, nodeagent.ModeDevicePlugin:
+	default:
+		return nil, fmt.Errorf("node %s: unknown mode %q, want %s or %s", opts.Name, opts.Mode, nodeagent.ModeDRA, nodeagent.ModeDevicePlugin)
+	}
+	if c.image != nil {
+		if err := imageModeNode(opts); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	if _, dup := c.nodes[opts.Name]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("node %q exists already", opts.Name)
+	}
+	c.mu.Unlock()
+	n, err := nodeagent.Start(ctx, nodeagent.Env{Cluster: nodeHost{c}, Ctx: c.ctx, Dir: c.Dir, BootID: c.bootID, Admin: c.Client,
+		MPSControlBinary: c.mpsControl, Runtime: c.runtime, Image: c.image != nil}, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.nodes[opts.Name] = n
+	c.order = append(c.order, opts.Name)
+	c.mu.Unlock()
+	return n, nil
+}
+
+// imageModeNode refuses, before anything is made for the node, what image
+// mode cannot give one node: the chart has one DaemonSet, in DRA mode, and
+// its values are every node's.
+func imageModeNode(opts nodeagent.NodeOptions) error {
+	if opts.Mode != nodeagent.ModeDRA {
+		return fmt.Errorf("node %s: image mode runs the chart's DRA plugin DaemonSet only", opts.Name)
+	}
+	if opts.Backend != nil {
+		return fmt.Errorf("node %s: image mode runs simulated machines only", opts.Name)
+	}
+	if opts.FractionalGPUs || opts.MigDevices != nil || opts.UnhealthyTaintEffect != "" {
+		return fmt.Errorf("node %s: FractionalGPUs, MigDevices and UnhealthyTaintEffect are the chart's values for every node in image mode (kubeletPlugin.fractionalGPUs, .migDevices, .unhealthyTaintEffect)", opts.Name)
+	}
+	return nil
+}
+
+// nodeHost is the cluster as its nodes see it (nodeagent.Cluster).
+type nodeHost struct{ c *Cluster }
+
+func (h nodeHost) CreateNode(ctx context.Context, opts nodeagent.NodeOptions) error {
+	return h.c.createNodeObject(ctx, opts)
+}
+
+func (h nodeHost) KubeletClient(node string) (kubernetes.Interface, error) {
+	return h.c.kubeletClientFor(node)
+}
+
+func (h nodeHost) NodeComponentConfig(ctx context.Context, sa, userAgent, node string) (*restclient.Config, error) {
+	return h.c.nodeComponentConfig(ctx, sa, userAgent, node)
+}
+
+func (h nodeHost) RunPluginPod(ctx context.Context, n *nodeagent.Node) error {
+	return h.c.runPluginPod(ctx, n)
+}
+
+func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptions) error {
+	labels := map[string]string{"kubernetes.io/hostname": opts.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+		"gpu.gpudra.dev/present": "true"}
+	if opts.Mode == nodeagent.ModeDevicePlugin {
+		labels[nodeagent.DevicePluginModeLabel] = nodeagent.ModeDevicePlugin
+	}
+	for k, v := range opts.Labels {
+		labels[k] = v
+	}
+	capacity := v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
+		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations}}
+	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create Node %s: %w", opts.Name, err)
+	}
+	now := metav1.Now()
+	node.Status = v1.NodeStatus{
+		Capacity: capacity, Allocatable: capacity, Phase: v1.NodeRunning,
+		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
+			Message: "devcluster kubelet is ready", LastHeartbeatTime: now, LastTransitionTime: now}},
+		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: opts.Name}},
+		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64", ContainerRuntimeVersion: "devcluster://0"},
+	}
+	node, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("Node %s status: %w", opts.Name, err)
+	}
+	// Admission taints a new Node not-ready; no node lifecycle controller
+	// runs here to lift it once the node reports Ready.
+	node.Spec.Taints = opts.Taints
+	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("Node %s taints: %w", opts.Name, err)
+	}
+	return nil
+}
+
+// kubeletClientFor is the node's kubelet client: the kubelet's own
+// identity (user system:node:<node>, group system:nodes), held to what the
+// Node authorizer and NodeRestriction admission allow a kubelet, at the
+// limits the plugin uses. Its 403s are not recorded as the components'
+// are: the Node authorizer learns a pod's claims a moment after the pod is
+// bound, so a kubelet meets (and retries) transient 403s, as on a real
+// node.
+func (c *Cluster) kubeletClientFor(node string) (kubernetes.Interface, error) {
+	cfg := restclient.AddUserAgent(restclient.CopyConfig(c.RESTConfig), "kubelet/"+node)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
+	cfg.QPS, cfg.Burst = 50, 100
+	return kubernetes.NewForConfig(cfg)
+}
