@@ -76,19 +76,40 @@ test-fuzz:
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./api/gpu/v1alpha1/
 	CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz '^FuzzParseSpec$$' -fuzztime $(FUZZTIME) ./pkg/nvdevice/sim/
 
-# The end-to-end suite: the examples on a real control plane (devcluster).
-# It builds the control plane first, with progress: the first build is long.
+# The end-to-end suite: the examples on a real control plane (devcluster),
+# then the benchmarks' and gpu-smoke's own tests (bench/, gpusmoke/: modules
+# beside devcluster's, on the same control plane code). It builds the
+# control plane first, with progress: the first build is long.
+# RUN, a go test -run regexp, runs only the matching tests of the three
+# modules, verbosely (make test-e2e RUN='^TestSingleGPU$$'), and fails if
+# none matched.
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
+E2E_MODULES := devcluster bench gpusmoke
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
+RUN ?=
 test-e2e: devcluster helm probe $(RUNC)
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
-	cd devcluster && CGO_ENABLED=0 $(GO) vet ./...
+	@for m in $(E2E_MODULES); do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)
-	cd devcluster && HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
-		GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -timeout 45m ./...
+ifeq ($(RUN),)
+	cd devcluster && $(E2E_ENV) $(GO) test -count=1 -timeout 45m ./...
+	cd bench && $(E2E_ENV) $(GO) test -count=1 -timeout 20m ./...
+	cd gpusmoke && $(E2E_ENV) $(GO) test -count=1 -timeout 10m ./...
 	@# The shipped XID alert over what a devcluster node really exported
 	@# before and after an XID on a GPU a pod holds (TestTelemetryPerPod).
 	cd hack/promrules && GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -run '^TestXIDAlertOverDevclusterScrapes$$' .
+else
+	@log=$(abspath $(BIN))/test-e2e-run.log; : > $$log; \
+	  for m in $(E2E_MODULES); do \
+	    (cd $$m && $(E2E_ENV) $(GO) test -count=1 -timeout 45m -v -run '$(RUN)' ./...) 2>&1 | tee -a $$log; \
+	    [ $${PIPESTATUS[0]} -eq 0 ] || exit 1; \
+	  done; \
+	  ran=$$(grep -c -E '^--- (PASS|SKIP)' $$log); \
+	  [ "$$ran" -gt 0 ] || { echo "make test-e2e: no e2e test matches RUN='$(RUN)'"; exit 1; }; \
+	  echo "make test-e2e: $$ran top-level test(s) matching RUN='$(RUN)' passed or skipped"
+endif
 
 # devcluster's image mode (issue 38): the chart's plugin and controller
 # pods run from an image layout in runc serve the examples, the webhook and
@@ -196,7 +217,7 @@ bench-e2e: devcluster helm
 # socket, one after the other. The last line is the summary; the log goes to
 # bin/bench-prepare.log.
 bench-prepare: build helm
-	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-prepare ./cmd/bench-prepare
+	cd bench && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-prepare ./cmd/bench-prepare
 	$(BIN)/bench-prepare --plugin-binary $(BIN)/gpudra-kubelet-plugin $(BENCH_PREPARE_ARGS) 2> $(BIN)/bench-prepare.log || { tail -20 $(BIN)/bench-prepare.log; exit 1; }
 
 # The cluster as it grows (issue 26): devcluster's control plane with 100,
@@ -206,7 +227,7 @@ bench-prepare: build helm
 # to docs/bench-scale.png; the last line is the largest point's summary; the
 # log goes to bin/bench-scale.log. BENCH_SCALE=quick: 50 nodes, two mixes.
 bench-scale: build helm
-	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
+	cd bench && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
 	HELM=$(HELM) $(BIN)/bench-scale --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
 		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
 
@@ -221,7 +242,7 @@ bench-scale: build helm
 # e.g. --nodes 300 --runs 9.
 bench-dashboard: helm
 	@mkdir -p $(BIN)
-	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-dashboard ./cmd/bench-dashboard
+	cd bench && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-dashboard ./cmd/bench-dashboard
 	HELM=$(HELM) $(BIN)/bench-dashboard --out $(BIN)/bench-dashboard-results.md $(BENCH_DASHBOARD_ARGS) 2> $(BIN)/bench-dashboard.log || { tail -20 $(BIN)/bench-dashboard.log; exit 1; }
 
 # The same path on a real GPU (docs/gpu-smoke.md): devcluster with one node
@@ -244,7 +265,7 @@ gpu-smoke:
 gpu-smoke-bundle: helm probe $(RUNC)
 	rm -rf $(BUNDLE_DIR) && mkdir -p $(BUNDLE_DIR)/bin $(BUNDLE_DIR)/stand-ins
 	CGO_ENABLED=$(BUNDLE_CGO) $(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(BUNDLE_DIR)/bin/gpudra-kubelet-plugin ./cmd/kubelet-plugin
-	cd devcluster && CGO_ENABLED=$(BUNDLE_CGO) $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpu-smoke ./cmd/gpu-smoke
+	cd gpusmoke && CGO_ENABLED=$(BUNDLE_CGO) $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpu-smoke ./cmd/gpu-smoke
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpudra-probe ./cmd/gpudra-probe
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w $(LDFLAGS)" -o $(BUNDLE_DIR)/bin/gpudra-mps-server ./cmd/mps-server
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $(BUNDLE_DIR)/bin/gpudra-cuda-check ./cmd/gpudra-cuda-check

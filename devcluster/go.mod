@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	github.com/ai-dynamo/grove/operator/api v0.1.0-alpha.12-rc1
-	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/google/cadvisor/lib v0.60.5
 	github.com/google/go-containerregistry v0.22.1
@@ -29,15 +28,11 @@ require (
 )
 
 require (
-	github.com/NVIDIA/go-nvlib v0.12.0 // indirect
-	github.com/NVIDIA/go-nvml v0.13.4-0 // indirect
-	github.com/NVIDIA/nvidia-container-toolkit v1.20.1 // indirect
+	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
-	github.com/moby/sys/devices v0.1.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/ulikunitz/xz v0.5.17 // indirect
-	golang.org/x/mod v0.41.0 // indirect
 )
 
 require (

@@ -18,8 +18,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/bench/dashboardbench"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/dashboardbench"
 )
 
 func main() {

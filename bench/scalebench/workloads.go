@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
-	"github.com/gpudra/gpudra/devcluster/prepbench"
+	"github.com/gpudra/gpudra/bench/prepbench"
 )
 
 // namespace holds every pod and template of the benchmark.

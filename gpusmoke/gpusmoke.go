@@ -4,6 +4,12 @@
 // Config.Simulated the same program runs over a simulated GPU with
 // stand-ins for nvidia-smi and libcuda, so that its own flow is tested
 // where no GPU is (the e2e suite).
+//
+// It is a product: make gpu-smoke-bundle packs cmd/gpu-smoke with the
+// plugin, runc and the chart rendered ahead into the tarball a customer runs
+// on a new GPU node. It lives in a module of its own beside devcluster's, as
+// the benchmarks do (bench/); its prepare timings are the prepare
+// benchmark's harness (bench/prepbench) run on the node.
 package gpusmoke
 
 import (

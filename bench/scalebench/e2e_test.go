@@ -1,4 +1,4 @@
-package e2e
+package scalebench_test
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpudra/gpudra/bench/scalebench"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/scalebench"
 )
 
 // TestScaleBench runs make bench-scale's quick mode (BENCH_SCALE=quick: 50

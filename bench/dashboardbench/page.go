@@ -18,7 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/devcluster/scalebench"
+	"github.com/gpudra/gpudra/bench/scalebench"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/bench/scalebench"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/scalebench"
 )
 
 func main() {

@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gpudra/gpudra/devcluster/prepbench"
+	"github.com/gpudra/gpudra/bench/prepbench"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 

@@ -18,8 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpudra/gpudra/bench/prepbench"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/prepbench"
 )
 
 func main() {

@@ -31,9 +31,9 @@ import (
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/bench/scalebench"
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/scalebench"
 	"github.com/gpudra/gpudra/internal/browser"
 	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"

@@ -22,7 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/gpusmoke"
+	"github.com/gpudra/gpudra/gpusmoke"
 )
 
 func main() {

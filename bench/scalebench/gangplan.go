@@ -17,9 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/bench/prepbench"
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
-	"github.com/gpudra/gpudra/devcluster/prepbench"
 	"github.com/gpudra/gpudra/pkg/allocator"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
