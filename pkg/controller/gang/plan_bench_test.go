@@ -22,7 +22,7 @@ import (
 // last), and one gang of 8 pods with 8 whole GPUs each, one group per pod.
 //
 // The controller's plan through its snapshot (plan.go); make bench-scale
-// times the same step (devcluster/scalebench/gangplan.go).
+// times the same step (bench/scalebench/gangplan.go).
 func BenchmarkPlanGang64GPUs1000MigNodes10000Claims(b *testing.B) {
 	const nodes, claims, pods, gpus = 1000, 10000, 8, 8
 	template := nodeSlices(b, "dgx-h100", "node-a", slicebuilder.Options{})
