@@ -94,7 +94,7 @@ func Render(ctx context.Context, chart Options, dir string, extra ...string) (st
 	args := append([]string{"template", Release, chart.Dir, "--namespace", PluginNamespace, "--kube-version", "1.37.1",
 		"--set-string", "image.tag=" + strings.TrimPrefix(MPSServerImage, "ghcr.io/gpudra/gpudra:"),
 		// The node's directory stands for the kubelet's: the plugin's is
-		// <node>/plugins/gpu.gpudra.dev (Node.PluginDataDir).
+		// <node>/plugins/gpu.gpudra.dev (nodeagent.Node.PluginDataDir).
 		"--set-string", "kubeletPlugin.kubeletDir=" + nodeDir,
 		"--set-string", "kubeletPlugin.driverRoot=" + filepath.Join(nodeDir, "driver"),
 		"--set", "gangs.enabled=true"}, extra...)

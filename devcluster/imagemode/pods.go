@@ -185,7 +185,7 @@ func (r *Runner) RunPod(ctx context.Context, pod *v1.Pod, nodeDir string, onStar
 	if err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "Pod", created.Name)))
+	ctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithValues(klog.FromContext(ctx), "imagePod", created.Name)))
 	p := &Pod{r: r, pod: created, nodeDir: nodeDir, onStart: onStart, cancel: cancel, done: make(chan struct{})}
 	r.mu.Lock()
 	r.pods[created.Namespace+"/"+created.Name] = p

@@ -23,7 +23,7 @@ import (
 const ContainerMarkerEnv = "GPUDRA_DEVCLUSTER_CONTAINER"
 
 // ContainerMarker is the environment entry of the container with this id:
-// a process pod's UID, or a plugin instance's ContainerID.
+// a process pod's UID, or a plugin instance's ContainerID (nodeagent.PluginInstance).
 func ContainerMarker(id string) string { return ContainerMarkerEnv + "=" + id }
 
 // killRounds bounds the scans of KillContainerProcesses: a process may

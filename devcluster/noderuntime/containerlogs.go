@@ -35,7 +35,7 @@ func ContainerLogPaths(logRoot string, pod *v1.Pod, container, id string) Contai
 	}
 }
 
-// create makes the log file (empty) and the link to it; a link of an
+// Create makes the log file (empty) and the link to it; a link of an
 // earlier try is replaced.
 func (l ContainerLog) Create() error {
 	for _, d := range []string{filepath.Dir(l.File), filepath.Dir(l.Link)} {
@@ -59,7 +59,7 @@ func (l ContainerLog) Create() error {
 	return nil
 }
 
-// remove deletes the link and the file, and the container's and the
+// Remove deletes the link and the file, and the container's and the
 // pod's directories once empty (another container's log keeps the pod's);
 // what is gone already is no error.
 func (l ContainerLog) Remove() error {

@@ -67,7 +67,7 @@ func DialInNetns(ctx context.Context, nsPath, addr string) (net.Conn, error) {
 	return c, err
 }
 
-// forward serves l, copying each connection to one that dial makes, both
+// Forward serves l, copying each connection to one that dial makes, both
 // ways, until ctx ends: the stand-in for a Service's address.
 func Forward(ctx context.Context, l net.Listener, dial func(context.Context) (net.Conn, error)) {
 	go func() {
@@ -99,6 +99,8 @@ func Forward(ctx context.Context, l net.Listener, dial func(context.Context) (ne
 	}
 }
 
+// CloseWrite half-closes c where it can (a TCP or unix connection), so that
+// the far side reads the end of what was copied to it.
 func CloseWrite(c net.Conn) {
 	if tc, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = tc.CloseWrite()

@@ -45,7 +45,7 @@ type OCIRuntime struct {
 	HostImage bool
 	// CUDACheck is gpudra-cuda-check (cmd/gpudra-cuda-check): with it,
 	// every container has it at CUDACheckPath, read-only, as it has the
-	// probe, for a pod's probe command (ProbeCommandAnnotation) to run:
+	// probe, for a pod's probe command (nodeagent.ProbeCommandAnnotation) to run:
 	// `["/gpudra-cuda-check","--alloc","1Gi"]`. It is dynamically linked
 	// (purego): it runs where the image has a libc (HostImage).
 	CUDACheck string
@@ -235,7 +235,7 @@ func (r *OCIRuntime) RemoveCgroup(cgroup string) error {
 // its own, a read-only root holding only the probe (and the
 // CUDA check where given).
 func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error) {
-	// The kubelet's (containerCgroupPath) where it gives one.
+	// The kubelet's (nodeagent's containerCgroupPath) where it gives one.
 	cgroupsPath := edited.Linux.CgroupsPath
 	if cgroupsPath == "" {
 		cgroupsPath = "/devcluster/" + id
@@ -300,7 +300,7 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 }
 
 // probeArgs runs the probe, and command first where the pod asks for one
-// (ProbeCommandAnnotation).
+// (nodeagent.ProbeCommandAnnotation).
 func probeArgs(command []string) []string {
 	args := []string{"/gpudra-probe", "--report", reportDir + "/report.json"}
 	if len(command) > 0 {
