@@ -41,7 +41,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -55,6 +55,8 @@ build:
 test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image
 # Under make test the browser tests fail, not skip, without a browser.
 test: export GPUDRA_REQUIRE_BROWSER := 1
+# ... and the real node's (devcluster/e2e/realnode) without root or its binaries.
+test: export GPUDRA_REQUIRE_REAL_NODE := 1
 
 # The dashboard's tests drive a real browser: Debian's chromium, headless,
 # installed here where missing (make test does all of its own set-up).
@@ -86,10 +88,10 @@ test-fuzz:
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 E2E_MODULES := devcluster bench gpusmoke
-E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) REAL_NODE_BIN=$(REAL_NODE_BIN) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
-test-e2e: devcluster helm probe $(RUNC)
+test-e2e: devcluster helm probe $(RUNC) real-node
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	@for m in $(E2E_MODULES); do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)
@@ -156,6 +158,32 @@ probe:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(MPS_SERVER) ./cmd/mps-server
 	CGO_ENABLED=0 $(GO) build -o $(CUDA_CHECK) ./cmd/gpudra-cuda-check
 	gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o $(FAKE_LIBCUDA) pkg/nvdevice/sim/fakecuda/libcuda.c
+
+# A real node's programs (devcluster's realnode package; docs/devcluster.md,
+# "A real node"), built from the Go module proxy into bin/real-node: the
+# kubelet from devcluster's own k8s.io/kubernetes (its version stamped as a
+# release build stamps it), containerd, its runc shim and ctr, the CNI
+# plugins, runc with libseccomp (Debian's libseccomp-dev, installed where
+# missing: the CRI plugin asks every sandbox for a seccomp profile) and the
+# pause image's process.
+CONTAINERD_VERSION := v2.4.2
+CNI_PLUGINS_VERSION := v1.10.0
+KUBERNETES_VERSION := v1.37.1
+REAL_NODE_BIN := $(abspath $(BIN))/real-node
+KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) -X k8s.io/component-base/version.gitMajor=1 \
+	-X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean
+real-node: probe
+	@mkdir -p $(REAL_NODE_BIN)/cni
+	@[ -e /usr/include/seccomp.h ] || { echo "Installing Debian's libseccomp-dev for runc's seccomp."; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libseccomp-dev >/dev/null; }
+	cd devcluster && CGO_ENABLED=0 $(GO) build -ldflags "$(KUBE_LDFLAGS)" -o $(REAL_NODE_BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
+	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/pause ./cmd/pause
+	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD_VERSION) github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD_VERSION)
+	GOBIN=$(REAL_NODE_BIN)/cni CGO_ENABLED=0 $(GO) install github.com/containernetworking/plugins/plugins/main/bridge@$(CNI_PLUGINS_VERSION) \
+		github.com/containernetworking/plugins/plugins/main/loopback@$(CNI_PLUGINS_VERSION) github.com/containernetworking/plugins/plugins/ipam/host-local@$(CNI_PLUGINS_VERSION)
+	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION)
 
 # helm, built from the module proxy (no other download is reachable here).
 helm: $(HELM)

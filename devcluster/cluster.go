@@ -40,6 +40,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
+	"github.com/gpudra/gpudra/devcluster/realnode"
 )
 
 // Options configure a devcluster.
@@ -82,6 +83,9 @@ type Options struct {
 	// Runtime runs every node's pods' containers for real (NodeOptions
 	// Runtime overrides it per node); nil: their specs are only resolved.
 	Runtime *noderuntime.OCIRuntime
+	// RealNodes makes the API server trust devcluster's node client CA, so
+	// that AddRealNode can join kubelet binaries with a node credential.
+	RealNodes bool
 	// Image runs the chart's own plugin and controller pods from make
 	// image's layout in runc (package imagemode, imagechart.go) instead of
 	// in this process; nil: in-process, the default (faster).
@@ -121,14 +125,18 @@ type Cluster struct {
 	// image runs the chart's pods in image mode; nil otherwise.
 	image *imagemode.Runner
 
-	mu    sync.Mutex
-	nodes map[string]*nodeagent.Node
-	order []string
+	// clientCA issues real nodes' credentials (Options.RealNodes).
+	clientCA *controlplane.ClientCA
+
+	mu        sync.Mutex
+	nodes     map[string]*nodeagent.Node
+	realNodes map[string]*realnode.Node
+	order     []string
 }
 
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
-	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*nodeagent.Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
+	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*nodeagent.Node{}, realNodes: map[string]*realnode.Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
 		mpsControl: opts.MPSControlBinary, runtime: opts.Runtime}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
@@ -167,6 +175,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--enable-aggregator-routing=true")
 		// The caller's values last: a test may override image mode's.
 		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
+	}
+	if opts.RealNodes {
+		if c.clientCA, err = controlplane.NewClientCA(c.Dir); err != nil {
+			return c, err
+		}
+		apiServerFlags = append(slices.Clone(apiServerFlags), "--client-ca-file="+c.clientCA.File)
 	}
 	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
@@ -249,6 +263,15 @@ func (c *Cluster) Stop() { c.stopOnce.Do(c.stop) }
 
 func (c *Cluster) stop() {
 	c.image.StopAll()
+	c.mu.Lock()
+	real := make([]*realnode.Node, 0, len(c.realNodes))
+	for _, n := range c.realNodes {
+		real = append(real, n)
+	}
+	c.mu.Unlock()
+	for _, n := range real {
+		n.Stop()
+	}
 	for _, n := range c.Nodes() {
 		n.StopPlugin()
 	}

@@ -15,10 +15,17 @@ require (
 )
 
 require (
+	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
+	github.com/Microsoft/hnslib v0.1.3 // indirect
 	github.com/NVIDIA/go-nvlib v0.12.0 // indirect
 	github.com/NVIDIA/go-nvml v0.13.4-0 // indirect
 	github.com/NVIDIA/nvidia-container-toolkit v1.20.1 // indirect
 	github.com/ai-dynamo/grove/operator/api v0.1.0-alpha.12-rc1 // indirect
+	github.com/container-storage-interface/spec v1.12.1-0.20260720052920-cd9e7ad1ae09 // indirect
+	github.com/containerd/containerd/api v1.11.1 // indirect
+	github.com/containerd/log v0.1.0 // indirect
+	github.com/containerd/ttrpc v1.2.9 // indirect
+	github.com/docker/go-units v0.5.0 // indirect
 	github.com/google/cadvisor/lib v0.60.5 // indirect
 	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
@@ -27,11 +34,13 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/ulikunitz/xz v0.5.17 // indirect
 	go.etcd.io/etcd/server/v3 v3.7.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.69.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 	google.golang.org/grpc v1.83.1 // indirect
 	k8s.io/apiserver v0.37.2 // indirect
 	k8s.io/component-helpers v0.37.2 // indirect
 	k8s.io/controller-manager v0.37.2 // indirect
+	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/kubelet v0.37.2 // indirect
 	k8s.io/kubernetes v1.37.1 // indirect

@@ -13,9 +13,7 @@ package imagemode
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +37,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/controlplane"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/internal/image"
 )
@@ -115,27 +114,10 @@ func NewRunner(ctx context.Context, cfg Config, opts Options) (*Runner, error) {
 		return nil, err
 	}
 	r.apiAddr = u.Host
-	if r.caPEM, err = servingCA(r.apiAddr); err != nil {
+	if r.caPEM, err = controlplane.ServingCA(r.apiAddr); err != nil {
 		return nil, err
 	}
 	return r, nil
-}
-
-// servingCA is the CA of the API server's serving certificate, as a pod's
-// ca.crt holds it: the last certificate of the chain it serves to a client
-// that names no server (the admin's client config is the loopback one,
-// whose CA is another).
-func servingCA(addr string) ([]byte, error) {
-	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reading what is served, to trust it
-	if err != nil {
-		return nil, fmt.Errorf("the API server's serving certificate: %w", err)
-	}
-	defer conn.Close()
-	chain := conn.ConnectionState().PeerCertificates
-	if len(chain) == 0 {
-		return nil, errors.New("the API server serves no certificate")
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: chain[len(chain)-1].Raw}), nil
 }
 
 // Pod is one pod run from the image: its one container, restarted

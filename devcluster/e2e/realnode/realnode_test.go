@@ -1,0 +1,183 @@
+// Package realnode is the end-to-end suite of devcluster's real node: the
+// kubelet binary and containerd (devcluster/realnode) joined to
+// devcluster's control plane beside a simulated node.
+package realnode
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/devcluster"
+	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
+	"github.com/gpudra/gpudra/devcluster/realnode"
+	"github.com/gpudra/gpudra/pkg/probe"
+)
+
+const repo = "../../.."
+
+// binaries are make real-node's (REAL_NODE_BIN) and make probe's (PROBE).
+// Without them, or without root, the test skips, except under
+// GPUDRA_REQUIRE_REAL_NODE=1 (make test), where it fails.
+func binaries(t *testing.T) realnode.Binaries {
+	t.Helper()
+	dir := os.Getenv("REAL_NODE_BIN")
+	if dir == "" {
+		dir = filepath.Join(repo, "bin", "real-node")
+	}
+	dir, _ = filepath.Abs(dir)
+	probeBin := os.Getenv("PROBE")
+	if probeBin == "" {
+		probeBin, _ = filepath.Abs(filepath.Join(repo, "bin", "gpudra-probe"))
+	}
+	b := realnode.Binaries{Kubelet: filepath.Join(dir, "kubelet"), Containerd: filepath.Join(dir, "containerd"),
+		Shim: filepath.Join(dir, "containerd-shim-runc-v2"), Ctr: filepath.Join(dir, "ctr"), Runc: filepath.Join(dir, "runc"),
+		CNI: filepath.Join(dir, "cni"), Pause: filepath.Join(dir, "pause"), Probe: probeBin}
+	skip := func(reason string) {
+		if os.Getenv("GPUDRA_REQUIRE_REAL_NODE") == "1" {
+			t.Fatalf("a real node cannot run: %s", reason)
+		}
+		t.Skip(reason)
+	}
+	if os.Geteuid() != 0 {
+		skip("containerd and the kubelet need root")
+	}
+	for _, p := range []string{b.Kubelet, b.Containerd, b.Shim, b.Ctr, b.Runc, b.Pause, b.Probe} {
+		if _, err := os.Stat(p); err != nil {
+			skip(err.Error() + " (make real-node probe builds it)")
+		}
+	}
+	return b
+}
+
+// TestRealNodeRunsAPod: the kubelet binary, joined with a node credential,
+// registers its Node (its own version, containerd's), keeps its Lease as
+// the Node authorizer lets only that node, and runs a pod the scheduler
+// places there through containerd's CRI plugin, runc and the CNI bridge:
+// the probe inside is PID 1 of its own namespace, has the pod's address
+// and no GPU device node, and the pod's deletion ends its container.
+func TestRealNodeRunsAPod(t *testing.T) {
+	b := binaries(t)
+	ctx := context.Background()
+	c, err := devcluster.Start(ctx, devcluster.Options{RealNodes: true, Chart: chart.Default(repo)})
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	_, err = c.AddNode(ctx, nodeagent.NodeOptions{Name: "dgx-h100-0", Machine: "dgx-h100-nomig"})
+	require.NoError(t, err, "a simulated node beside the real one")
+	const name = "real-node-0"
+	n, err := c.AddRealNode(ctx, devcluster.RealNodeOptions{Name: name, Binaries: b})
+	require.NoError(t, err)
+
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "v1.37.1", node.Status.NodeInfo.KubeletVersion, "the kubelet binary's own version")
+	assert.True(t, strings.HasPrefix(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://2.4."), node.Status.NodeInfo.ContainerRuntimeVersion)
+	var holder string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		lease, err := c.Client.CoordinationV1().Leases("kube-node-lease").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil {
+			return false, nil
+		}
+		holder = *lease.Spec.HolderIdentity
+		return true, nil
+	})
+	require.NoError(t, err, "the kubelet keeps its node's Lease, as system:node:%s: %s", name, grep(filepath.Join(n.Dir, "kubelet.log"), "ease"))
+	assert.Equal(t, name, holder)
+
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain-probe", Namespace: "default"},
+		Spec: v1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/hostname": name},
+			TerminationGracePeriodSeconds: ptr.To(int64(1)),
+			Containers:                    []v1.Container{{Name: "probe", Image: realnode.ProbeImage, ImagePullPolicy: v1.PullNever}}}}
+	_, err = c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	var running *v1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		running = p
+		return p.Status.Phase == v1.PodRunning, nil
+	})
+	require.NoError(t, err, "the pod runs on the real node: %+v", running.Status)
+	assert.Equal(t, name, running.Spec.NodeName, "kube-scheduler placed it there")
+	require.Len(t, running.Status.ContainerStatuses, 1)
+	assert.True(t, strings.HasPrefix(running.Status.ContainerStatuses[0].ContainerID, "containerd://"), running.Status.ContainerStatuses[0].ContainerID)
+	require.NotEmpty(t, running.Status.PodIP, "the CNI bridge gave the pod an address")
+	assert.True(t, strings.HasPrefix(running.Status.PodIP, "10.244."), running.Status.PodIP)
+
+	report := probeReport(t, n, running)
+	assert.Equal(t, 1, report.PID, "the probe is PID 1 of the pod's own PID namespace")
+	assert.Equal(t, pod.Name, report.Hostname)
+	assert.Empty(t, report.Devices, "a pod without claims sees no GPU device node")
+
+	require.NoError(t, c.Client.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}))
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		return err != nil, nil
+	})
+	require.NoError(t, err, "the kubelet ends the pod's container and the pod goes")
+}
+
+// probeReport reads the probe's report from the pod's container log, as
+// the kubelet's podLogsDir keeps it (CRI log format: time, stream, P for a
+// partial line or F for a full one, text).
+func probeReport(t *testing.T, n *realnode.Node, pod *v1.Pod) probe.Report {
+	t.Helper()
+	file := filepath.Join(n.PodLogDir(), pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), "probe", "0.log")
+	var report probe.Report
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		f, err := os.Open(file)
+		if err != nil {
+			return false, nil
+		}
+		defer f.Close()
+		var line strings.Builder
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
+		for sc.Scan() {
+			parts := strings.SplitN(sc.Text(), " ", 4)
+			if len(parts) < 4 || parts[1] != "stdout" {
+				continue
+			}
+			line.WriteString(parts[3])
+			if parts[2] == "F" {
+				if json.Unmarshal([]byte(line.String()), &report) == nil {
+					return true, nil
+				}
+				line.Reset()
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "the probe's report in %s", file)
+	return report
+}
+
+// grep is the lines of file that hold s, for a failure's message.
+func grep(file, s string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) && len(out) < 10 {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

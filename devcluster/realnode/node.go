@@ -1,0 +1,358 @@
+package realnode
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/klog/v2"
+)
+
+// Binaries are the real node's programs (make real-node builds them into
+// bin/real-node).
+type Binaries struct {
+	Kubelet, Containerd, Shim, Ctr string
+	// Runc is a runc built with libseccomp (the CRI plugin asks for
+	// seccomp profiles).
+	Runc string
+	// CNI is the directory of the CNI plugins: bridge, host-local,
+	// loopback.
+	CNI string
+	// Pause and Probe are the static binaries of the pause and the probe
+	// images.
+	Pause, Probe string
+}
+
+// Options describe a real node.
+type Options struct {
+	Name string
+	// Dir is the node's directory: containerd's root and state, the
+	// kubelet's root, pod logs, CNI state. Keep it short: containerd's and
+	// the kubelet's unix sockets live below it.
+	Dir      string
+	Binaries Binaries
+	// APIServer is the API server's URL; CA its serving CA (PEM); Cert and
+	// Key the node's client credential (PEM), for system:node:<Name>.
+	APIServer    string
+	CA           []byte
+	Cert, Key    []byte
+	CDIDirs      []string
+	PodSubnet    string
+	StartTimeout time.Duration
+}
+
+// Node is a running real node.
+type Node struct {
+	Name string
+	Dir  string
+	opts Options
+	// containerd and kubelet are the processes; containerdDone and
+	// kubeletDone are closed when each has exited.
+	containerd, kubelet         *exec.Cmd
+	containerdDone, kubeletDone chan struct{}
+}
+
+// ContainerdSocket is containerd's gRPC socket (the kubelet's CRI
+// endpoint).
+func (n *Node) ContainerdSocket() string {
+	return filepath.Join(n.Dir, "containerd", "containerd.sock")
+}
+
+// KubeletRootDir is the kubelet's --root-dir.
+func (n *Node) KubeletRootDir() string { return filepath.Join(n.Dir, "kubelet") }
+
+// PodLogDir is the kubelet's podLogsDir: <namespace>_<pod>_<uid>/<container>/<n>.log.
+func (n *Node) PodLogDir() string { return filepath.Join(n.Dir, "pod-logs") }
+
+// Start writes the configurations, starts containerd in a network
+// namespace of its own, imports the pause and probe images, and starts the
+// kubelet, which registers the Node. It does not wait for the Node to be
+// Ready (the caller watches the API).
+func Start(ctx context.Context, opts Options) (n *Node, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("a real node runs containerd and the kubelet, which need root")
+	}
+	for what, p := range map[string]string{"kubelet": opts.Binaries.Kubelet, "containerd": opts.Binaries.Containerd,
+		"containerd-shim-runc-v2": opts.Binaries.Shim, "ctr": opts.Binaries.Ctr, "runc": opts.Binaries.Runc,
+		"the CNI plugins' directory": opts.Binaries.CNI, "pause": opts.Binaries.Pause, "gpudra-probe": opts.Binaries.Probe} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("real node %s: %s: %w (make real-node builds them)", opts.Name, what, err)
+		}
+	}
+	n = &Node{Name: opts.Name, Dir: opts.Dir, opts: opts}
+	for _, d := range []string{"containerd", "cni", "cni-ipam", "pod-logs", "kubelet", "images"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o750); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			n.Stop()
+		}
+	}()
+	if err := n.startContainerd(ctx); err != nil {
+		return n, err
+	}
+	for _, img := range []Image{
+		{Ref: PauseImage, Files: map[string]string{"/pause": opts.Binaries.Pause}, Entrypoint: []string{"/pause"}},
+		{Ref: ProbeImage, Files: map[string]string{"/gpudra-probe": opts.Binaries.Probe}, Entrypoint: []string{"/gpudra-probe"}},
+	} {
+		file := filepath.Join(n.Dir, "images", strings.NewReplacer("/", "_", ":", "_").Replace(img.Ref)+".tar")
+		if err := writeTarball(img, file); err != nil {
+			return n, err
+		}
+		if err := importImage(ctx, opts.Binaries.Ctr, n.ContainerdSocket(), file); err != nil {
+			return n, err
+		}
+	}
+	if err := n.startKubelet(ctx); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// startContainerd starts containerd in a new network namespace, so that
+// the CNI bridge and the pods' addresses exist only there; its socket is a
+// unix socket, which the kubelet reaches from the host's namespace.
+func (n *Node) startContainerd(ctx context.Context) error {
+	cfg := filepath.Join(n.Dir, "containerd.toml")
+	if err := os.WriteFile(cfg, []byte(containerdConfig(n.Dir, n.opts.Binaries, n.opts.CDIDirs, PauseImage)), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(n.Dir, "cni", "10-devcluster.conflist"), []byte(cniConfig(n.Dir, n.opts.PodSubnet)), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(n.opts.Binaries.Containerd, "--config", cfg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
+	var err error
+	if cmd.Stdout, err = os.Create(filepath.Join(n.Dir, "containerd.log")); err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("real node %s: start containerd: %w", n.Name, err)
+	}
+	n.containerd, n.containerdDone = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(n.containerdDone) }()
+	// The loopback of its namespace, up, as a node's is.
+	if out, err := exec.CommandContext(ctx, "nsenter", "--net=/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/net", "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		klog.FromContext(ctx).Info("containerd's network namespace keeps its loopback down", "node", n.Name, "err", err, "output", string(out))
+	}
+	return n.waitFor(ctx, "containerd's socket", n.containerdDone, filepath.Join(n.Dir, "containerd.log"), func() bool {
+		c, err := net.Dial("unix", n.ContainerdSocket())
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return true
+	})
+}
+
+// startKubelet writes the kubelet's kubeconfig (the node credential) and
+// configuration and starts it.
+func (n *Node) startKubelet(ctx context.Context) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: n.opts.APIServer, CertificateAuthorityData: n.opts.CA}
+	kc.AuthInfos[n.Name] = &clientcmdapi.AuthInfo{ClientCertificateData: n.opts.Cert, ClientKeyData: n.opts.Key}
+	kc.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: n.Name}
+	kc.CurrentContext = "devcluster"
+	kubeconfig := filepath.Join(n.Dir, "kubelet.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	cfg := filepath.Join(n.Dir, "kubelet.yaml")
+	if err := os.WriteFile(cfg, []byte(kubeletConfig(n.Dir, n.ContainerdSocket(), port)), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(n.opts.Binaries.Kubelet, "--config", cfg, "--kubeconfig", kubeconfig, "--root-dir", n.KubeletRootDir(),
+		"--hostname-override", n.Name, "--node-ip", "127.0.0.1", "--cert-dir", filepath.Join(n.KubeletRootDir(), "pki"), "--v", "2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	log := filepath.Join(n.Dir, "kubelet.log")
+	if cmd.Stdout, err = os.Create(log); err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("real node %s: start the kubelet: %w", n.Name, err)
+	}
+	n.kubelet, n.kubeletDone = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(n.kubeletDone) }()
+	// Up once it has made its plugin registry (it has read its
+	// configuration and reached the runtime by then).
+	return n.waitFor(ctx, "the kubelet", n.kubeletDone, log, func() bool {
+		_, err := os.Stat(filepath.Join(n.KubeletRootDir(), "plugins_registry"))
+		return err == nil
+	})
+}
+
+// waitFor polls ready until it holds, the process ends (its log's end is
+// the error) or the start timeout passes.
+func (n *Node) waitFor(ctx context.Context, what string, done <-chan struct{}, log string, ready func() bool) error {
+	timeout := n.opts.StartTimeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	deadline := time.Now().Add(timeout)
+	for !ready() {
+		select {
+		case <-done:
+			return fmt.Errorf("real node %s: %s exited: %s", n.Name, what, tail(log, 5))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("real node %s: %s not up within %s: %s", n.Name, what, timeout, tail(log, 5))
+		}
+	}
+	return nil
+}
+
+// Stop stops the kubelet, the pods' containers and their shims, then
+// containerd, and unmounts what they left mounted below the node's
+// directory (containers' roots, the sandboxes' network namespaces). The
+// directory stays, for its logs.
+func (n *Node) Stop() {
+	stop(n.kubelet, n.kubeletDone)
+	n.killShims()
+	stop(n.containerd, n.containerdDone)
+	unmountBelow(n.Dir)
+}
+
+// stop ends a process: SIGTERM, then SIGKILL after 10 s.
+func stop(cmd *exec.Cmd, done <-chan struct{}) {
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// killShims kills the node's containerd shims and everything in their
+// process groups: a shim outlives containerd by design, and its containers
+// with it.
+func (n *Node) killShims() {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != filepath.Base(n.opts.Binaries.Shim) || !slices.Contains(args, n.ContainerdSocket()) {
+			continue
+		}
+		// The shim's containers are its children, in their own groups:
+		// their runc state is under containerd's; kill the children first.
+		for _, child := range children(pid) {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// children are the processes whose parent is pid.
+func children(pid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// unmountBelow unmounts every mount point below dir, deepest first.
+func unmountBelow(dir string) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			points = append(points, fields[4])
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tail is the last n lines of a file.
+func tail(file string, n int) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
