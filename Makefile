@@ -55,8 +55,12 @@ build:
 test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image
 # Under make test the browser tests fail, not skip, without a browser.
 test: export GPUDRA_REQUIRE_BROWSER := 1
-# ... and the real node's (devcluster/e2e/realnode) without root or its binaries.
+# ... and the real node's (devcluster/e2e/realnode) without root, its
+# binaries or make image's tarball (test-image's first build under make
+# test; REAL_NODE_IMAGE names another, else its plugin test skips).
 test: export GPUDRA_REQUIRE_REAL_NODE := 1
+REAL_NODE_IMAGE ?=
+test: REAL_NODE_IMAGE = $(abspath $(BIN))/image-check-a/gpudra-$(VERSION)-$(GOHOSTARCH).tar
 
 # The dashboard's tests drive a real browser: Debian's chromium, headless,
 # installed here where missing (make test does all of its own set-up).
@@ -88,7 +92,7 @@ test-fuzz:
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 E2E_MODULES := devcluster bench gpusmoke
-E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) REAL_NODE_BIN=$(REAL_NODE_BIN) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
 test-e2e: devcluster helm probe $(RUNC) real-node

@@ -17,6 +17,7 @@ package devcluster
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -180,9 +181,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		if c.clientCA, err = controlplane.NewClientCA(c.Dir); err != nil {
 			return c, err
 		}
+		if opts.Image == nil {
+			// The plugin pod a real node runs from the image reads its
+			// machine and writes its specs where image mode's does.
+			opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
+		}
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--client-ca-file="+c.clientCA.File)
 	}
-	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, apiServerFlags); err != nil {
+	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.RealNodes, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
 	}
 	c.RESTConfig = restclient.CopyConfig(c.apiServer.ClientConfig)
@@ -195,6 +201,15 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	logger.V(1).Info("API server ready", "host", c.RESTConfig.Host, "elapsed", time.Since(start).Round(time.Millisecond))
 	clients := controlplane.Clients{Base: c.apiServer.ClientConfig, Tuned: controlplane.TunedLimits(opts.ControlPlaneQPS, opts.ControlPlaneBurst)}
+	if opts.RealNodes {
+		u, err := url.Parse(c.RESTConfig.Host)
+		if err != nil {
+			return c, err
+		}
+		if clients.RootCA, err = controlplane.ServingCA(u.Host); err != nil {
+			return c, err
+		}
+	}
 	c.ControlPlaneClients = clients.String()
 	if c.controllers, err = controlplane.StartControllers(c.ctx, clients); err != nil {
 		return c, err

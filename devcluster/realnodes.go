@@ -1,21 +1,30 @@
 package devcluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/controlplane"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/realnode"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 )
 
 // RealNodeOptions describe a node run by the kubelet binary and containerd
@@ -23,6 +32,13 @@ import (
 type RealNodeOptions struct {
 	Name     string
 	Binaries realnode.Binaries
+	// Image is make image's docker tarball for this machine's
+	// architecture: with it, the chart's kubelet plugin DaemonSet pod runs
+	// on the node from that image, under the real kubelet, over the
+	// simulated Machine (default dgx-h100-nomig) in the node's driver
+	// root. Empty: no plugin.
+	Image   string
+	Machine string
 }
 
 // AddRealNode starts a real node and waits until its kubelet has
@@ -53,10 +69,28 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(c.Dir, "r", opts.Name)
-	n, err := realnode.Start(ctx, realnode.Options{Name: opts.Name, Dir: dir, Binaries: opts.Binaries,
-		APIServer: c.RESTConfig.Host, CA: ca, Cert: cert, Key: key,
-		CDIDirs: []string{filepath.Join(dir, "cdi")}, PodSubnet: fmt.Sprintf("10.244.%d.0/24", index)})
+	// The chart's per-node paths (chart.Render): the kubelet's root is the
+	// node's directory, with the CDI specs and the driver root below it.
+	nodeDir := filepath.Join(c.Dir, "nodes", opts.Name)
+	vip, err := c.kubernetesServiceAddress(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ropts := realnode.Options{Name: opts.Name, Dir: filepath.Join(c.Dir, "r", opts.Name), Binaries: opts.Binaries,
+		APIServer: c.RESTConfig.Host, CA: ca, Cert: cert, Key: key, KubeletRootDir: nodeDir, APIServerVIP: vip,
+		CDIDirs: []string{filepath.Join(nodeDir, "cdi")}, PodSubnet: fmt.Sprintf("10.244.%d.0/24", index)}
+	if opts.Image != "" {
+		if err := writeSimulatedDriver(filepath.Join(nodeDir, "driver"), opts.Name, cmp.Or(opts.Machine, "dgx-h100-nomig")); err != nil {
+			return nil, fmt.Errorf("real node %s: %w", opts.Name, err)
+		}
+		ropts.Images = []realnode.Tarball{{File: opts.Image, Ref: chart.MPSServerImage}}
+		// What the GPU operator labels a GPU node with, which the chart's
+		// default affinity selects (Node Feature Discovery's label is below
+		// kubernetes.io, which NodeRestriction keeps from a kubelet).
+		ropts.Labels = map[string]string{"nvidia.com/gpu.present": "true"}
+	}
+	dir := ropts.Dir
+	n, err := realnode.Start(ctx, ropts)
 	if err != nil {
 		return nil, err
 	}
@@ -98,5 +132,101 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	if err != nil {
 		return n, fmt.Errorf("real node %s: lift the not-ready taint: %w", opts.Name, err)
 	}
+	if opts.Image != "" {
+		if err := c.runRealPluginPod(ctx, n); err != nil {
+			return n, fmt.Errorf("real node %s: %w", opts.Name, err)
+		}
+	}
 	return n, nil
+}
+
+// kubernetesServiceAddress is the kubernetes Service's ClusterIP and port,
+// which the kubelet gives every pod as KUBERNETES_SERVICE_HOST and _PORT.
+func (c *Cluster) kubernetesServiceAddress(ctx context.Context) (string, error) {
+	var addr string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		svc, err := c.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil || svc.Spec.ClusterIP == "" || len(svc.Spec.Ports) == 0 {
+			return false, nil
+		}
+		addr = net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))
+		return true, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("the kubernetes Service: %w", err)
+	}
+	return addr, nil
+}
+
+// writeSimulatedDriver lays out a simulated machine's driver root, marked
+// as such, with the machine's spec where the chart's plugin reads it
+// (--sim-machine /driver-root/<SimMachineFile>), as image mode does.
+func writeSimulatedDriver(root, node, machine string) error {
+	m, err := sim.NewBuiltin(machine, node)
+	if err != nil {
+		return err
+	}
+	if err := m.WriteDriverRoot(root, sim.DriverStandIns{}); err != nil {
+		return err
+	}
+	spec, err := yaml.Marshal(m.Spec())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(root, SimMachineFile), spec, 0o644)
+}
+
+// runRealPluginPod creates the chart's kubelet plugin DaemonSet pod on the
+// real node, as the DaemonSet controller would, and waits until it runs and
+// its pool is published. devcluster renders the chart with per-node host
+// paths ($(NODE_NAME), chart.NodeNamePlaceholder): it puts the node's name
+// there, where a real cluster's chart has one path for every node.
+func (c *Cluster) runRealPluginPod(ctx context.Context, n *realnode.Node) error {
+	node := n.Name
+	t, _, err := c.chartPodTemplate("DaemonSet", chart.Release+"-kubelet-plugin")
+	if err != nil {
+		return err
+	}
+	pod := podFromTemplate(t, nodeagent.MetricsPodName(node), node)
+	for i := range pod.Spec.Volumes {
+		if hp := pod.Spec.Volumes[i].HostPath; hp != nil {
+			hp.Path = strings.ReplaceAll(hp.Path, chart.NodeNamePlaceholder, node)
+		}
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			for j := range cs[i].VolumeMounts {
+				cs[i].VolumeMounts[j].MountPath = strings.ReplaceAll(cs[i].VolumeMounts[j].MountPath, chart.NodeNamePlaceholder, node)
+			}
+		}
+	}
+	if _, err := c.Client.CoreV1().Pods(chart.PluginNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("the chart's plugin pod: %w", err)
+	}
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(chart.PluginNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = fmt.Sprintf("%s %s: %s %+v", p.Status.Phase, p.Status.Reason, p.Status.Message, p.Status.ContainerStatuses)
+		if p.Status.Phase == v1.PodFailed {
+			return false, fmt.Errorf("the kubelet failed it: %s: %s", p.Status.Reason, p.Status.Message)
+		}
+		list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, s := range list.Items {
+			if s.Spec.Pool.Name == node {
+				return p.Status.Phase == v1.PodRunning, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the chart's plugin pod does not run and publish (%s; its log: %s): %w", last,
+			n.ContainerLog(chart.PluginNamespace, pod.Name, "plugin", 20), err)
+	}
+	return nil
 }

@@ -37,6 +37,7 @@ import (
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
@@ -107,24 +108,34 @@ func freePort() (int, error) {
 }
 
 // StartAPIServer runs the real kube-apiserver against the embedded etcd.
-func StartAPIServer(tb *ProcessTB, etcdURL string, workloadAPI bool, extraFlags []string) (kubeapiservertesting.TestServer, error) {
+// serviceAccounts turns the ServiceAccount admission plugin on, as a
+// cluster has it, so that pods get their token volume (a real kubelet
+// mounts it); devcluster's own kubelet and image mode give the pods that
+// need one a token themselves.
+func StartAPIServer(tb *ProcessTB, etcdURL string, workloadAPI, serviceAccounts bool, extraFlags []string) (kubeapiservertesting.TestServer, error) {
 	storage := storagebackend.NewDefaultConfig("/registry", nil)
 	storage.Transport.ServerList = []string{etcdURL}
+	admission := []string{
+		// As kubeadm enables it: a kubelet may change only its own Node
+		// and its own pods.
+		"--enable-admission-plugins=NodeRestriction",
+		// Off by default here: a pod in a namespace whose "default"
+		// ServiceAccount the controller has not made yet is refused.
+		"--disable-admission-plugins=ServiceAccount",
+	}
+	if serviceAccounts {
+		admission = []string{"--enable-admission-plugins=NodeRestriction,ServiceAccount"}
+	}
 	flags := append([]string{
 		// Nothing reconciles the kubernetes Service endpoints here.
 		"--endpoint-reconciler-type=none",
-		// No service-account controller runs, so pods could not be admitted.
-		"--disable-admission-plugins=ServiceAccount",
 		// As kubeadm and every managed cluster set it: GPU node agents
 		// such as the kubelet plugin run privileged.
 		"--allow-privileged=true",
 		// As in a cluster: every gpudra component is held to the chart's
 		// RBAC and admission policies (devcluster's identity.go).
 		"--authorization-mode=Node,RBAC",
-		// As kubeadm enables it: a kubelet may change only its own Node
-		// and its own pods.
-		"--enable-admission-plugins=NodeRestriction",
-	}, workloadAPIFlags(workloadAPI)...)
+	}, append(admission, workloadAPIFlags(workloadAPI)...)...)
 	flags = append(flags, extraFlags...)
 	return kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
 }
@@ -183,6 +194,11 @@ type Clients struct {
 	// zero, replaces each component's shipped limits.
 	Base  *restclient.Config
 	Tuned ClientLimits
+	// RootCA, when set, runs kube-controller-manager's root CA publisher
+	// with it (its --root-ca-file): the kube-root-ca.crt ConfigMap in
+	// every namespace, which a real kubelet mounts into pods' token
+	// volumes.
+	RootCA []byte
 }
 
 // TunedLimits turns devcluster.Options' fields into limits; a QPS without a burst gets
@@ -355,7 +371,21 @@ func StartControllers(ctx context.Context, clients Clients) (<-chan struct{}, er
 	if err != nil {
 		return nil, err
 	}
+	var publisher *rootcacertpublisher.Publisher
+	if len(clients.RootCA) > 0 {
+		_, pubClient, err := clients.controllerClient("root-ca-cert-publisher")
+		if err != nil {
+			return nil, err
+		}
+		if publisher, err = rootcacertpublisher.NewPublisher(factory.Core().V1().ConfigMaps(), factory.Core().V1().Namespaces(),
+			pubClient, clients.RootCA); err != nil {
+			return nil, fmt.Errorf("create the root CA publisher: %w", err)
+		}
+	}
 	factory.Start(ctx.Done())
+	if publisher != nil {
+		run("root-ca-cert-publisher", func(ctx context.Context) { publisher.Run(ctx, 1) })
+	}
 	// kube-controller-manager starts the token controller before all others.
 	for name, f := range saRun {
 		run(name, f)

@@ -6,8 +6,11 @@
 // devcluster's control plane with a node credential (a client certificate
 // for system:node:<name>, group system:nodes) under Node,RBAC and
 // NodeRestriction, as a kubelet does after its TLS bootstrap. Nothing here
-// plays the kubelet or the runtime: devcluster only writes their
-// configuration, imports the images, starts and stops the processes.
+// plays the kubelet or the runtime: devcluster writes their configuration,
+// imports the images, starts and stops the processes. The one stand-in is
+// kube-proxy's rule for the kubernetes Service (Options.APIServerVIP): its
+// address, served in containerd's network namespace and forwarded to the
+// API server.
 //
 // Where this machine is not a normal node, the settings that let the real
 // binaries run are in kubeletConfig and containerdConfig, each with its
@@ -101,14 +104,16 @@ state = %[2]q
 
 // cniConfig is the pods' network: a bridge with host-local addresses in
 // subnet, made inside containerd's own network namespace (Start), so that
-// no address of it exists anywhere else on the machine.
+// no address of it exists anywhere else on the machine. The pods' default
+// route is the bridge, where the kubernetes Service's address is served
+// (Options.APIServerVIP); nothing routes further.
 func cniConfig(dir, subnet string) string {
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "devcluster",
   "plugins": [
     {"type": "bridge", "bridge": "devc0", "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}},
     {"type": "loopback"}
   ]
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -84,11 +85,25 @@ func writeTarball(img Image, file string) error {
 }
 
 // importImage imports a tarball into containerd's k8s.io namespace, the
-// CRI plugin's, through containerd's import API (ctr images import).
-func importImage(ctx context.Context, ctr, socket, file string) error {
-	out, err := exec.CommandContext(ctx, ctr, "--address", socket, "--namespace", "k8s.io", "images", "import", file).CombinedOutput()
-	if err != nil {
+// CRI plugin's, through containerd's import API (ctr images import), and
+// tags the image it names ref, where ref is set.
+func importImage(ctx context.Context, ctr, socket, file, ref string) error {
+	base := []string{"--address", socket, "--namespace", "k8s.io", "images"}
+	if out, err := exec.CommandContext(ctx, ctr, append(base, "import", file)...).CombinedOutput(); err != nil {
 		return fmt.Errorf("ctr images import %s: %w: %s", file, err, out)
+	}
+	if ref == "" {
+		return nil
+	}
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(file) })
+	if err != nil {
+		return fmt.Errorf("image tarball %s: %w", file, err)
+	}
+	if len(m) != 1 || len(m[0].RepoTags) == 0 {
+		return fmt.Errorf("image tarball %s: want one tagged image, it has %d", file, len(m))
+	}
+	if out, err := exec.CommandContext(ctx, ctr, append(base, "tag", "--force", m[0].RepoTags[0], ref)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images tag %s %s: %w: %s", m[0].RepoTags[0], ref, err, out)
 	}
 	return nil
 }

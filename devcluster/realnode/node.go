@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
 // Binaries are the real node's programs (make real-node builds them into
@@ -53,7 +56,26 @@ type Options struct {
 	CDIDirs      []string
 	PodSubnet    string
 	StartTimeout time.Duration
+	// Labels are the kubelet's --node-labels (what NodeRestriction lets
+	// a kubelet set; not below kubernetes.io or k8s.io).
+	Labels map[string]string
+	// KubeletRootDir is the kubelet's --root-dir; empty: Dir/kubelet.
+	// devcluster gives it the node's directory, which the chart is
+	// rendered with as kubeletPlugin.kubeletDir.
+	KubeletRootDir string
+	// Images are more docker tarballs to import, each tagged Ref (make
+	// image's, as the chart names it).
+	Images []Tarball
+	// APIServerVIP is the kubernetes Service's address (host:port), which
+	// the kubelet gives pods as KUBERNETES_SERVICE_HOST and _PORT: with
+	// no kube-proxy, devcluster serves it inside containerd's network
+	// namespace and forwards each connection to the API server, as
+	// kube-proxy's rule does. Empty: pods do not reach the API server.
+	APIServerVIP string
 }
+
+// Tarball is an image tarball and the reference it is tagged with.
+type Tarball struct{ File, Ref string }
 
 // Node is a running real node.
 type Node struct {
@@ -64,6 +86,8 @@ type Node struct {
 	// kubeletDone are closed when each has exited.
 	containerd, kubelet         *exec.Cmd
 	containerdDone, kubeletDone chan struct{}
+	// stopVIP ends the API server's forwarder (APIServerVIP).
+	stopVIP context.CancelFunc
 }
 
 // ContainerdSocket is containerd's gRPC socket (the kubelet's CRI
@@ -73,10 +97,36 @@ func (n *Node) ContainerdSocket() string {
 }
 
 // KubeletRootDir is the kubelet's --root-dir.
-func (n *Node) KubeletRootDir() string { return filepath.Join(n.Dir, "kubelet") }
+func (n *Node) KubeletRootDir() string {
+	if n.opts.KubeletRootDir != "" {
+		return n.opts.KubeletRootDir
+	}
+	return filepath.Join(n.Dir, "kubelet")
+}
 
 // PodLogDir is the kubelet's podLogsDir: <namespace>_<pod>_<uid>/<container>/<n>.log.
 func (n *Node) PodLogDir() string { return filepath.Join(n.Dir, "pod-logs") }
+
+// ContainerLog is the end (lines lines) of the newest log of a pod's
+// container, as the kubelet keeps it in its podLogsDir.
+func (n *Node) ContainerLog(namespace, pod, container string, lines int) string {
+	files, _ := filepath.Glob(filepath.Join(n.PodLogDir(), namespace+"_"+pod+"_*", container, "*.log"))
+	if len(files) == 0 {
+		return "no log"
+	}
+	sort.Slice(files, func(i, j int) bool {
+		a, _ := os.Stat(files[i])
+		b, _ := os.Stat(files[j])
+		return a != nil && b != nil && a.ModTime().Before(b.ModTime())
+	})
+	// The newest log may be of a container just restarted: the one
+	// before it says how the last one ended.
+	out := tail(files[len(files)-1], lines)
+	if len(files) > 1 {
+		out = tail(files[len(files)-2], lines) + "\n" + out
+	}
+	return out
+}
 
 // Start writes the configurations, starts containerd in a network
 // namespace of its own, imports the pause and probe images, and starts the
@@ -94,8 +144,9 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		}
 	}
 	n = &Node{Name: opts.Name, Dir: opts.Dir, opts: opts}
-	for _, d := range []string{"containerd", "cni", "cni-ipam", "pod-logs", "kubelet", "images"} {
-		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o750); err != nil {
+	for _, d := range []string{filepath.Join(n.Dir, "containerd"), filepath.Join(n.Dir, "cni"), filepath.Join(n.Dir, "cni-ipam"),
+		n.PodLogDir(), n.KubeletRootDir(), filepath.Join(n.Dir, "images")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}
 	}
@@ -115,7 +166,17 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		if err := writeTarball(img, file); err != nil {
 			return n, err
 		}
-		if err := importImage(ctx, opts.Binaries.Ctr, n.ContainerdSocket(), file); err != nil {
+		if err := importImage(ctx, opts.Binaries.Ctr, n.ContainerdSocket(), file, ""); err != nil {
+			return n, err
+		}
+	}
+	for _, t := range opts.Images {
+		if err := importImage(ctx, opts.Binaries.Ctr, n.ContainerdSocket(), t.File, t.Ref); err != nil {
+			return n, err
+		}
+	}
+	if opts.APIServerVIP != "" {
+		if err := n.serveAPIServerVIP(); err != nil {
 			return n, err
 		}
 	}
@@ -182,8 +243,16 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	if err := os.WriteFile(cfg, []byte(kubeletConfig(n.Dir, n.ContainerdSocket(), port)), 0o600); err != nil {
 		return err
 	}
-	cmd := exec.Command(n.opts.Binaries.Kubelet, "--config", cfg, "--kubeconfig", kubeconfig, "--root-dir", n.KubeletRootDir(),
-		"--hostname-override", n.Name, "--node-ip", "127.0.0.1", "--cert-dir", filepath.Join(n.KubeletRootDir(), "pki"), "--v", "2")
+	args := []string{"--config", cfg, "--kubeconfig", kubeconfig, "--root-dir", n.KubeletRootDir(),
+		"--hostname-override", n.Name, "--node-ip", "127.0.0.1", "--cert-dir", filepath.Join(n.KubeletRootDir(), "pki"), "--v", "2"}
+	if len(n.opts.Labels) > 0 {
+		var labels []string
+		for _, k := range sortedKeys(n.opts.Labels) {
+			labels = append(labels, k+"="+n.opts.Labels[k])
+		}
+		args = append(args, "--node-labels", strings.Join(labels, ","))
+	}
+	cmd := exec.Command(n.opts.Binaries.Kubelet, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	log := filepath.Join(n.Dir, "kubelet.log")
 	if cmd.Stdout, err = os.Create(log); err != nil {
@@ -228,13 +297,18 @@ func (n *Node) waitFor(ctx context.Context, what string, done <-chan struct{}, l
 
 // Stop stops the kubelet, the pods' containers and their shims, then
 // containerd, and unmounts what they left mounted below the node's
-// directory (containers' roots, the sandboxes' network namespaces). The
-// directory stays, for its logs.
+// directory and the kubelet's (containers' roots, the sandboxes' network
+// namespaces, the pods' volumes). The directories stay, for their logs.
 func (n *Node) Stop() {
+	if n.stopVIP != nil {
+		n.stopVIP()
+	}
 	stop(n.kubelet, n.kubeletDone)
 	n.killShims()
 	stop(n.containerd, n.containerdDone)
-	unmountBelow(n.Dir)
+	// The kubelet makes its root directory a mount of its own and mounts
+	// the pods' projected volumes below it.
+	unmountBelow(n.Dir, n.KubeletRootDir())
 }
 
 // stop ends a process: SIGTERM, then SIGKILL after 10 s.
@@ -305,8 +379,9 @@ func children(pid int) []int {
 	return out
 }
 
-// unmountBelow unmounts every mount point below dir, deepest first.
-func unmountBelow(dir string) {
+// unmountBelow unmounts every mount point at or below the directories,
+// deepest first.
+func unmountBelow(dirs ...string) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return
@@ -316,8 +391,14 @@ func unmountBelow(dir string) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			points = append(points, fields[4])
+		if len(fields) <= 4 {
+			continue
+		}
+		for _, dir := range dirs {
+			if fields[4] == dir || strings.HasPrefix(fields[4], dir+"/") {
+				points = append(points, fields[4])
+				break
+			}
 		}
 	}
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
@@ -355,4 +436,34 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// serveAPIServerVIP puts the kubernetes Service's address on the loopback
+// of containerd's network namespace, where the pods' default route (the
+// bridge) leads, and forwards what connects there to the API server.
+func (n *Node) serveAPIServerVIP() error {
+	host, _, err := net.SplitHostPort(n.opts.APIServerVIP)
+	if err != nil {
+		return fmt.Errorf("real node %s: APIServerVIP: %w", n.Name, err)
+	}
+	netns := noderuntime.NetnsOf(n.containerd.Process.Pid)
+	if out, err := exec.Command("nsenter", "--net="+netns, "ip", "addr", "add", host+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("real node %s: the kubernetes Service's address in containerd's namespace: %w: %s", n.Name, err, out)
+	}
+	l, err := noderuntime.ListenInNetns(netns, n.opts.APIServerVIP)
+	if err != nil {
+		return fmt.Errorf("real node %s: listen on the kubernetes Service's address: %w", n.Name, err)
+	}
+	u, err := url.Parse(n.opts.APIServer)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stopVIP = func() { cancel(); _ = l.Close() }
+	go noderuntime.Forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", u.Host)
+	})
+	return nil
 }

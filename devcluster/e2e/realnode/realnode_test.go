@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -25,6 +27,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/realnode"
 	"github.com/gpudra/gpudra/pkg/probe"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 const repo = "../../.."
@@ -130,6 +133,20 @@ func TestRealNodeRunsAPod(t *testing.T) {
 		return err != nil, nil
 	})
 	require.NoError(t, err, "the kubelet ends the pod's container and the pod goes")
+
+	// Stopping the cluster leaves nothing of the node mounted (the
+	// kubelet's root, the pods' volumes, containers' roots, network
+	// namespaces) and no process of it running.
+	c.Stop()
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(mounts), "\n") {
+		assert.NotContains(t, l, " "+c.Dir+"/", "a mount of the stopped node is left")
+	}
+	for _, bin := range []string{b.Kubelet, b.Containerd, b.Shim} {
+		out, _ := exec.Command("pgrep", "-f", bin).Output()
+		assert.Empty(t, strings.TrimSpace(string(out)), "%s still runs", bin)
+	}
 }
 
 // probeReport reads the probe's report from the pod's container log, as
@@ -180,4 +197,98 @@ func grep(file, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// imageTarball is make image's docker tarball for this machine's
+// architecture (GPUDRA_IMAGE_TARBALL; make test passes test-image's).
+func imageTarball(t *testing.T) string {
+	t.Helper()
+	f := os.Getenv("GPUDRA_IMAGE_TARBALL")
+	if f == "" {
+		if os.Getenv("GPUDRA_REQUIRE_REAL_NODE") == "1" {
+			t.Fatal("GPUDRA_IMAGE_TARBALL names no image tarball (make test passes test-image's)")
+		}
+		t.Skip("GPUDRA_IMAGE_TARBALL names no image tarball (make image builds one)")
+	}
+	return f
+}
+
+// TestRealNodeRunsThePluginAndAClaim: the chart's kubelet plugin DaemonSet
+// pod runs from make image's image under the real kubelet, registers
+// through the kubelet's plugin registry and publishes the node's pool; a
+// pod with a one-GPU claim then runs there, and from inside its container
+// the probe sees exactly the allocated GPU's device node, which
+// containerd made from the plugin's CDI spec.
+func TestRealNodeRunsThePluginAndAClaim(t *testing.T) {
+	b := binaries(t)
+	img := imageTarball(t)
+	ctx := context.Background()
+	// GPUDRA_REAL_NODE_E2E_VALUES: helm flags added to the chart, to show
+	// what a broken value does (kubeletPlugin.cdiDir where containerd does
+	// not read fails the claim's pod, with the reason).
+	chartOpts := chart.Default(repo)
+	chartOpts.Values = strings.Fields(os.Getenv("GPUDRA_REAL_NODE_E2E_VALUES"))
+	c, err := devcluster.Start(ctx, devcluster.Options{RealNodes: true, Chart: chartOpts})
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	const name = "real-node-0"
+	n, err := c.AddRealNode(ctx, devcluster.RealNodeOptions{Name: name, Binaries: b, Image: img, Machine: "dgx-h100-nomig"})
+	require.NoError(t, err)
+	_, err = c.InstallChartDeviceClasses(ctx)
+	require.NoError(t, err)
+
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: "default"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: slicebuilder.DriverName}}}}}}
+	_, err = c.Client.ResourceV1().ResourceClaims("default").Create(ctx, claim, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: "default"},
+		Spec: v1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/hostname": name}, TerminationGracePeriodSeconds: ptr.To(int64(1)),
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim.Name)}},
+			Containers: []v1.Container{{Name: "probe", Image: realnode.ProbeImage, ImagePullPolicy: v1.PullNever,
+				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+	_, err = c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	var running *v1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		running = p
+		return p.Status.Phase == v1.PodRunning, nil
+	})
+	require.NoError(t, err, "the pod with a claim runs on the real node: %s", waiting(running))
+	got, err := c.Client.ResourceV1().ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, got.Status.Allocation)
+	require.Len(t, got.Status.Allocation.Devices.Results, 1)
+	device := got.Status.Allocation.Devices.Results[0].Device
+	minor := strings.TrimPrefix(device, "gpu-")
+
+	report := probeReport(t, n, running)
+	var gpus []string
+	for _, d := range report.Devices {
+		if strings.HasPrefix(filepath.Base(d.Path), "nvidia") && strings.TrimPrefix(filepath.Base(d.Path), "nvidia") != "" &&
+			strings.Trim(strings.TrimPrefix(filepath.Base(d.Path), "nvidia"), "0123456789") == "" {
+			gpus = append(gpus, filepath.Base(d.Path))
+			assert.Equal(t, "c", d.Type, d.Path)
+			assert.Equal(t, uint32(195), d.Major, d.Path)
+		}
+	}
+	assert.Equal(t, []string{"nvidia" + minor}, gpus, "the container sees exactly the allocated %s, from containerd's CDI injection", device)
+}
+
+// waiting says why a pod's containers wait: their reasons and messages.
+func waiting(p *v1.Pod) string {
+	if p == nil {
+		return "no pod"
+	}
+	out := []string{string(p.Status.Phase)}
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil {
+			out = append(out, cs.Name+": "+w.Reason+": "+w.Message)
+		}
+	}
+	return strings.Join(out, "; ")
 }
