@@ -181,6 +181,10 @@ real-node: probe
 	@[ -e /usr/include/seccomp.h ] || { echo "Installing Debian's libseccomp-dev for runc's seccomp."; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libseccomp-dev >/dev/null; }
+	@# nsenter and ip set up containerd's network namespace (realnode).
+	@command -v nsenter >/dev/null && command -v ip >/dev/null || { echo "Installing Debian's util-linux and iproute2."; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq util-linux iproute2 >/dev/null; }
 	cd devcluster && CGO_ENABLED=0 $(GO) build -ldflags "$(KUBE_LDFLAGS)" -o $(REAL_NODE_BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/pause ./cmd/pause
 	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
