@@ -52,15 +52,16 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gpudra-controller ./cmd/controller
 	CGO_ENABLED=0 $(GO) build ./...
 
-test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image
+test: lint browser test-unit test-image test-nvml test-fuzz test-chart test-rules real-node test-e2e test-e2e-image
 # Under make test the browser tests fail, not skip, without a browser.
 test: export GPUDRA_REQUIRE_BROWSER := 1
 # ... and the real node's (devcluster/e2e/realnode) without root, its
-# binaries or make image's tarball (test-image's first build under make
-# test; REAL_NODE_IMAGE names another, else its plugin test skips).
+# binaries (make real-node) or make image's tarball (test-image's first
+# build under make test; elsewhere make test-e2e REAL_NODE_IMAGE=<absolute
+# path>, else its plugin test skips).
 test: export GPUDRA_REQUIRE_REAL_NODE := 1
 REAL_NODE_IMAGE ?=
-test: REAL_NODE_IMAGE = $(abspath $(BIN))/image-check-a/gpudra-$(VERSION)-$(GOHOSTARCH).tar
+test: REAL_NODE_IMAGE = $$(ls $(abspath $(BIN))/image-check-a/gpudra-*-$(GOHOSTARCH).tar | head -1)
 
 # The dashboard's tests drive a real browser: Debian's chromium, headless,
 # installed here where missing (make test does all of its own set-up).
@@ -95,7 +96,7 @@ E2E_MODULES := devcluster bench gpusmoke
 E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
-test-e2e: devcluster helm probe $(RUNC) real-node
+test-e2e: devcluster helm probe $(RUNC)
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	@for m in $(E2E_MODULES); do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)

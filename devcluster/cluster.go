@@ -16,6 +16,7 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -178,14 +179,17 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
 	}
 	if opts.RealNodes {
+		if opts.Image != nil {
+			// ServiceAccount admission gives every pod a projected token
+			// volume, which image mode does not run.
+			return c, errors.New("RealNodes and Image together are not supported")
+		}
 		if c.clientCA, err = controlplane.NewClientCA(c.Dir); err != nil {
 			return c, err
 		}
-		if opts.Image == nil {
-			// The plugin pod a real node runs from the image reads its
-			// machine and writes its specs where image mode's does.
-			opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
-		}
+		// The plugin pod a real node runs from the image reads its machine
+		// and writes its specs where image mode's does.
+		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--client-ca-file="+c.clientCA.File)
 	}
 	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.RealNodes, apiServerFlags); err != nil {
@@ -221,8 +225,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 		logger.V(1).Info("Grove CRDs installed, Grove stand-in running", "elapsed", time.Since(start).Round(time.Millisecond))
 	}
-	// No ServiceAccount admission runs (package controlplane), so pods need no
-	// default ServiceAccount there; the namespace itself must exist.
+	// No ServiceAccount admission runs (package controlplane) unless
+	// RealNodes, so pods need no default ServiceAccount there; the
+	// namespace itself must exist.
 	_, err = c.Client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: chart.PluginNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return c, fmt.Errorf("create namespace %s: %w", chart.PluginNamespace, err)
@@ -281,7 +286,9 @@ func (c *Cluster) stop() {
 	c.mu.Lock()
 	real := make([]*realnode.Node, 0, len(c.realNodes))
 	for _, n := range c.realNodes {
-		real = append(real, n)
+		if n != nil {
+			real = append(real, n)
+		}
 	}
 	c.mu.Unlock()
 	for _, n := range real {

@@ -33,6 +33,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts nodeagent.NodeOptions) (*nod
 		}
 	}
 	c.mu.Lock()
+	if _, real := c.realNodes[opts.Name]; real {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("node %q exists already (a real node)", opts.Name)
+	}
 	if _, dup := c.nodes[opts.Name]; dup {
 		c.mu.Unlock()
 		return nil, fmt.Errorf("node %q exists already", opts.Name)

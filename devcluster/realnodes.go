@@ -16,6 +16,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
@@ -50,12 +51,22 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	if c.clientCA == nil {
 		return nil, errors.New("real nodes need Options.RealNodes: the API server trusts devcluster's node client CA only then")
 	}
+	if errs := validation.IsDNS1123Subdomain(opts.Name); len(errs) > 0 {
+		return nil, fmt.Errorf("real node %q: %s", opts.Name, strings.Join(errs, "; "))
+	}
+	// The name and the pods' subnet are this node's from here on; Stop
+	// skips a node still starting (nil).
 	c.mu.Lock()
-	if _, dup := c.nodes[opts.Name]; dup || c.realNodes[opts.Name] != nil {
+	if _, dup := c.nodes[opts.Name]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("node %q exists already", opts.Name)
+	}
+	if _, dup := c.realNodes[opts.Name]; dup {
 		c.mu.Unlock()
 		return nil, fmt.Errorf("node %q exists already", opts.Name)
 	}
 	index := len(c.realNodes)
+	c.realNodes[opts.Name] = nil
 	c.mu.Unlock()
 	cert, key, err := c.clientCA.Issue("system:node:"+opts.Name, "system:nodes")
 	if err != nil {

@@ -70,6 +70,8 @@ registerNode: true
 //   - CDI specs from cdiDirs (containerd 2 always resolves CDI devices).
 //   - the pause image is imported, never pulled (pinned, so that image GC
 //     keeps it).
+//   - nothing of the machine's: NRI off (it would take /var/run/nri and run
+//     /opt/nri/plugins), the opt plugin's directory below dir.
 func containerdConfig(dir string, b Binaries, cdiDirs []string, sandboxImage string) string {
 	quoted := make([]string, len(cdiDirs))
 	for i, d := range cdiDirs {
@@ -98,8 +100,13 @@ state = %[2]q
 [plugins."io.containerd.cri.v1.images"]
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = %[9]q
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+  socket_path = %[10]q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[11]q
 `, dir+"/containerd/root", dir+"/containerd/state", dir+"/containerd/containerd.sock", strings.Join(quoted, ", "),
-		b.Shim, b.Runc, b.CNI, dir+"/cni", sandboxImage)
+		b.Shim, b.Runc, b.CNI, dir+"/cni", sandboxImage, dir+"/containerd/nri.sock", dir+"/containerd/opt")
 }
 
 // cniConfig is the pods' network: a bridge with host-local addresses in

@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -43,7 +45,7 @@ type Image struct {
 func writeTarball(img Image, file string) error {
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
-	for _, p := range sortedKeys(img.Files) {
+	for _, p := range slices.Sorted(maps.Keys(img.Files)) {
 		b, err := os.ReadFile(img.Files[p])
 		if err != nil {
 			return fmt.Errorf("image %s: %w", img.Ref, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -77,6 +78,10 @@ type Options struct {
 // Tarball is an image tarball and the reference it is tagged with.
 type Tarball struct{ File, Ref string }
 
+// kubeletDevicePluginSocket is where every kubelet serves its device
+// manager, whatever its --root-dir.
+const kubeletDevicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
 // Node is a running real node.
 type Node struct {
 	Name string
@@ -135,6 +140,17 @@ func (n *Node) ContainerLog(namespace, pod, container string, lines int) string 
 func Start(ctx context.Context, opts Options) (n *Node, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("a real node runs containerd and the kubelet, which need root")
+	}
+	// Its cleanup unmounts below these: never "" or a relative path.
+	if opts.Name == "" || !filepath.IsAbs(opts.Dir) || (opts.KubeletRootDir != "" && !filepath.IsAbs(opts.KubeletRootDir)) {
+		return nil, fmt.Errorf("real node %q: Name, and an absolute Dir (%q) and KubeletRootDir (%q), are required", opts.Name, opts.Dir, opts.KubeletRootDir)
+	}
+	// The kubelet's device manager serves, and at start empties,
+	// /var/lib/kubelet/device-plugins whatever its root directory: on a
+	// machine whose own kubelet serves there, it would take its sockets.
+	if c, err := net.Dial("unix", kubeletDevicePluginSocket); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("real node %s: a kubelet already serves %s on this machine (a Kubernetes node, or another real node): devcluster runs one real node per machine, and never on a node", opts.Name, kubeletDevicePluginSocket)
 	}
 	for what, p := range map[string]string{"kubelet": opts.Binaries.Kubelet, "containerd": opts.Binaries.Containerd,
 		"containerd-shim-runc-v2": opts.Binaries.Shim, "ctr": opts.Binaries.Ctr, "runc": opts.Binaries.Runc,
@@ -247,7 +263,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		"--hostname-override", n.Name, "--node-ip", "127.0.0.1", "--cert-dir", filepath.Join(n.KubeletRootDir(), "pki"), "--v", "2"}
 	if len(n.opts.Labels) > 0 {
 		var labels []string
-		for _, k := range sortedKeys(n.opts.Labels) {
+		for _, k := range slices.Sorted(maps.Keys(n.opts.Labels)) {
 			labels = append(labels, k+"="+n.opts.Labels[k])
 		}
 		args = append(args, "--node-labels", strings.Join(labels, ","))
@@ -395,6 +411,9 @@ func unmountBelow(dirs ...string) {
 			continue
 		}
 		for _, dir := range dirs {
+			if !filepath.IsAbs(dir) || dir == "/" {
+				continue
+			}
 			if fields[4] == dir || strings.HasPrefix(fields[4], dir+"/") {
 				points = append(points, fields[4])
 				break
@@ -422,20 +441,7 @@ func tail(file string, n int) string {
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
+	return noderuntime.LastLines(string(b), n)
 }
 
 // serveAPIServerVIP puts the kubernetes Service's address on the loopback

@@ -7,9 +7,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +69,7 @@ func binaries(t *testing.T) realnode.Binaries {
 }
 
 // TestRealNodeRunsAPod: the kubelet binary, joined with a node credential,
-// registers its Node (its own version, containerd's), keeps its Lease as
+// registers its Node (its own version, containerd's), holds its Lease as
 // the Node authorizer lets only that node, and runs a pod the scheduler
 // places there through containerd's CRI plugin, runc and the CNI bridge:
 // the probe inside is PID 1 of its own namespace, has the pod's address
@@ -115,7 +117,7 @@ func TestRealNodeRunsAPod(t *testing.T) {
 		running = p
 		return p.Status.Phase == v1.PodRunning, nil
 	})
-	require.NoError(t, err, "the pod runs on the real node: %+v", running.Status)
+	require.NoError(t, err, "the pod runs on the real node: %s", waiting(running))
 	assert.Equal(t, name, running.Spec.NodeName, "kube-scheduler placed it there")
 	require.Len(t, running.Status.ContainerStatuses, 1)
 	assert.True(t, strings.HasPrefix(running.Status.ContainerStatuses[0].ContainerID, "containerd://"), running.Status.ContainerStatuses[0].ContainerID)
@@ -144,8 +146,10 @@ func TestRealNodeRunsAPod(t *testing.T) {
 		assert.NotContains(t, l, " "+c.Dir+"/", "a mount of the stopped node is left")
 	}
 	for _, bin := range []string{b.Kubelet, b.Containerd, b.Shim} {
-		out, _ := exec.Command("pgrep", "-f", bin).Output()
-		assert.Empty(t, strings.TrimSpace(string(out)), "%s still runs", bin)
+		out, err := exec.Command("pgrep", "-f", bin).Output()
+		// pgrep exits 1 when nothing matches; anything else is no answer.
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit) && exit.ExitCode() == 1, "pgrep -f %s: %v %s", bin, err, out)
 	}
 }
 
@@ -208,8 +212,10 @@ func imageTarball(t *testing.T) string {
 		if os.Getenv("GPUDRA_REQUIRE_REAL_NODE") == "1" {
 			t.Fatal("GPUDRA_IMAGE_TARBALL names no image tarball (make test passes test-image's)")
 		}
-		t.Skip("GPUDRA_IMAGE_TARBALL names no image tarball (make image builds one)")
+		t.Skip("GPUDRA_IMAGE_TARBALL names no image tarball (make image builds one; make test-e2e REAL_NODE_IMAGE=<its absolute path> passes it)")
 	}
+	_, err := os.Stat(f)
+	require.NoError(t, err, "GPUDRA_IMAGE_TARBALL")
 	return f
 }
 
@@ -274,6 +280,7 @@ func TestRealNodeRunsThePluginAndAClaim(t *testing.T) {
 			gpus = append(gpus, filepath.Base(d.Path))
 			assert.Equal(t, "c", d.Type, d.Path)
 			assert.Equal(t, uint32(195), d.Major, d.Path)
+			assert.Equal(t, minor, strconv.Itoa(int(d.Minor)), d.Path)
 		}
 	}
 	assert.Equal(t, []string{"nvidia" + minor}, gpus, "the container sees exactly the allocated %s, from containerd's CDI injection", device)
