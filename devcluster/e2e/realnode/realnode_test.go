@@ -108,16 +108,7 @@ func TestRealNodeRunsAPod(t *testing.T) {
 			Containers:                    []v1.Container{{Name: "probe", Image: realnode.ProbeImage, ImagePullPolicy: v1.PullNever}}}}
 	_, err = c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
-	var running *v1.Pod
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		running = p
-		return p.Status.Phase == v1.PodRunning, nil
-	})
-	require.NoError(t, err, "the pod runs on the real node: %s", waiting(running))
+	running := runs(t, c, pod, "the pod runs on the real node")
 	assert.Equal(t, name, running.Spec.NodeName, "kube-scheduler placed it there")
 	require.Len(t, running.Status.ContainerStatuses, 1)
 	assert.True(t, strings.HasPrefix(running.Status.ContainerStatuses[0].ContainerID, "containerd://"), running.Status.ContainerStatuses[0].ContainerID)
@@ -255,16 +246,7 @@ func TestRealNodeRunsThePluginAndAClaim(t *testing.T) {
 				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
 	_, err = c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
-	var running *v1.Pod
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		running = p
-		return p.Status.Phase == v1.PodRunning, nil
-	})
-	require.NoError(t, err, "the pod with a claim runs on the real node: %s", waiting(running))
+	running := runs(t, c, pod, "the pod with a claim runs on the real node")
 	got, err := c.Client.ResourceV1().ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{})
 	require.NoError(t, err)
 	require.NotNil(t, got.Status.Allocation)
@@ -298,4 +280,21 @@ func waiting(p *v1.Pod) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// runs waits until the pod is Running and returns it; the failure says why
+// its containers wait.
+func runs(t *testing.T, c *devcluster.Cluster, pod *v1.Pod, what string) *v1.Pod {
+	t.Helper()
+	var running *v1.Pod
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		running = p
+		return p.Status.Phase == v1.PodRunning, nil
+	})
+	require.NoError(t, err, "%s: %s", what, waiting(running))
+	return running
 }
