@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -40,6 +41,10 @@ type RealNodeOptions struct {
 	// root. Empty: no plugin.
 	Image   string
 	Machine string
+	// Annotations are set on the Node once it registers, before the
+	// plugin starts, as an admin would (gpu.gpudra.dev/mig-devices: the
+	// node's own MIG policy).
+	Annotations map[string]string
 }
 
 // AddRealNode starts a real node and waits until its kubelet has
@@ -133,15 +138,19 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 			return err
 		}
 		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t v1.Taint) bool { return t.Key == v1.TaintNodeNotReady })
-		if len(taints) == len(node.Spec.Taints) {
+		if len(taints) == len(node.Spec.Taints) && len(opts.Annotations) == 0 {
 			return nil
 		}
 		node.Spec.Taints = taints
+		if len(opts.Annotations) > 0 && node.Annotations == nil {
+			node.Annotations = map[string]string{}
+		}
+		maps.Copy(node.Annotations, opts.Annotations)
 		_, err = c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
-		return n, fmt.Errorf("real node %s: lift the not-ready taint: %w", opts.Name, err)
+		return n, fmt.Errorf("real node %s: lift the not-ready taint, annotate: %w", opts.Name, err)
 	}
 	if opts.Image != "" {
 		if err := c.runRealPluginPod(ctx, n); err != nil {

@@ -4,9 +4,7 @@
 package realnode
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -144,39 +142,18 @@ func TestRealNodeRunsAPod(t *testing.T) {
 	}
 }
 
-// probeReport reads the probe's report from the pod's container log, as
-// the kubelet's podLogsDir keeps it (CRI log format: time, stream, P for a
-// partial line or F for a full one, text).
+// probeReport waits for the probe's report in the pod's container
+// "probe", from the kubelet's pod log.
 func probeReport(t *testing.T, n *realnode.Node, pod *v1.Pod) probe.Report {
 	t.Helper()
-	file := filepath.Join(n.PodLogDir(), pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), "probe", "0.log")
-	var report probe.Report
+	var report *probe.Report
+	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		f, err := os.Open(file)
-		if err != nil {
-			return false, nil
-		}
-		defer f.Close()
-		var line strings.Builder
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
-		for sc.Scan() {
-			parts := strings.SplitN(sc.Text(), " ", 4)
-			if len(parts) < 4 || parts[1] != "stdout" {
-				continue
-			}
-			line.WriteString(parts[3])
-			if parts[2] == "F" {
-				if json.Unmarshal([]byte(line.String()), &report) == nil {
-					return true, nil
-				}
-				line.Reset()
-			}
-		}
-		return false, nil
+		report, last = n.ProbeReport(pod.Namespace, pod.Name, string(pod.UID), "probe")
+		return last == nil, nil
 	})
-	require.NoError(t, err, "the probe's report in %s", file)
-	return report
+	require.NoError(t, err, "the probe's report: %v", last)
+	return *report
 }
 
 // grep is the lines of file that hold s, for a failure's message.

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -69,7 +70,8 @@ func (m *MigEnabledSpec) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// MarshalJSON is the inverse of UnmarshalJSON.
+// MarshalJSON is the inverse of UnmarshalJSON. A list is JSON, not
+// YAML: sigs.k8s.io/yaml turns a spec into YAML through JSON.
 func (m MigEnabledSpec) MarshalJSON() ([]byte, error) {
 	if m.All {
 		return []byte(`"all"`), nil
@@ -77,7 +79,7 @@ func (m MigEnabledSpec) MarshalJSON() ([]byte, error) {
 	if len(m.Indexes) == 0 {
 		return []byte(`"none"`), nil
 	}
-	return yaml.Marshal(m.Indexes)
+	return json.Marshal(m.Indexes)
 }
 
 func (m MigEnabledSpec) enabled(index int) bool {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +116,19 @@ func FuzzParseSpec(f *testing.F) {
 			t.Fatalf("inventory: %v, %d GPUs for gpuCount %d", err, len(inv.GPUs), spec.GPUCount)
 		}
 	})
+}
+
+// TestSpecRoundTrip: a spec written out (devcluster hands a real node's
+// plugin its machine as a file) reads back the same, whichever form
+// migEnabled has.
+func TestSpecRoundTrip(t *testing.T) {
+	for _, mig := range []MigEnabledSpec{{All: true}, {}, {Indexes: []int{6, 7}}, {Indexes: []int{0}}} {
+		spec := MachineSpec{Name: "m", GPUModel: ModelH100SXM5, GPUCount: 8, NVLink: NVLinkNVSwitch, MigEnabled: mig}
+		data, err := yaml.Marshal(spec)
+		require.NoError(t, err, "migEnabled %+v", mig)
+		back, err := ParseSpec(data)
+		require.NoError(t, err, "migEnabled %+v:\n%s", mig, data)
+		assert.Equal(t, spec.MigEnabled, back.MigEnabled, "%s", data)
+		assert.Equal(t, spec.GPUCount, back.GPUCount)
+	}
 }
