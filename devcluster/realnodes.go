@@ -153,7 +153,7 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 		return n, fmt.Errorf("real node %s: lift the not-ready taint, annotate: %w", opts.Name, err)
 	}
 	if opts.Image != "" {
-		if err := c.runRealPluginPod(ctx, n); err != nil {
+		if err := c.RunRealPluginPod(ctx, opts.Name, nodeagent.MetricsPodName(opts.Name)); err != nil {
 			return n, fmt.Errorf("real node %s: %w", opts.Name, err)
 		}
 	}
@@ -196,18 +196,24 @@ func writeSimulatedDriver(root, node, machine string) error {
 	return os.WriteFile(filepath.Join(root, SimMachineFile), spec, 0o644)
 }
 
-// runRealPluginPod creates the chart's kubelet plugin DaemonSet pod on the
-// real node, as the DaemonSet controller would, and waits until it runs and
-// its pool is published. devcluster renders the chart with per-node host
+// RunRealPluginPod creates a pod of the chart's kubelet plugin DaemonSet on
+// the real node, named podName, as the DaemonSet controller would, and
+// waits until it is Ready (the kubelet's probes of its /healthz pass) and
+// the node's pool is published. A second one on
+// the same node is a rolling update's surge: both run side by side, each
+// registered under its own pod UID. devcluster renders the chart with per-node host
 // paths ($(NODE_NAME), chart.NodeNamePlaceholder): it puts the node's name
 // there, where a real cluster's chart has one path for every node.
-func (c *Cluster) runRealPluginPod(ctx context.Context, n *realnode.Node) error {
-	node := n.Name
+func (c *Cluster) RunRealPluginPod(ctx context.Context, node, podName string) error {
+	n := c.RealNode(node)
+	if n == nil {
+		return fmt.Errorf("no real node %s", node)
+	}
 	t, _, err := c.chartPodTemplate("DaemonSet", chart.Release+"-kubelet-plugin")
 	if err != nil {
 		return err
 	}
-	pod := podFromTemplate(t, nodeagent.MetricsPodName(node), node)
+	pod := podFromTemplate(t, podName, node)
 	for i := range pod.Spec.Volumes {
 		if hp := pod.Spec.Volumes[i].HostPath; hp != nil {
 			hp.Path = strings.ReplaceAll(hp.Path, chart.NodeNamePlaceholder, node)
@@ -237,15 +243,19 @@ func (c *Cluster) runRealPluginPod(ctx context.Context, n *realnode.Node) error 
 		if err != nil {
 			return false, nil
 		}
+		ready := false
+		for _, cond := range p.Status.Conditions {
+			ready = ready || (cond.Type == v1.PodReady && cond.Status == v1.ConditionTrue)
+		}
 		for _, s := range list.Items {
 			if s.Spec.Pool.Name == node {
-				return p.Status.Phase == v1.PodRunning, nil
+				return ready, nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		return fmt.Errorf("the chart's plugin pod does not run and publish (%s; its log: %s): %w", last,
+		return fmt.Errorf("the chart's plugin pod is not Ready (its probes: /healthz) and publishing (%s; its log: %s): %w", last,
 			n.ContainerLog(chart.PluginNamespace, pod.Name, "plugin", 20), err)
 	}
 	return nil

@@ -93,6 +93,9 @@ type Node struct {
 	containerdDone, kubeletDone chan struct{}
 	// stopVIP ends the API server's forwarder (APIServerVIP).
 	stopVIP context.CancelFunc
+	// stopKubeletPort ends the forwarder of the kubelet's port from the
+	// host's loopback into containerd's namespace.
+	stopKubeletPort context.CancelFunc
 }
 
 // ContainerdSocket is containerd's gRPC socket (the kubelet's CRI
@@ -242,8 +245,17 @@ func (n *Node) startContainerd(ctx context.Context) error {
 // startKubelet writes the kubelet's kubeconfig (the node credential) and
 // configuration and starts it.
 func (n *Node) startKubelet(ctx context.Context) error {
+	// With the kubernetes Service's address served in containerd's
+	// namespace, the kubelet runs there too, as a node's kubelet shares
+	// its pods' network: its HTTP probes reach the pods' addresses, which
+	// exist only there. It reaches the API server through that address.
+	inNetns := n.opts.APIServerVIP != ""
+	server := n.opts.APIServer
+	if inNetns {
+		server = "https://" + n.opts.APIServerVIP
+	}
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: n.opts.APIServer, CertificateAuthorityData: n.opts.CA}
+	kc.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: n.opts.CA}
 	kc.AuthInfos[n.Name] = &clientcmdapi.AuthInfo{ClientCertificateData: n.opts.Cert, ClientKeyData: n.opts.Key}
 	kc.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: n.Name}
 	kc.CurrentContext = "devcluster"
@@ -269,9 +281,15 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		args = append(args, "--node-labels", strings.Join(labels, ","))
 	}
 	cmd := exec.Command(n.opts.Binaries.Kubelet, args...)
+	netns := noderuntime.NetnsOf(n.containerd.Process.Pid)
+	if inNetns {
+		// nsenter execs the kubelet: the process is the kubelet's.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + netns, "--", n.opts.Binaries.Kubelet}, args...)...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Appended to: a restarted kubelet's log follows the last one's.
 	log := filepath.Join(n.Dir, "kubelet.log")
-	if cmd.Stdout, err = os.Create(log); err != nil {
+	if cmd.Stdout, err = os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640); err != nil {
 		return err
 	}
 	cmd.Stderr = cmd.Stdout
@@ -280,12 +298,52 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	}
 	n.kubelet, n.kubeletDone = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(n.kubeletDone) }()
+	if inNetns {
+		// The API server reaches the kubelet (logs, exec) at the Node's
+		// address, 127.0.0.1:port, on the host: forwarded into the
+		// namespace, where the kubelet listens.
+		if err := n.forwardKubeletPort(netns, port); err != nil {
+			return err
+		}
+	}
 	// Up once it has made its plugin registry (it has read its
 	// configuration and reached the runtime by then).
 	return n.waitFor(ctx, "the kubelet", n.kubeletDone, log, func() bool {
 		_, err := os.Stat(filepath.Join(n.KubeletRootDir(), "plugins_registry"))
 		return err == nil
 	})
+}
+
+// forwardKubeletPort listens on the host's 127.0.0.1:port and forwards
+// each connection to the same address in containerd's namespace.
+func (n *Node) forwardKubeletPort(netns string, port int) error {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("real node %s: forward the kubelet's port: %w", n.Name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stopKubeletPort = func() { cancel(); _ = l.Close() }
+	go noderuntime.Forward(ctx, l, func(ctx context.Context) (net.Conn, error) {
+		return noderuntime.DialInNetns(ctx, netns, addr)
+	})
+	return nil
+}
+
+// RestartKubelet kills the kubelet (SIGKILL: a crash, which gets no
+// chance to tidy up) and starts it again with the same configuration, as
+// systemd restarts a node's kubelet. Containers keep running in containerd
+// meanwhile.
+func (n *Node) RestartKubelet(ctx context.Context) error {
+	if n.kubelet == nil || n.kubelet.Process == nil {
+		return fmt.Errorf("real node %s: no kubelet runs", n.Name)
+	}
+	_ = n.kubelet.Process.Kill()
+	<-n.kubeletDone
+	if n.stopKubeletPort != nil {
+		n.stopKubeletPort()
+	}
+	return n.startKubelet(ctx)
 }
 
 // waitFor polls ready until it holds, the process ends (its log's end is
@@ -318,6 +376,9 @@ func (n *Node) waitFor(ctx context.Context, what string, done <-chan struct{}, l
 func (n *Node) Stop() {
 	if n.stopVIP != nil {
 		n.stopVIP()
+	}
+	if n.stopKubeletPort != nil {
+		n.stopKubeletPort()
 	}
 	stop(n.kubelet, n.kubeletDone)
 	n.killShims()

@@ -31,6 +31,7 @@ type Metrics struct {
 	devicesPublished prometheus.Gauge
 	unhealthyGPUs    prometheus.Gauge
 	mpsRestarts      *prometheus.CounterVec
+	slicesDeleted    prometheus.Counter
 }
 
 // NewMetrics registers the plugin's metrics, with the Go, process and build
@@ -67,8 +68,12 @@ func NewMetrics() *Metrics {
 			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "mps_daemon_restarts_total",
 			Help: "MPS control daemons found dead and started again, by result (success, error).",
 		}, []string{"result"}),
+		slicesDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "plugin", Name: "resourceslices_deleted_total",
+			Help: "The node's ResourceSlices seen deleted (a starting kubelet deletes them all), each followed by a publish.",
+		}),
 	}
-	m.Registry.MustRegister(m.operations, m.duration, m.inFlight, m.preparedClaims, m.devicesPublished, m.unhealthyGPUs, m.mpsRestarts)
+	m.Registry.MustRegister(m.operations, m.duration, m.inFlight, m.preparedClaims, m.devicesPublished, m.unhealthyGPUs, m.mpsRestarts, m.slicesDeleted)
 	// Every series exists from the start, at zero: an error-rate alert
 	// then has something to compute before the first error, and a
 	// dashboard shows 0 instead of "no data".
@@ -87,6 +92,13 @@ func (m *Metrics) mpsRestart(err error) {
 		return
 	}
 	m.mpsRestarts.WithLabelValues(resultLabel(err)).Inc()
+}
+
+func (m *Metrics) sliceWipe() {
+	if m == nil {
+		return
+	}
+	m.slicesDeleted.Inc()
 }
 
 func resultLabel(err error) string {

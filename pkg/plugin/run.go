@@ -216,6 +216,11 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	}
 	// Every later publish goes through the queue, retried until it works.
 	d.startRepublishing(ctx)
+	if _, err := d.republishOnWipe(ctx, cfg.Client, cfg.NodeName); err != nil {
+		d.stopRepublishing()
+		helper.Stop()
+		return nil, fmt.Errorf("watch the node's ResourceSlices: %w", err)
+	}
 	if healthOn {
 		if err := d.watchHealth(ctx); err != nil {
 			d.stopRepublishing()

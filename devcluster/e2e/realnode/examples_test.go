@@ -144,7 +144,7 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			// The pods go; the kubelet unprepares their claims, and the
 			// plugin removes their CDI specs.
 			for _, p := range pods {
-				require.NoError(t, c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+				require.NoError(t, c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}))
 			}
 			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 				list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})

@@ -1,0 +1,56 @@
+package plugin
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
+)
+
+// TestSliceWipeIsRepublishedAtOnce: when the node's slices are deleted (a
+// starting kubelet wipes them), the plugin publishes again without
+// waiting for anything else to change. Another node's slices and another
+// driver's are not its business.
+func TestSliceWipeIsRepublishedAtOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	client := fake.NewClientset()
+	slice := func(name, node, driver string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To(node), Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1}}}
+	}
+	for _, s := range []*resourceapi.ResourceSlice{slice("mine", pool, slicebuilder.DriverName), slice("other-node", "other", slicebuilder.DriverName),
+		slice("other-driver", pool, "gpu.nvidia.com")} {
+		_, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	var publishes atomic.Int32
+	d := &Driver{pool: pool, metrics: NewMetrics(), publish: func(context.Context) error { publishes.Add(1); return nil }}
+	d.startRepublishing(ctx)
+	t.Cleanup(d.stopRepublishing)
+	synced, err := d.republishOnWipe(ctx, client, pool)
+	require.NoError(t, err)
+	// The fake applies no field selector: the handler must still tell
+	// the node's own slices apart.
+	require.Eventually(t, synced, 5*time.Second, 10*time.Millisecond)
+
+	for _, other := range []string{"other-node", "other-driver"} {
+		require.NoError(t, client.ResourceV1().ResourceSlices().Delete(ctx, other, metav1.DeleteOptions{}))
+	}
+	time.Sleep(200 * time.Millisecond)
+	assert.Zero(t, publishes.Load(), "another node's or driver's slice deleted: nothing to publish")
+	require.NoError(t, client.ResourceV1().ResourceSlices().Delete(ctx, "mine", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return publishes.Load() >= 1 }, 5*time.Second, 10*time.Millisecond,
+		"the node's slice deleted: published again")
+	assert.Equal(t, float64(1), testutil.ToFloat64(d.metrics.slicesDeleted), "one own slice counted deleted")
+}
