@@ -170,7 +170,8 @@ probe:
 # release build stamps it), containerd, its runc shim and ctr, the CNI
 # plugins, runc with libseccomp (Debian's libseccomp-dev, installed where
 # missing: the CRI plugin asks every sandbox for a seccomp profile) and the
-# pause image's process.
+# pause image's process, and the static MPS control stand-in the simulated
+# driver root gets (the image's containers have no shell for the script's).
 CONTAINERD_VERSION := v2.4.2
 CNI_PLUGINS_VERSION := v1.10.0
 KUBERNETES_VERSION := v1.37.1
@@ -188,6 +189,7 @@ real-node: probe
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq util-linux iproute2 >/dev/null; }
 	cd devcluster && CGO_ENABLED=0 $(GO) build -ldflags "$(KUBE_LDFLAGS)" -o $(REAL_NODE_BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/pause ./cmd/pause
+	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/nvidia-cuda-mps-control ./cmd/fake-mps-control
 	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD_VERSION) github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD_VERSION)
 	GOBIN=$(REAL_NODE_BIN)/cni CGO_ENABLED=0 $(GO) install github.com/containernetworking/plugins/plugins/main/bridge@$(CNI_PLUGINS_VERSION) \

@@ -27,6 +27,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/realnode"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 // RealNodeOptions describe a node run by the kubelet binary and containerd
@@ -41,6 +42,11 @@ type RealNodeOptions struct {
 	// root. Empty: no plugin.
 	Image   string
 	Machine string
+	// Labels and Taints are the kubelet's --node-labels and
+	// --register-with-taints (a label below kubernetes.io or k8s.io is
+	// refused by NodeRestriction, as on any node).
+	Labels map[string]string
+	Taints []v1.Taint
 	// Annotations are set on the Node once it registers, before the
 	// plugin starts, as an admin would (gpu.gpudra.dev/mig-devices: the
 	// node's own MIG policy).
@@ -88,6 +94,11 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	// The chart's per-node paths (chart.Render): the kubelet's root is the
 	// node's directory, with the CDI specs and the driver root below it.
 	nodeDir := filepath.Join(c.Dir, "nodes", opts.Name)
+	// The plugin's DRA socket during a rolling update is the longest path
+	// it binds: say so now, not in the plugin pod's crash loop.
+	if sock := filepath.Join(nodeDir, "plugins", slicebuilder.DriverName, "dra-"+strings.Repeat("u", 36)+".sock"); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("real node %q: the plugin's socket under %s would be %d bytes, over the %d a unix socket path may have: a shorter node name or devcluster directory", opts.Name, nodeDir, len(sock), maxSocketPath)
+	}
 	vip, err := c.kubernetesServiceAddress(ctx)
 	if err != nil {
 		return nil, err
@@ -96,7 +107,7 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 		APIServer: c.RESTConfig.Host, CA: ca, Cert: cert, Key: key, KubeletRootDir: nodeDir, APIServerVIP: vip,
 		CDIDirs: []string{filepath.Join(nodeDir, "cdi")}, PodSubnet: fmt.Sprintf("10.244.%d.0/24", index)}
 	if opts.Image != "" {
-		if err := writeSimulatedDriver(filepath.Join(nodeDir, "driver"), opts.Name, cmp.Or(opts.Machine, "dgx-h100-nomig")); err != nil {
+		if err := writeSimulatedDriver(filepath.Join(nodeDir, "driver"), opts.Name, cmp.Or(opts.Machine, "dgx-h100-nomig"), opts.Binaries.MPSControl); err != nil {
 			return nil, fmt.Errorf("real node %s: %w", opts.Name, err)
 		}
 		ropts.Images = []realnode.Tarball{{File: opts.Image, Ref: chart.MPSServerImage}}
@@ -105,6 +116,11 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 		// kubernetes.io, which NodeRestriction keeps from a kubelet).
 		ropts.Labels = map[string]string{"nvidia.com/gpu.present": "true"}
 	}
+	if len(opts.Labels) > 0 && ropts.Labels == nil {
+		ropts.Labels = map[string]string{}
+	}
+	maps.Copy(ropts.Labels, opts.Labels)
+	ropts.Taints = opts.Taints
 	dir := ropts.Dir
 	n, err := realnode.Start(ctx, ropts)
 	if err != nil {
@@ -160,6 +176,9 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	return n, nil
 }
 
+// maxSocketPath is the longest path a unix socket may have on Linux.
+const maxSocketPath = 107
+
 // kubernetesServiceAddress is the kubernetes Service's ClusterIP and port,
 // which the kubelet gives every pod as KUBERNETES_SERVICE_HOST and _PORT.
 func (c *Cluster) kubernetesServiceAddress(ctx context.Context) (string, error) {
@@ -180,14 +199,25 @@ func (c *Cluster) kubernetesServiceAddress(ctx context.Context) (string, error) 
 
 // writeSimulatedDriver lays out a simulated machine's driver root, marked
 // as such, with the machine's spec where the chart's plugin reads it
-// (--sim-machine /driver-root/<SimMachineFile>), as image mode does.
-func writeSimulatedDriver(root, node, machine string) error {
+// (--sim-machine /driver-root/<SimMachineFile>), as image mode does, and
+// mpsControl (if any) as its nvidia-cuda-mps-control, where the plugin's
+// default and the chart's admission policy for MPS server pods look.
+func writeSimulatedDriver(root, node, machine, mpsControl string) error {
 	m, err := sim.NewBuiltin(machine, node)
 	if err != nil {
 		return err
 	}
 	if err := m.WriteDriverRoot(root, sim.DriverStandIns{}); err != nil {
 		return err
+	}
+	if mpsControl != "" {
+		b, err := os.ReadFile(mpsControl)
+		if err != nil {
+			return fmt.Errorf("the MPS control stand-in: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(root, sim.BinDir, "nvidia-cuda-mps-control"), b, 0o755); err != nil { //nolint:gosec // an executable
+			return err
+		}
 	}
 	spec, err := yaml.Marshal(m.Spec())
 	if err != nil {

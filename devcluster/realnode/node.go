@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
@@ -39,6 +40,11 @@ type Binaries struct {
 	// Pause and Probe are the static binaries of the pause and the probe
 	// images.
 	Pause, Probe string
+	// MPSControl is a static nvidia-cuda-mps-control stand-in
+	// (devcluster/cmd/fake-mps-control), installed in a simulated
+	// driver root: the plugin's and the MPS server pods' containers run
+	// it, and they have no shell for hack/'s script. Empty: no MPS.
+	MPSControl string
 }
 
 // Options describe a real node.
@@ -60,6 +66,8 @@ type Options struct {
 	// Labels are the kubelet's --node-labels (what NodeRestriction lets
 	// a kubelet set; not below kubernetes.io or k8s.io).
 	Labels map[string]string
+	// Taints are the kubelet's --register-with-taints.
+	Taints []v1.Taint
 	// KubeletRootDir is the kubelet's --root-dir; empty: Dir/kubelet.
 	// devcluster gives it the node's directory, which the chart is
 	// rendered with as kubeletPlugin.kubeletDir.
@@ -279,6 +287,13 @@ func (n *Node) startKubelet(ctx context.Context) error {
 			labels = append(labels, k+"="+n.opts.Labels[k])
 		}
 		args = append(args, "--node-labels", strings.Join(labels, ","))
+	}
+	if len(n.opts.Taints) > 0 {
+		var taints []string
+		for _, t := range n.opts.Taints {
+			taints = append(taints, t.Key+"="+t.Value+":"+string(t.Effect))
+		}
+		args = append(args, "--register-with-taints", strings.Join(taints, ","))
 	}
 	cmd := exec.Command(n.opts.Binaries.Kubelet, args...)
 	netns := noderuntime.NetnsOf(n.containerd.Process.Pid)

@@ -23,8 +23,10 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
+	"github.com/gpudra/gpudra/devcluster/realnode"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/probe"
+	"github.com/gpudra/gpudra/pkg/sharing"
 )
 
 // realMachine is the real node's simulated DGX H100: GPUs 6 and 7 in MIG
@@ -90,6 +92,27 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 		{dir: "time-slicing", pods: 2, check: func(t *testing.T, _ []*v1.Pod, reports map[string]*probe.Report) {
 			assert.Equal(t, envUUIDs(reports["ts-trainer-a/cuda"]), envUUIDs(reports["ts-trainer-b/cuda"]), "one time-sliced GPU")
 		}},
+		{dir: "mps", pods: 2, check: func(t *testing.T, pods []*v1.Pod, reports map[string]*probe.Report) {
+			// The plugin's MPS server pod runs on the node, from the
+			// image, under the real kubelet; the MPS control stand-in
+			// in the driver root is its daemon.
+			servers, err := c.Client.CoreV1().Pods(chart.PluginNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + sharing.MPSServerComponent})
+			require.NoError(t, err)
+			require.Len(t, servers.Items, 1, "one MPS server pod for the shared claim")
+			server := servers.Items[0]
+			assert.Equal(t, name, server.Spec.NodeName)
+			assert.Equal(t, v1.PodRunning, server.Status.Phase)
+			require.Len(t, server.Status.ContainerStatuses, 1)
+			assert.True(t, strings.HasPrefix(server.Status.ContainerStatuses[0].ContainerID, "containerd://"), server.Status.ContainerStatuses[0].ContainerID)
+			a, b := reports["mps-client-a/cuda"], reports["mps-client-b/cuda"]
+			assert.Equal(t, envUUIDs(a), envUUIDs(b), "one GPU for both clients")
+			for _, r := range []*probe.Report{a, b} {
+				pipe := r.Env["CUDA_MPS_PIPE_DIRECTORY"]
+				require.NotEmpty(t, pipe, "the client is told where its MPS daemon is")
+				assert.Contains(t, r.Dirs[pipe], "control", "the daemon's pipe, seen from the client's container")
+				assert.Equal(t, "50", r.Env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+			}
+		}},
 		{dir: "gang/plain-pods.yaml", pods: 4, check: func(t *testing.T, pods []*v1.Pod, _ map[string]*probe.Report) {
 			// 8 GPUs: the node's all. The two in MIG mode have no NVLink
 			// (MIG mode turns it off); the others share one domain.
@@ -107,57 +130,66 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			assert.NotContains(t, domains, "")
 		}},
 	} {
-		t.Run(example.dir, func(t *testing.T) {
-			ns := strings.NewReplacer("/", "-", ".yaml", "").Replace(example.dir)
-			_, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-			require.NoError(t, err)
-			objs, err := devcluster.Manifests(filepath.Join(repo, "examples", example.dir))
-			require.NoError(t, err)
-			require.NoError(t, devcluster.PinToRealNode(objs, name))
-			require.NoError(t, c.Apply(ctx, ns, objs))
-
-			pods := allRunning(t, c, ns, example.pods)
-			reports := map[string]*probe.Report{}
-			var claimUIDs []string
-			for _, p := range pods {
-				assert.Equal(t, name, p.Spec.NodeName)
-				for _, cs := range p.Status.ContainerStatuses {
-					assert.True(t, strings.HasPrefix(cs.ContainerID, "containerd://"), "%s/%s: started by containerd: %s", p.Name, cs.Name, cs.ContainerID)
-				}
-				rs, err := c.RealProbeReports(ctx, p, 30*time.Second)
-				require.NoError(t, err, "pod %s", p.Name)
-				for _, ctr := range p.Spec.Containers {
-					r := rs[ctr.Name]
-					reports[p.Name+"/"+ctr.Name] = r
-					assertSeesExactly(t, c, p, ctr, r)
-				}
-				for _, s := range p.Status.ResourceClaimStatuses {
-					claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, *s.ResourceClaimName, metav1.GetOptions{})
-					require.NoError(t, err)
-					claimUIDs = append(claimUIDs, string(claim.UID))
-				}
-			}
-			if example.check != nil {
-				example.check(t, pods, reports)
-			}
-
-			// The pods go; the kubelet unprepares their claims, and the
-			// plugin removes their CDI specs.
-			for _, p := range pods {
-				require.NoError(t, c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}))
-			}
-			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-				list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-				return err == nil && len(list.Items) == 0, nil
-			})
-			require.NoError(t, err, "the example's pods go")
-			cdiDir := filepath.Join(n.KubeletRootDir(), "cdi")
-			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-				return len(specsOf(t, cdiDir, claimUIDs)) == 0, nil
-			})
-			assert.NoError(t, err, "CDI specs left of the example's claims: %v", specsOf(t, cdiDir, claimUIDs))
-		})
+		t.Run(example.dir, func(t *testing.T) { runExample(t, c, n, example.dir, example.pods, example.check) })
 	}
+}
+
+// runExample applies an example pinned to the real node n, in a namespace
+// of its own, waits for its pods, checks that every container sees exactly
+// its devices (and what check adds), then deletes the pods and waits until
+// the kubelet has unprepared their claims.
+func runExample(t *testing.T, c *devcluster.Cluster, n *realnode.Node, dir string, wantPods int,
+	check func(t *testing.T, pods []*v1.Pod, reports map[string]*probe.Report)) {
+	ctx := context.Background()
+	name := n.Name
+	ns := strings.NewReplacer("/", "-", ".yaml", "").Replace(dir)
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	objs, err := devcluster.Manifests(filepath.Join(repo, "examples", dir))
+	require.NoError(t, err)
+	require.NoError(t, devcluster.PinToRealNode(objs, name))
+	require.NoError(t, c.Apply(ctx, ns, objs))
+
+	pods := allRunning(t, c, ns, wantPods)
+	reports := map[string]*probe.Report{}
+	var claimUIDs []string
+	for _, p := range pods {
+		assert.Equal(t, name, p.Spec.NodeName)
+		for _, cs := range p.Status.ContainerStatuses {
+			assert.True(t, strings.HasPrefix(cs.ContainerID, "containerd://"), "%s/%s: started by containerd: %s", p.Name, cs.Name, cs.ContainerID)
+		}
+		rs, err := c.RealProbeReports(ctx, p, 30*time.Second)
+		require.NoError(t, err, "pod %s", p.Name)
+		for _, ctr := range p.Spec.Containers {
+			r := rs[ctr.Name]
+			reports[p.Name+"/"+ctr.Name] = r
+			assertSeesExactly(t, c, p, ctr, r)
+		}
+		for _, s := range p.Status.ResourceClaimStatuses {
+			claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, *s.ResourceClaimName, metav1.GetOptions{})
+			require.NoError(t, err)
+			claimUIDs = append(claimUIDs, string(claim.UID))
+		}
+	}
+	if check != nil {
+		check(t, pods, reports)
+	}
+
+	// The pods go; the kubelet unprepares their claims, and the
+	// plugin removes their CDI specs.
+	for _, p := range pods {
+		require.NoError(t, c.Client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}))
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(list.Items) == 0, nil
+	})
+	require.NoError(t, err, "the example's pods go")
+	cdiDir := filepath.Join(n.KubeletRootDir(), "cdi")
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return len(specsOf(t, cdiDir, claimUIDs)) == 0, nil
+	})
+	assert.NoError(t, err, "CDI specs left of the example's claims: %v", specsOf(t, cdiDir, claimUIDs))
 }
 
 // allRunning waits until the namespace holds want pods, all Running.
@@ -400,4 +432,39 @@ func specsOf(t *testing.T, dir string, claimUIDs []string) []string {
 		}
 	}
 	return out
+}
+
+// TestRealNodeRunsAFractionalGPU: the fractional example on a real node
+// whose plugin shares its one H100 through consumable capacity (the
+// chart's kubeletPlugin.fractionalGPUs, a value for every node, hence a
+// cluster of its own), labelled and tainted as the example expects. Three
+// pods share the GPU; each sees exactly it, with its MPS limits.
+func TestRealNodeRunsAFractionalGPU(t *testing.T) {
+	b := binaries(t)
+	img := imageTarball(t)
+	ctx := context.Background()
+	opts := chart.Default(repo)
+	opts.Values = append(opts.Values, "--set", "kubeletPlugin.fractionalGPUs=true")
+	c, err := devcluster.Start(ctx, devcluster.Options{RealNodes: true, Chart: opts})
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	machine, err := filepath.Abs(filepath.Join(repo, "examples", "machines", "one-h100.yaml"))
+	require.NoError(t, err)
+	const key = "gpu.gpudra.dev/fractional"
+	n, err := c.AddRealNode(ctx, devcluster.RealNodeOptions{Name: "real-frac-0", Binaries: b, Image: img, Machine: machine,
+		Labels: map[string]string{key: "true"}, Taints: []v1.Taint{{Key: key, Value: "true", Effect: v1.TaintEffectNoSchedule}}})
+	require.NoError(t, err)
+	_, err = c.ApplyFiles(ctx, "default", filepath.Join(repo, "examples", "deviceclasses"))
+	require.NoError(t, err)
+	runExample(t, c, n, "fractional", 3, func(t *testing.T, pods []*v1.Pod, reports map[string]*probe.Report) {
+		uuids := map[string]bool{}
+		for who, r := range reports {
+			for _, u := range envUUIDs(r) {
+				uuids[u] = true
+			}
+			assert.NotEmpty(t, r.Env["CUDA_MPS_PIPE_DIRECTORY"], "%s: its share's MPS daemon", who)
+			assert.NotEmpty(t, r.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "%s: its share's memory limit", who)
+		}
+		assert.Len(t, uuids, 1, "the three shares are of the one GPU")
+	})
 }

@@ -48,7 +48,8 @@ func binaries(t *testing.T) realnode.Binaries {
 	}
 	b := realnode.Binaries{Kubelet: filepath.Join(dir, "kubelet"), Containerd: filepath.Join(dir, "containerd"),
 		Shim: filepath.Join(dir, "containerd-shim-runc-v2"), Ctr: filepath.Join(dir, "ctr"), Runc: filepath.Join(dir, "runc"),
-		CNI: filepath.Join(dir, "cni"), Pause: filepath.Join(dir, "pause"), Probe: probeBin}
+		CNI: filepath.Join(dir, "cni"), Pause: filepath.Join(dir, "pause"), Probe: probeBin,
+		MPSControl: filepath.Join(dir, "nvidia-cuda-mps-control")}
 	skip := func(reason string) {
 		if os.Getenv("GPUDRA_REQUIRE_REAL_NODE") == "1" {
 			t.Fatalf("a real node cannot run: %s", reason)
@@ -58,7 +59,7 @@ func binaries(t *testing.T) realnode.Binaries {
 	if os.Geteuid() != 0 {
 		skip("containerd and the kubelet need root")
 	}
-	for _, p := range []string{b.Kubelet, b.Containerd, b.Shim, b.Ctr, b.Runc, b.Pause, b.Probe} {
+	for _, p := range []string{b.Kubelet, b.Containerd, b.Shim, b.Ctr, b.Runc, b.Pause, b.Probe, b.MPSControl} {
 		if _, err := os.Stat(p); err != nil {
 			skip(err.Error() + " (make real-node probe builds it)")
 		}
