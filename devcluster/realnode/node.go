@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -548,4 +549,15 @@ func (n *Node) serveAPIServerVIP() error {
 		return d.DialContext(ctx, "tcp", u.Host)
 	})
 	return nil
+}
+
+// PodNetworkClient is an HTTP client whose connections are made inside
+// containerd's network namespace, where the pods' addresses are: what a
+// Prometheus on the pod network would scrape.
+func (n *Node) PodNetworkClient() *http.Client {
+	netns := noderuntime.NetnsOf(n.containerd.Process.Pid)
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return noderuntime.DialInNetns(ctx, netns, addr)
+		}}}
 }

@@ -88,6 +88,30 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			for _, r := range reports {
 				assert.NotEmpty(t, r.Env["GPUDRA_IPC_DIR"], "the shared IPC directory")
 			}
+			// Attribution from the real kubelet's pod-resources API: the
+			// plugin's telemetry lists both pods' containers on the one
+			// device, with the claim's name.
+			dev := allocated(t, c, pods[0], "gpu")[0].Name
+			var holders []string
+			var last error
+			err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+				m, err := scrapePlugin(t, c, n)
+				if err != nil {
+					last = err
+					return false, nil
+				}
+				holders = nil
+				for _, s := range m["gpudra_device_pod_info"] {
+					if s.labels["namespace"] == "shared-claim" && s.value == 1 {
+						holders = append(holders, s.labels["device"]+" "+s.labels["pod"]+"/"+s.labels["container"]+" claim="+s.labels["claim"])
+					}
+				}
+				up := m["gpudra_telemetry_attribution_up"]
+				return len(holders) == 2 && len(up) == 1 && up[0].value == 1, nil
+			})
+			require.NoError(t, err, "the plugin attributes the device from the kubelet's pod-resources API: %v; last scrape error: %v", holders, last)
+			slices.Sort(holders)
+			assert.Equal(t, []string{dev + " primary/engine claim=shared-gpu", dev + " shadow/engine claim=shared-gpu"}, holders)
 		}},
 		{dir: "time-slicing", pods: 2, check: func(t *testing.T, _ []*v1.Pod, reports map[string]*probe.Report) {
 			assert.Equal(t, envUUIDs(reports["ts-trainer-a/cuda"]), envUUIDs(reports["ts-trainer-b/cuda"]), "one time-sliced GPU")
