@@ -41,7 +41,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -190,7 +190,8 @@ real-node: probe
 	cd devcluster && CGO_ENABLED=0 $(GO) build -ldflags "$(KUBE_LDFLAGS)" -o $(REAL_NODE_BIN)/kubelet k8s.io/kubernetes/cmd/kubelet
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/pause ./cmd/pause
 	cd devcluster && CGO_ENABLED=0 $(GO) build -o $(REAL_NODE_BIN)/nvidia-cuda-mps-control ./cmd/fake-mps-control
-	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
+	GOBIN=$(REAL_NODE_BIN) CGO_ENABLED=1 $(GO) install -ldflags "-X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION:v%=%)" \
+		github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD_VERSION) github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD_VERSION)
 	GOBIN=$(REAL_NODE_BIN)/cni CGO_ENABLED=0 $(GO) install github.com/containernetworking/plugins/plugins/main/bridge@$(CNI_PLUGINS_VERSION) \
 		github.com/containernetworking/plugins/plugins/main/loopback@$(CNI_PLUGINS_VERSION) github.com/containernetworking/plugins/plugins/ipam/host-local@$(CNI_PLUGINS_VERSION)
@@ -242,6 +243,17 @@ DEMO_IMAGE_EXAMPLES := single-gpu nvlink-pair prioritized-list shared-claim cel-
 demo-image: devcluster helm probe $(RUNC) image
 	$(BIN)/devcluster --image $(IMAGE_DIR)/oci --machines dgx-h100-nomig,dgx-h100-nomig,dgx-h100-nomig --fractional-node=false --grove=false \
 		--examples examples $(foreach e,$(DEMO_IMAGE_EXAMPLES),--example $(e)) --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
+
+# The demo with a real node beside the simulated ones: real-node-0 is run by
+# the kubelet binary and containerd (make real-node), the chart's plugin pod
+# runs there from make image's image (this machine's architecture only),
+# and the examples that fit one DGX H100 run there, their containers the
+# probe image; the table's RUNTIME column says what started each pod's
+# containers (docs/devcluster.md, "A real node"; root).
+demo-real-node: devcluster helm probe $(RUNC) real-node
+	@$(MAKE) --no-print-directory image IMAGE_ARCHES=$(GOHOSTARCH)
+	$(BIN)/devcluster --real-node $(REAL_NODE_BIN) --real-node-image $$(ls $(IMAGE_DIR)/gpudra-*-$(GOHOSTARCH).tar | head -1) \
+		--examples examples --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
 
 devcluster:
 	@mkdir -p $(BIN)

@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/devcluster/realnode"
+	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -108,4 +113,46 @@ func (c *Cluster) RealProbeReports(ctx context.Context, pod *v1.Pod, timeout tim
 		}
 	}
 	return out, nil
+}
+
+// AddRealNodeViews fills in, for the reported pods that run on a real
+// node, what each container's probe reported from inside, read from the
+// kubelet's pod logs: devcluster's own kubelet records it on the pod, the
+// real one does not. The GPUs it sees are named from the identities its
+// CDI devices put in its environment, not from its device nodes: the MIG
+// devices the plugin made live in the plugin's process, where devcluster
+// cannot look them up (the FROM INSIDE column shows the nodes).
+func (c *Cluster) AddRealNodeViews(ctx context.Context, reports []PodReport) error {
+	for i := range reports {
+		r := &reports[i]
+		if c.RealNode(r.Node) == nil || r.Phase != v1.PodRunning {
+			continue
+		}
+		pod, err := c.Client.CoreV1().Pods(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		inside, err := c.RealProbeReports(ctx, pod, 10*time.Second)
+		if err != nil {
+			return fmt.Errorf("pod %s/%s: %w", r.Namespace, r.Name, err)
+		}
+		if r.Containers == nil {
+			r.Containers = map[string]noderuntime.ContainerView{}
+		}
+		for name, rep := range inside {
+			view := r.Containers[name]
+			view.Report = rep
+			// The identities gpudra's CDI specs gave the container
+			// (GPUDRA_<device>_UUID), as it saw them in its environment.
+			view.GPUs = nil
+			for k, v := range rep.Env {
+				if strings.HasPrefix(k, cdi.DeviceEnvPrefix) && strings.HasSuffix(k, "_UUID") {
+					view.GPUs = append(view.GPUs, v)
+				}
+			}
+			slices.Sort(view.GPUs)
+			r.Containers[name] = view
+		}
+	}
+	return nil
 }

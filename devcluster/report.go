@@ -28,6 +28,9 @@ type PodReport struct {
 	// kubelet's words).
 	Reason string
 	Claims []ClaimReport
+	// Runtime says what started the pod's containers: the kubelet binary
+	// and containerd (a real node), or devcluster's kubelet and runc.
+	Runtime string
 	// Containers is what each container would see, from the kubelet; the
 	// GPUs it sees are named from its device nodes (noderuntime.ContainerView.GPUs).
 	Containers map[string]noderuntime.ContainerView
@@ -48,10 +51,19 @@ func ReportPods(ctx context.Context, client kubernetes.Interface, namespace stri
 	if err != nil {
 		return nil, err
 	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	infos := map[string]v1.NodeSystemInfo{}
+	for _, n := range nodes.Items {
+		infos[n.Name] = n.Status.NodeInfo
+	}
 	var out []PodReport
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		r := PodReport{Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName, Phase: pod.Status.Phase}
+		r := PodReport{Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName, Phase: pod.Status.Phase,
+			Runtime: runtimeOf(pod, infos[pod.Spec.NodeName])}
 		for _, cond := range pod.Status.Conditions {
 			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse {
 				r.Reason = cond.Message
@@ -84,6 +96,30 @@ func ReportPods(ctx context.Context, client kubernetes.Interface, namespace stri
 		return out[i].Name < out[j].Name
 	})
 	return out, nil
+}
+
+// runtimeOf names what started the pod's containers, from their IDs'
+// scheme and the node's versions: "kubelet v1.37.1 + containerd 2.4.2" on
+// a real node, "devcluster + runc" where devcluster's kubelet ran them in
+// runc, "devcluster (spec only)" where it only resolved their specs.
+func runtimeOf(pod *v1.Pod, node v1.NodeSystemInfo) string {
+	for _, cs := range pod.Status.ContainerStatuses {
+		scheme, _, ok := strings.Cut(cs.ContainerID, "://")
+		if !ok {
+			continue
+		}
+		switch scheme {
+		case "containerd":
+			return "kubelet " + node.KubeletVersion + " + containerd " + strings.TrimPrefix(node.ContainerRuntimeVersion, "containerd://")
+		case "runc":
+			return "devcluster + runc"
+		case "devcluster":
+			return "devcluster (spec only)"
+		default:
+			return scheme
+		}
+	}
+	return "-"
 }
 
 // sharingSummary condenses the plugin's device status: "MPS mem=40Gi sm=50%".
@@ -129,7 +165,7 @@ func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
 // their device nodes give them (not an environment variable).
 func PrintReport(w io.Writer, reports []PodReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees\tFROM INSIDE: GPU device nodes")
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tPHASE\tNODE\tRUNTIME\tCLAIM\tALLOCATED (request=device)\tSHARING\tCONTAINER: GPUs it sees\tFROM INSIDE: GPU device nodes")
 	for _, r := range reports {
 		claims, devices, sharing := []string{}, []string{}, []string{}
 		for _, c := range r.Claims {
@@ -155,7 +191,7 @@ func PrintReport(w io.Writer, reports []PodReport) error {
 		if node == "" {
 			node = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, r.Phase, node, r.Runtime,
 			orNone(strings.Join(claims, " ")), orNone(strings.Join(devices, " ")), orNone(strings.Join(sharing, " ")), orNone(strings.Join(seen, "; ")),
 			orNone(strings.Join(inside, "; ")))
 	}

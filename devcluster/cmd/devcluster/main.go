@@ -21,6 +21,8 @@ import (
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
+	"github.com/gpudra/gpudra/devcluster/realnode"
+	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 type options struct {
@@ -40,7 +42,19 @@ type options struct {
 	chart      chart.Options
 	runtime    noderuntime.OCIRuntime
 	image      imagemode.Options
+	realNode   realNodeOptions
 }
+
+// realNodeOptions are --real-node's: a node run by the kubelet binary and
+// containerd beside the simulated ones (make demo-real-node).
+type realNodeOptions struct {
+	bin, image, machine string
+	examples            stringList
+}
+
+// defaultRealNodeExamples are the examples --real-node pins to the real
+// node; the others run on the simulated nodes.
+var defaultRealNodeExamples = []string{"single-gpu", "nvlink-pair", "mig", "shared-claim", "time-slicing", "mps"}
 
 type stringList []string
 
@@ -71,6 +85,10 @@ func main() {
 	fs.StringVar(&o.runtime.MPSServer, "mps-server", "bin/gpudra-mps-server", "a static gpudra-mps-server, to run MPS server pods as real containers too (make probe); missing: they run in this process")
 	fs.Float64Var(&o.cpQPS, "control-plane-qps", 0, "client QPS of the scheduler and of each controller; 0: the limits they ship with (kube-scheduler 50, kube-controller-manager 20 per controller)")
 	fs.IntVar(&o.cpBurst, "control-plane-burst", 0, "client burst of the scheduler and of each controller; 0: twice --control-plane-qps if set, else the shipped limits (100, 30)")
+	fs.StringVar(&o.realNode.bin, "real-node", "", "make real-node's directory (bin/real-node): add real-node-0, run by the kubelet binary and containerd, with the chart's plugin pod from --real-node-image, and run the --real-node-example examples there (make demo-real-node; needs root)")
+	fs.StringVar(&o.realNode.image, "real-node-image", "", "make image's docker tarball for this machine's architecture, which the real node's containerd imports")
+	fs.StringVar(&o.realNode.machine, "real-node-machine", "examples/machines/dgx-h100-mig67.yaml", "the real node's simulated machine (GPUs 6 and 7 in MIG mode, every MIG placement published)")
+	fs.Var(&o.realNode.examples, "real-node-example", "an example folder to run on the real node instead of the simulated ones (repeatable; default: "+strings.Join(defaultRealNodeExamples, ", ")+")")
 	o.chart = chart.Default(".")
 	fs.StringVar(&o.chart.Dir, "chart", o.chart.Dir, "the gpudra chart: its ServiceAccounts, RBAC and admission policies are installed, and every gpudra component runs as its ServiceAccount")
 	fs.StringVar(&o.chart.Helm, "helm", o.chart.Helm, "helm, to render the chart (make helm builds bin/helm; env HELM)")
@@ -142,8 +160,12 @@ func run(ctx context.Context, o options) error {
 		image = &imagemode.Options{Layout: o.image.Layout, Runc: runtime.Runc}
 		step("the chart's plugin and controller pods run from the image %s", o.image.Layout)
 	}
+	if o.realNode.bin != "" && image != nil {
+		return fmt.Errorf("--real-node and --image: the real node runs the chart's plugin pod from --real-node-image; use one")
+	}
 	c, err := devcluster.Start(ctx, devcluster.Options{MPSControlBinary: mpsControl, Chart: o.chart,
-		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove, Runtime: runtime, Image: image})
+		ControlPlaneQPS: float32(o.cpQPS), ControlPlaneBurst: o.cpBurst, Grove: o.grove, Runtime: runtime, Image: image,
+		RealNodes: o.realNode.bin != ""})
 	if err != nil {
 		return err
 	}
@@ -177,6 +199,19 @@ func run(ctx context.Context, o options) error {
 		}
 		step("node %s: one H100 shared through consumable capacity (--fractional-gpus)", n.Name)
 	}
+	onRealNode := map[string]bool{}
+	if o.realNode.bin != "" {
+		if err := addRealNode(ctx, c, o.realNode, o.runtime.Probe, step); err != nil {
+			return err
+		}
+		examples := o.realNode.examples
+		if len(examples) == 0 {
+			examples = defaultRealNodeExamples
+		}
+		for _, e := range examples {
+			onRealNode[e] = true
+		}
+	}
 	if err := c.WriteKubeconfig(o.kubeconfig); err != nil {
 		return err
 	}
@@ -191,10 +226,21 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, f := range folders {
-		if _, err := c.ApplyFiles(ctx, o.namespace, filepath.Join(o.examples, f)); err != nil {
+		objs, err := devcluster.Manifests(filepath.Join(o.examples, f))
+		if err != nil {
 			return fmt.Errorf("example %s: %w", f, err)
 		}
-		step("applied examples/%s", f)
+		where := ""
+		if onRealNode[f] {
+			if err := devcluster.PinToRealNode(objs, realNodeName); err != nil {
+				return fmt.Errorf("example %s: %w", f, err)
+			}
+			where = " on " + realNodeName + " (its containers run the probe image)"
+		}
+		if err := c.Apply(ctx, o.namespace, objs); err != nil {
+			return fmt.Errorf("example %s: %w", f, err)
+		}
+		step("applied examples/%s%s", f, where)
 	}
 	if o.grove {
 		if err := c.WaitForGrovePods(ctx, o.namespace, o.timeout); err != nil {
@@ -205,6 +251,9 @@ func run(ctx context.Context, o options) error {
 	step("example pods: %d not running", len(notRunning))
 	reports, err := devcluster.ReportPods(ctx, c.Client, o.namespace)
 	if err != nil {
+		return err
+	}
+	if err := c.AddRealNodeViews(ctx, reports); err != nil {
 		return err
 	}
 	fmt.Println()
@@ -219,5 +268,28 @@ func run(ctx context.Context, o options) error {
 		step("running until interrupted (Ctrl-C); try: KUBECONFIG=%s kubectl get pods,resourceclaims,resourceslices -A", abs)
 		<-ctx.Done()
 	}
+	return nil
+}
+
+// realNodeName is the name --real-node gives its node.
+const realNodeName = "real-node-0"
+
+// addRealNode starts the real node with the chart's plugin pod from the
+// image; its Node is annotated to publish every MIG placement.
+func addRealNode(ctx context.Context, c *devcluster.Cluster, o realNodeOptions, probeBinary string, step func(string, ...any)) error {
+	if o.image == "" {
+		return fmt.Errorf("--real-node needs --real-node-image (make image's tarball for this machine)")
+	}
+	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	bin := abs(o.bin)
+	probe := abs(probeBinary)
+	b := realnode.Binaries{Kubelet: filepath.Join(bin, "kubelet"), Containerd: filepath.Join(bin, "containerd"),
+		Shim: filepath.Join(bin, "containerd-shim-runc-v2"), Ctr: filepath.Join(bin, "ctr"), Runc: filepath.Join(bin, "runc"),
+		CNI: filepath.Join(bin, "cni"), Pause: filepath.Join(bin, "pause"), Probe: probe, MPSControl: filepath.Join(bin, "nvidia-cuda-mps-control")}
+	if _, err := c.AddRealNode(ctx, devcluster.RealNodeOptions{Name: realNodeName, Binaries: b, Image: abs(o.image), Machine: abs(o.machine),
+		Annotations: map[string]string{plugin.AnnotationMigDevices: "all"}}); err != nil {
+		return err
+	}
+	step("node %s: the kubelet binary and containerd, the chart's plugin pod from %s, simulated %s", realNodeName, o.image, o.machine)
 	return nil
 }

@@ -31,7 +31,7 @@ import (
 
 // realMachine is the real node's simulated DGX H100: GPUs 6 and 7 in MIG
 // mode, so that whole GPUs and MIG instances are both on the one node.
-const realMachine = "testdata/dgx-h100-mig67.yaml"
+const realMachine = repo + "/examples/machines/dgx-h100-mig67.yaml"
 
 // TestRealNodeRunsTheExamples applies the examples, one after the other,
 // pinned to the real node (devcluster.PinToRealNode: the probe image in
