@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
@@ -239,14 +240,49 @@ func (c *Cluster) RunRealPluginPod(ctx context.Context, node, podName string) er
 	if n == nil {
 		return fmt.Errorf("no real node %s", node)
 	}
-	t, _, err := c.chartPodTemplate("DaemonSet", chart.Release+"-kubelet-plugin")
+	// The chart's DaemonSet for the node, as the DaemonSet controller
+	// picks it: the one whose required node affinity the Node matches
+	// (kubeletPlugin.mode and the node's gpu.gpudra.dev/mode label choose
+	// between <release>-kubelet-plugin and <release>-device-plugin, which
+	// publishes no slices).
+	nodeObj, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
+	var t *v1.PodTemplateSpec
+	devicePluginMode := false
+	for _, name := range []string{chart.Release + "-kubelet-plugin", chart.Release + "-device-plugin"} {
+		tmpl, _, err := c.chartPodTemplate("DaemonSet", name)
+		if err != nil {
+			continue // not rendered in this mode
+		}
+		if match, err := nodeaffinity.GetRequiredNodeAffinity(&v1.Pod{Spec: tmpl.Spec}).Match(nodeObj); err == nil && match {
+			t, devicePluginMode = tmpl, strings.HasSuffix(name, "-device-plugin")
+			break
+		}
+	}
+	if t == nil {
+		return fmt.Errorf("no DaemonSet of the chart (%s-kubelet-plugin, %s-device-plugin) selects node %s (labels %v)", chart.Release, chart.Release, node, nodeObj.Labels)
+	}
+	// Its ConfigMaps (the device plugin's config), as helm installs them.
+	cms, err := c.chartObjects("ConfigMap")
+	if err != nil {
+		return err
+	}
+	if err := c.Apply(ctx, chart.PluginNamespace, cms); err != nil {
+		return fmt.Errorf("the chart's ConfigMaps: %w", err)
+	}
 	pod := podFromTemplate(t, podName, node)
 	for i := range pod.Spec.Volumes {
-		if hp := pod.Spec.Volumes[i].HostPath; hp != nil {
-			hp.Path = strings.ReplaceAll(hp.Path, chart.NodeNamePlaceholder, node)
+		hp := pod.Spec.Volumes[i].HostPath
+		if hp == nil {
+			continue
+		}
+		hp.Path = strings.ReplaceAll(hp.Path, chart.NodeNamePlaceholder, node)
+		// The kubelet's device manager serves at its fixed path, not
+		// below the root directory the chart was rendered with.
+		if pod.Spec.Volumes[i].Name == "device-plugins" {
+			hp.Path = realnode.KubeletDevicePluginDir
 		}
 	}
 	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
@@ -276,6 +312,19 @@ func (c *Cluster) RunRealPluginPod(ctx context.Context, node, podName string) er
 		ready := false
 		for _, cond := range p.Status.Conditions {
 			ready = ready || (cond.Type == v1.PodReady && cond.Status == v1.ConditionTrue)
+		}
+		if devicePluginMode {
+			// Published is the node's allocatable extended resource.
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for name, q := range n.Status.Allocatable {
+				if strings.HasPrefix(string(name), "nvidia.com/") && !q.IsZero() {
+					return ready, nil
+				}
+			}
+			return false, nil
 		}
 		for _, s := range list.Items {
 			if s.Spec.Pool.Name == node {

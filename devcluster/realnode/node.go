@@ -87,9 +87,11 @@ type Options struct {
 // Tarball is an image tarball and the reference it is tagged with.
 type Tarball struct{ File, Ref string }
 
-// kubeletDevicePluginSocket is where every kubelet serves its device
-// manager, whatever its --root-dir.
-const kubeletDevicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+// KubeletDevicePluginDir is where every kubelet serves its device manager
+// (kubelet.sock) and dials device plugins, whatever its --root-dir.
+const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
+
+const kubeletDevicePluginSocket = KubeletDevicePluginDir + "/kubelet.sock"
 
 // Node is a running real node.
 type Node struct {
