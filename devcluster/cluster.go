@@ -133,7 +133,9 @@ type Cluster struct {
 	mu        sync.Mutex
 	nodes     map[string]*nodeagent.Node
 	realNodes map[string]*realnode.Node
-	order     []string
+	// realNodeFeeds stop the real nodes' load feeders and wait for them.
+	realNodeFeeds []func()
+	order         []string
 }
 
 // Start starts etcd, the API server and the controllers. Stop it with Stop.
@@ -290,7 +292,11 @@ func (c *Cluster) stop() {
 			real = append(real, n)
 		}
 	}
+	feeds := c.realNodeFeeds
 	c.mu.Unlock()
+	for _, stop := range feeds {
+		stop()
+	}
 	for _, n := range real {
 		n.Stop()
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/devcluster/realnode"
-	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/probe"
 )
 
@@ -144,13 +141,7 @@ func (c *Cluster) AddRealNodeViews(ctx context.Context, reports []PodReport) err
 			view.Report = rep
 			// The identities gpudra's CDI specs gave the container
 			// (GPUDRA_<device>_UUID), as it saw them in its environment.
-			view.GPUs = nil
-			for k, v := range rep.Env {
-				if strings.HasPrefix(k, cdi.DeviceEnvPrefix) && strings.HasSuffix(k, "_UUID") {
-					view.GPUs = append(view.GPUs, v)
-				}
-			}
-			slices.Sort(view.GPUs)
+			view.GPUs = DeviceIdentities(rep)
 			r.Containers[name] = view
 		}
 	}

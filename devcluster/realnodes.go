@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
@@ -66,6 +67,13 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	if errs := validation.IsDNS1123Subdomain(opts.Name); len(errs) > 0 {
 		return nil, fmt.Errorf("real node %q: %s", opts.Name, strings.Join(errs, "; "))
 	}
+	// The plugin's DRA socket during a rolling update is the longest path
+	// it binds (pkg/plugin's socketPaths): say so now, not in the plugin
+	// pod's crash loop.
+	nodeDir := filepath.Join(c.Dir, "nodes", opts.Name)
+	if sock := filepath.Join(nodeDir, "plugins", slicebuilder.DriverName, "dra-"+strings.Repeat("u", 36)+".sock"); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("real node %q: the plugin's socket under %s would be %d bytes, over the %d a unix socket path may have: a shorter node name or devcluster directory", opts.Name, nodeDir, len(sock), maxSocketPath)
+	}
 	// The name and the pods' subnet are this node's from here on; Stop
 	// skips a node still starting (nil).
 	c.mu.Lock()
@@ -94,12 +102,6 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	}
 	// The chart's per-node paths (chart.Render): the kubelet's root is the
 	// node's directory, with the CDI specs and the driver root below it.
-	nodeDir := filepath.Join(c.Dir, "nodes", opts.Name)
-	// The plugin's DRA socket during a rolling update is the longest path
-	// it binds: say so now, not in the plugin pod's crash loop.
-	if sock := filepath.Join(nodeDir, "plugins", slicebuilder.DriverName, "dra-"+strings.Repeat("u", 36)+".sock"); len(sock) > maxSocketPath {
-		return nil, fmt.Errorf("real node %q: the plugin's socket under %s would be %d bytes, over the %d a unix socket path may have: a shorter node name or devcluster directory", opts.Name, nodeDir, len(sock), maxSocketPath)
-	}
 	vip, err := c.kubernetesServiceAddress(ctx)
 	if err != nil {
 		return nil, err
@@ -173,6 +175,12 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 		if err := c.RunRealPluginPod(ctx, opts.Name, nodeagent.MetricsPodName(opts.Name)); err != nil {
 			return n, fmt.Errorf("real node %s: %w", opts.Name, err)
 		}
+		feedCtx, cancel := context.WithCancel(klog.NewContext(c.ctx, klog.FromContext(ctx)))
+		done := make(chan struct{})
+		go func() { defer close(done); c.feedRealNodeLoads(feedCtx, n, filepath.Join(nodeDir, "driver")) }()
+		c.mu.Lock()
+		c.realNodeFeeds = append(c.realNodeFeeds, func() { cancel(); <-done })
+		c.mu.Unlock()
 	}
 	return n, nil
 }

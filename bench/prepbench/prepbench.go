@@ -242,7 +242,14 @@ func (c Config) Command(p Paths) (args, env []string, socket string) {
 		} else {
 			args = append(args, "--backend=sim", "--sim-machine="+c.Machine)
 		}
-		args = append(args, "--plugin-data-dir="+pluginDir, "--registrar-dir="+p.RegistrarDir, "--cdi-dir="+p.CDIDir, "--metrics-address=", "-v=0")
+		// The bench plays the node's kubelet: what the plugin reads of a
+		// kubelet's state is the bench's too, never the machine's own
+		// (a real node's device manager may have left a checkpoint in
+		// /var/lib/kubelet, which DRA mode would refuse to start over).
+		root := filepath.Dir(p.PluginsDir)
+		args = append(args, "--plugin-data-dir="+pluginDir, "--registrar-dir="+p.RegistrarDir, "--cdi-dir="+p.CDIDir, "--metrics-address=", "-v=0",
+			"--kubelet-device-checkpoint="+filepath.Join(root, "device-plugins", "kubelet_internal_checkpoint"),
+			"--pod-resources-socket="+filepath.Join(root, "pod-resources", "kubelet.sock"))
 		socket = filepath.Join(pluginDir, "dra.sock")
 	}
 	if c.ClientQPS > 0 {

@@ -31,7 +31,8 @@ func TestCommandDefaultIsGpudraOverTheSimulator(t *testing.T) {
 	require.NoError(t, cfg.validate())
 	args, env, socket := cfg.Command(paths)
 	assert.Equal(t, []string{"--node-name=n1", "--kubeconfig=/d/kubeconfig", "--backend=sim", "--sim-machine=dgx-h100-nomig",
-		"--plugin-data-dir=/d/plugins/gpu.gpudra.dev", "--registrar-dir=/d/registry", "--cdi-dir=/d/cdi", "--metrics-address=", "-v=0"}, args)
+		"--plugin-data-dir=/d/plugins/gpu.gpudra.dev", "--registrar-dir=/d/registry", "--cdi-dir=/d/cdi", "--metrics-address=", "-v=0",
+		"--kubelet-device-checkpoint=/d/device-plugins/kubelet_internal_checkpoint", "--pod-resources-socket=/d/pod-resources/kubelet.sock"}, args)
 	assert.Empty(t, env)
 	assert.Equal(t, "/d/plugins/gpu.gpudra.dev/dra.sock", socket)
 	assert.Equal(t, "gpu.gpudra.dev", cfg.driver())
@@ -44,6 +45,7 @@ func TestCommandNVMLBackendClientLimitsAndExtras(t *testing.T) {
 	args, env, _ := cfg.Command(paths)
 	assert.Equal(t, []string{"--node-name=n1", "--kubeconfig=/d/kubeconfig", "--backend=nvml", "--driver-root=/",
 		"--plugin-data-dir=/d/plugins/gpu.gpudra.dev", "--registrar-dir=/d/registry", "--cdi-dir=/d/cdi", "--metrics-address=", "-v=0",
+		"--kubelet-device-checkpoint=/d/device-plugins/kubelet_internal_checkpoint", "--pod-resources-socket=/d/pod-resources/kubelet.sock",
 		"--kube-api-qps=1000", "--kube-api-burst=2000", "--mig-devices=all"}, args)
 	assert.Equal(t, []string{"GODEBUG=gctrace=1"}, env)
 

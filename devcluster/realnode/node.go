@@ -107,6 +107,9 @@ type Node struct {
 	// stopKubeletPort ends the forwarder of the kubelet's port from the
 	// host's loopback into containerd's namespace.
 	stopKubeletPort context.CancelFunc
+	// hostDirs are the machine's directories the kubelet writes to, as
+	// they were before it started (kubeletHostDirs).
+	hostDirs []hostDirSnapshot
 }
 
 // ContainerdSocket is containerd's gRPC socket (the kubelet's CRI
@@ -174,6 +177,9 @@ func Start(ctx context.Context, opts Options) (n *Node, err error) {
 		}
 	}
 	n = &Node{Name: opts.Name, Dir: opts.Dir, opts: opts}
+	for _, d := range kubeletHostDirs {
+		n.hostDirs = append(n.hostDirs, snapshotHostDir(d))
+	}
 	for _, d := range []string{filepath.Join(n.Dir, "containerd"), filepath.Join(n.Dir, "cni"), filepath.Join(n.Dir, "cni-ipam"),
 		n.PodLogDir(), n.KubeletRootDir(), filepath.Join(n.Dir, "images")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -307,15 +313,18 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Appended to: a restarted kubelet's log follows the last one's.
 	log := filepath.Join(n.Dir, "kubelet.log")
-	if cmd.Stdout, err = os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640); err != nil {
+	logFile, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
 		return err
 	}
+	cmd.Stdout = logFile
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
 		return fmt.Errorf("real node %s: start the kubelet: %w", n.Name, err)
 	}
 	n.kubelet, n.kubeletDone = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(n.kubeletDone) }()
+	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(n.kubeletDone) }()
 	if inNetns {
 		// The API server reaches the kubelet (logs, exec) at the Node's
 		// address, 127.0.0.1:port, on the host: forwarded into the
@@ -404,6 +413,9 @@ func (n *Node) Stop() {
 	// The kubelet makes its root directory a mount of its own and mounts
 	// the pods' projected volumes below it.
 	unmountBelow(n.Dir, n.KubeletRootDir())
+	for _, d := range n.hostDirs {
+		d.restore()
+	}
 }
 
 // stop ends a process: SIGTERM, then SIGKILL after 10 s.
@@ -558,8 +570,29 @@ func (n *Node) serveAPIServerVIP() error {
 // Prometheus on the pod network would scrape.
 func (n *Node) PodNetworkClient() *http.Client {
 	netns := noderuntime.NetnsOf(n.containerd.Process.Pid)
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	// No keep-alive: each scrape's connection is closed with it.
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return noderuntime.DialInNetns(ctx, netns, addr)
 		}}}
+}
+
+// TaskPIDs are the host PIDs of containerd's running tasks in the CRI
+// plugin's namespace, by container ID (ctr tasks ls).
+func (n *Node) TaskPIDs(ctx context.Context) (map[string]int, error) {
+	out, err := exec.CommandContext(ctx, n.opts.Binaries.Ctr, "--address", n.ContainerdSocket(), "--namespace", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return nil, fmt.Errorf("real node %s: ctr tasks ls: %w", n.Name, err)
+	}
+	pids := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != "RUNNING" {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[1]); err == nil {
+			pids[f[0]] = pid
+		}
+	}
+	return pids, nil
 }

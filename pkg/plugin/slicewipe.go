@@ -62,5 +62,19 @@ func (d *Driver) republishOnWipe(ctx context.Context, client kubernetes.Interfac
 		return nil, err
 	}
 	go informer.RunWithContext(ctx)
+	// A wipe between the first publish and the watch's start sends no
+	// event: a listed store without any of the node's slices is one.
+	go func() {
+		if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+			return
+		}
+		for _, obj := range informer.GetStore().List() {
+			if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil && *s.Spec.NodeName == node && s.Spec.Driver == slicebuilder.DriverName {
+				return
+			}
+		}
+		klog.FromContext(ctx).Info("None of this node's ResourceSlices is listed; publishing again")
+		d.republish(ctx)
+	}()
 	return informer.HasSynced, nil
 }

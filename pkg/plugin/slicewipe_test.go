@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -34,6 +37,14 @@ func TestSliceWipeIsRepublishedAtOnce(t *testing.T) {
 		_, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
+	// The fake sends events only to watches that exist: wait for the
+	// informer's.
+	watching := make(chan struct{})
+	var once sync.Once
+	client.PrependWatchReactor("resourceslices", func(clienttesting.Action) (bool, watch.Interface, error) {
+		once.Do(func() { close(watching) })
+		return false, nil, nil
+	})
 	var publishes atomic.Int32
 	d := &Driver{pool: pool, metrics: NewMetrics(), publish: func(context.Context) error { publishes.Add(1); return nil }}
 	d.startRepublishing(ctx)
@@ -43,6 +54,10 @@ func TestSliceWipeIsRepublishedAtOnce(t *testing.T) {
 	// The fake applies no field selector: the handler must still tell
 	// the node's own slices apart.
 	require.Eventually(t, synced, 5*time.Second, 10*time.Millisecond)
+	<-watching
+	// Listed with the node's slice there: no publish for the start.
+	time.Sleep(100 * time.Millisecond)
+	require.Zero(t, publishes.Load())
 
 	for _, other := range []string{"other-node", "other-driver"} {
 		require.NoError(t, client.ResourceV1().ResourceSlices().Delete(ctx, other, metav1.DeleteOptions{}))
@@ -53,4 +68,21 @@ func TestSliceWipeIsRepublishedAtOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return publishes.Load() >= 1 }, 5*time.Second, 10*time.Millisecond,
 		"the node's slice deleted: published again")
 	assert.Equal(t, float64(1), testutil.ToFloat64(d.metrics.slicesDeleted), "one own slice counted deleted")
+}
+
+// TestSliceWipeBeforeTheWatchIsRepublished: slices deleted before the
+// watch started (no event comes for them) are published again once it has
+// listed none of the node's.
+func TestSliceWipeBeforeTheWatchIsRepublished(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	client := fake.NewClientset()
+	var publishes atomic.Int32
+	d := &Driver{pool: pool, metrics: NewMetrics(), publish: func(context.Context) error { publishes.Add(1); return nil }}
+	d.startRepublishing(ctx)
+	t.Cleanup(d.stopRepublishing)
+	_, err := d.republishOnWipe(ctx, client, pool)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return publishes.Load() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"no slice of the node listed: published again")
 }

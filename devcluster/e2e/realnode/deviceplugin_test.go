@@ -2,6 +2,8 @@ package realnode
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -99,8 +101,31 @@ func TestRealNodeServesTheDevicePluginFront(t *testing.T) {
 				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}}
 	_, err = c.Client.CoreV1().Pods("default").Create(ctx, extra, metav1.CreateOptions{})
 	require.NoError(t, err)
-	time.Sleep(3 * time.Second)
-	got, err := c.Client.CoreV1().Pods("default").Get(ctx, extra.Name, metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Empty(t, got.Spec.NodeName, "no third replica to give: the pod is not scheduled")
+	var why string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := c.Client.CoreV1().Pods("default").Get(ctx, extra.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable {
+				why = cond.Message
+				return got.Spec.NodeName == "", nil
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "no third replica to give: kube-scheduler finds the pod unschedulable")
+	assert.Contains(t, why, "Insufficient nvidia.com/gpu")
+
+	// The kubelet's device manager wrote its checkpoint in the machine's
+	// /var/lib/kubelet/device-plugins; the node takes it with it, or any
+	// DRA-mode plugin on this machine reading the default path would
+	// refuse to start over its pods.
+	checkpoint := filepath.Join(realnode.KubeletDevicePluginDir, "kubelet_internal_checkpoint")
+	_, err = os.Stat(checkpoint)
+	require.NoError(t, err, "the real kubelet's device manager checkpoints there")
+	c.Stop()
+	_, err = os.Stat(checkpoint)
+	assert.True(t, errors.Is(err, os.ErrNotExist), "the checkpoint is gone with the node: %v", err)
 }

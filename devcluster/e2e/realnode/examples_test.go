@@ -18,8 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/pkg/cdi"
-
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
@@ -112,6 +110,29 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			require.NoError(t, err, "the plugin attributes the device from the kubelet's pod-resources API: %v; last scrape error: %v", holders, last)
 			slices.Sort(holders)
 			assert.Equal(t, []string{dev + " primary/engine claim=shared-gpu", dev + " shadow/engine claim=shared-gpu"}, holders)
+			// And each container's processes, told apart by the cgroups
+			// containerd made (the host's /proc) and the kubelet's
+			// /var/log/containers links: the loads the example declares
+			// (GPUDRA_SIM_LOAD: 20Gi and 4Gi), which devcluster feeds the
+			// simulated GPU for the containers' host PIDs.
+			used := map[string]float64{}
+			err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+				m, err := scrapePlugin(t, c, n)
+				if err != nil {
+					last = err
+					return false, nil
+				}
+				used = map[string]float64{}
+				for _, s := range m["gpudra_container_gpu_memory_used_bytes"] {
+					if s.labels["namespace"] == "shared-claim" {
+						used[s.labels["device"]+" "+s.labels["pod"]+"/"+s.labels["container"]] = s.value
+					}
+				}
+				unresolved := m["gpudra_telemetry_unresolved_processes"]
+				return len(used) == 2 && len(unresolved) == 1 && unresolved[0].value == 0, nil
+			})
+			require.NoError(t, err, "the plugin attributes each container's processes: %v; last scrape error: %v", used, last)
+			assert.Equal(t, map[string]float64{dev + " primary/engine": 20 << 30, dev + " shadow/engine": 4 << 30}, used)
 		}},
 		{dir: "time-slicing", pods: 2, check: func(t *testing.T, _ []*v1.Pod, reports map[string]*probe.Report) {
 			assert.Equal(t, envUUIDs(reports["ts-trainer-a/cuda"]), envUUIDs(reports["ts-trainer-b/cuda"]), "one time-sliced GPU")
@@ -429,17 +450,10 @@ func gpuNodes(r *probe.Report) []string {
 // envUUIDs are the device identities gpudra's CDI specs put in a
 // container's environment.
 func envUUIDs(r *probe.Report) []string {
-	var out []string
 	if r == nil {
 		return nil
 	}
-	for k, v := range r.Env {
-		if strings.HasPrefix(k, cdi.DeviceEnvPrefix) && strings.HasSuffix(k, "_UUID") {
-			out = append(out, v)
-		}
-	}
-	slices.Sort(out)
-	return out
+	return devcluster.DeviceIdentities(r)
 }
 
 // specsOf are the CDI spec files in dir that belong to these claims.

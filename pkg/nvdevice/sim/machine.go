@@ -39,6 +39,8 @@ type Machine struct {
 	readFaults readFaults
 	// driverRoot is the fake driver root DriverFiles reads (driverroot.go).
 	driverRoot string
+	// feed is what was last read of the driver root's ProcessFeedFile.
+	feed processFeed
 	// load: GPU or MIG device UUID -> how busy it is, 0 to 1, for
 	// Telemetry (telemetry.go).
 	load map[string]float64

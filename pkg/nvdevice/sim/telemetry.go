@@ -76,6 +76,7 @@ func (m *Machine) setLoadLocked(uuid string, load float64) {
 // utilization, GPM figures or processes of its own, and its framebuffer
 // used counts its MIG devices'.
 func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
+	m.readProcessFeed()
 	inv, err := m.Inventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
