@@ -42,6 +42,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/imagemode"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
+	"github.com/gpudra/gpudra/devcluster/podnetwork"
 	"github.com/gpudra/gpudra/devcluster/realnode"
 )
 
@@ -133,6 +134,9 @@ type Cluster struct {
 	mu        sync.Mutex
 	nodes     map[string]*nodeagent.Node
 	realNodes map[string]*realnode.Node
+	// podNet is the pod network of the pods devcluster serves itself
+	// (nil without root).
+	podNet *podnetwork.Network
 	// realNodeFeeds stop the real nodes' load feeders and wait for them.
 	realNodeFeeds []func()
 	order         []string
@@ -193,6 +197,15 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		// and writes its specs where image mode's does.
 		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
 		apiServerFlags = append(slices.Clone(apiServerFlags), "--client-ca-file="+c.clientCA.File)
+	}
+	// The pods devcluster serves itself get addresses in a namespace of
+	// their own, which the API server reaches through its egress
+	// selector; without root (no namespace), the machine's own address.
+	if os.Geteuid() == 0 {
+		if c.podNet, err = podnetwork.Start(c.ctx, c.Dir); err != nil {
+			return c, err
+		}
+		apiServerFlags = append(slices.Clone(apiServerFlags), c.podNet.APIServerFlags()...)
 	}
 	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.RealNodes, apiServerFlags); err != nil {
 		return c, fmt.Errorf("start the API server: %w", err)
@@ -320,6 +333,9 @@ func (c *Cluster) stop() {
 	}
 	if c.apiServer.TearDownFn != nil {
 		c.apiServer.TearDownFn()
+	}
+	if c.podNet != nil {
+		c.podNet.Stop()
 	}
 	c.tb.RunCleanups()
 	if c.etcd != nil {

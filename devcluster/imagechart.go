@@ -138,14 +138,12 @@ func (c *Cluster) runPluginPod(ctx context.Context, n *nodeagent.Node) error {
 // startImageController runs the chart's controller Deployment's pods and
 // routes the chart's webhook Service to them.
 func (c *Cluster) startImageController(ctx context.Context) error {
-	ip, err := nodeagent.ProxyableHostIP()
-	if err != nil {
-		return fmt.Errorf("image mode: the webhook Service's EndpointSlice needs an address the API server dials: %w", err)
-	}
 	c.gpudra = &controllers{serverName: WebhookConfigurationName + "." + chart.PluginNamespace + ".svc"}
-	if c.gpudra.front, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
-		return fmt.Errorf("webhook front: %w", err)
+	var err error
+	if c.gpudra.front, err = nodeagent.ListenForPod(c.podNetwork()); err != nil {
+		return fmt.Errorf("image mode: the webhook Service's endpoint, an address the API server dials: %w", err)
 	}
+	ip := c.gpudra.front.Addr().(*net.TCPAddr).IP.String()
 	go c.gpudra.serve()
 	objs, err := c.chartObjects("Service", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
 	if err != nil {

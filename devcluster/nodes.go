@@ -43,7 +43,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts nodeagent.NodeOptions) (*nod
 	}
 	c.mu.Unlock()
 	n, err := nodeagent.Start(ctx, nodeagent.Env{Cluster: nodeHost{c}, Ctx: c.ctx, Dir: c.Dir, BootID: c.bootID, Admin: c.Client,
-		MPSControlBinary: c.mpsControl, Runtime: c.runtime, Image: c.image != nil}, opts)
+		MPSControlBinary: c.mpsControl, Runtime: c.runtime, Image: c.image != nil, PodNetwork: c.podNetwork()}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -140,4 +140,13 @@ func (c *Cluster) kubeletClientFor(node string) (kubernetes.Interface, error) {
 	cfg.Impersonate = restclient.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
 	cfg.QPS, cfg.Burst = 50, 100
 	return kubernetes.NewForConfig(cfg)
+}
+
+// podNetwork is the pod network for a node's in-process pods; nil (the
+// machine's own address) without one.
+func (c *Cluster) podNetwork() nodeagent.PodNetwork {
+	if c.podNet == nil {
+		return nil
+	}
+	return c.podNet
 }

@@ -132,6 +132,13 @@ func (c *Cluster) AddRealNode(ctx context.Context, opts RealNodeOptions) (*realn
 	c.mu.Lock()
 	c.realNodes[opts.Name] = n
 	c.mu.Unlock()
+	// The API server reaches the node's pods (pods/proxy, webhooks)
+	// through the pod network's egress proxy, in containerd's namespace.
+	if c.podNet != nil {
+		if err := c.podNet.AddRoute(ropts.PodSubnet, n.Netns()); err != nil {
+			return n, err
+		}
+	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		node, err := c.Client.CoreV1().Nodes().Get(ctx, opts.Name, metav1.GetOptions{})
 		if err != nil {

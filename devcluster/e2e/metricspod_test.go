@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"net"
+	"os"
 	"strconv"
 	"testing"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
+	"github.com/gpudra/gpudra/devcluster/podnetwork"
 	"github.com/gpudra/gpudra/pkg/top"
 )
 
@@ -25,6 +28,18 @@ func TestPluginMetricsThroughTheAPIServerProxy(t *testing.T) {
 		pod, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).Get(ctx, nodeagent.MetricsPodName(node), metav1.GetOptions{})
 		require.NoError(t, err)
 		require.NotEmpty(t, pod.Status.PodIP, "%s: the metrics pod has an IP", node)
+		// On devcluster's pod network (root), not on an interface of the
+		// machine, where every host of its network could read it; the
+		// API server reaches it through its egress selector.
+		if os.Geteuid() == 0 {
+			assert.Equal(t, podnetwork.Address, pod.Status.PodIP, "%s", node)
+			addrs, err := net.InterfaceAddrs()
+			require.NoError(t, err)
+			for _, a := range addrs {
+				ip, _, _ := net.ParseCIDR(a.String())
+				assert.NotEqual(t, pod.Status.PodIP, ip.String(), "%s: the metrics pod's address is the machine's %s", node, a)
+			}
+		}
 		port := pod.Spec.Containers[0].Ports[0]
 		require.Equal(t, nodeagent.MetricsPort, port.Name)
 		body, err := cluster.Client.CoreV1().Pods(chart.PluginNamespace).ProxyGet("http", pod.Name, strconv.Itoa(int(port.ContainerPort)), "/metrics", nil).DoRaw(ctx)

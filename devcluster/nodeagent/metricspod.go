@@ -53,6 +53,19 @@ var hostIP struct {
 	err  error
 }
 
+// ListenForPod listens, for a pod served in this process, on a free port
+// of the pod network, or without one of the machine's proxyable address.
+func ListenForPod(pods PodNetwork) (net.Listener, error) {
+	if pods != nil {
+		return pods.Listen()
+	}
+	ip, err := ProxyableHostIP()
+	if err != nil {
+		return nil, err
+	}
+	return net.Listen("tcp", net.JoinHostPort(ip, "0"))
+}
+
 // ProxyableHostIP is an address of this machine that kube-apiserver
 // agrees to proxy to: it refuses loopback and link-local pod IPs
 // (k8s.io/apimachinery/pkg/util/proxy IsProxyableIP), so the first
@@ -85,17 +98,15 @@ func ProxyableHostIP() (string, error) {
 	return hostIP.ip, hostIP.err
 }
 
-// serveMetricsPod serves the node's registry on this machine's proxyable
-// address and creates its metrics pod, until the node's context ends.
-func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface) error {
-	ip, err := ProxyableHostIP()
+// serveMetricsPod serves the node's registry on the pod network (or,
+// without one, on this machine's proxyable address) and creates its
+// metrics pod, until the node's context ends.
+func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, pods PodNetwork) error {
+	ln, err := ListenForPod(pods)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
-	}
+	ip := ln.Addr().(*net.TCPAddr).IP.String()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })

@@ -18,6 +18,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -213,6 +214,15 @@ type Env struct {
 	// Image: the node's plugin is the chart's pod run from the image
 	// (Cluster.RunPluginPod), not an instance in this process.
 	Image bool
+	// PodNetwork gives the pods served in this process (the metrics pod)
+	// their address; nil: the machine's own (ProxyableHostIP).
+	PodNetwork PodNetwork
+}
+
+// PodNetwork is where devcluster's in-process pods listen
+// (devcluster/podnetwork).
+type PodNetwork interface {
+	Listen() (net.Listener, error)
 }
 
 // Start lays out the node's directories and driver, creates the Node
@@ -337,7 +347,7 @@ func Start(ctx context.Context, env Env, opts NodeOptions) (*Node, error) {
 		// Without it only the dashboard's usage through the pods proxy is
 		// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
 		// reason to refuse the node, on a machine with no global address.
-		if err := n.serveMetricsPod(ctx, env.Admin); err != nil {
+		if err := n.serveMetricsPod(ctx, env.Admin, env.PodNetwork); err != nil {
 			klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
 		}
 		if err := n.StartPlugin(); err != nil {

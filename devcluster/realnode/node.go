@@ -596,3 +596,6 @@ func (n *Node) TaskPIDs(ctx context.Context) (map[string]int, error) {
 	}
 	return pids, nil
 }
+
+// Netns is containerd's network namespace, where the pods' addresses are.
+func (n *Node) Netns() string { return noderuntime.NetnsOf(n.containerd.Process.Pid) }

@@ -133,6 +133,12 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			})
 			require.NoError(t, err, "the plugin attributes each container's processes: %v; last scrape error: %v", used, last)
 			assert.Equal(t, map[string]float64{dev + " primary/engine": 20 << 30, dev + " shadow/engine": 4 << 30}, used)
+			// The same figures through kube-apiserver's pods proxy (how
+			// gpudra dashboard reads them), which reaches the real node's
+			// pod subnet through devcluster's pod network egress.
+			body, err := c.Client.CoreV1().Pods(chart.PluginNamespace).ProxyGet("http", nodeagent.MetricsPodName(n.Name), pluginMetricsPort, "/metrics", nil).DoRaw(ctx)
+			require.NoError(t, err, "the API server's pods proxy reaches the real node's plugin pod")
+			assert.Contains(t, string(body), `gpudra_container_gpu_memory_used_bytes{`)
 		}},
 		{dir: "time-slicing", pods: 2, check: func(t *testing.T, _ []*v1.Pod, reports map[string]*probe.Report) {
 			assert.Equal(t, envUUIDs(reports["ts-trainer-a/cuda"]), envUUIDs(reports["ts-trainer-b/cuda"]), "one time-sliced GPU")
