@@ -16,10 +16,13 @@ package devcluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -147,7 +150,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	c = &Cluster{Dir: opts.Dir, tb: controlplane.NewProcessTB("devcluster"), nodes: map[string]*nodeagent.Node{}, realNodes: map[string]*realnode.Node{}, bootID: "devcluster-" + string(uuid.NewUUID()),
 		mpsControl: opts.MPSControlBinary, runtime: opts.Runtime}
 	if c.Dir == "" {
-		if c.Dir, err = os.MkdirTemp("", "devc"); err != nil {
+		if c.Dir, err = tempDir(); err != nil {
 			return nil, err
 		}
 		c.removeDir = true
@@ -400,4 +403,28 @@ func (c *Cluster) NodeNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// tempDir makes the cluster's directory, <os.TempDir()>/dc<8 hex digits>:
+// always of one length, and short. The unix sockets below it (a node's
+// plugin registration socket is about 90 bytes below it) must stay under
+// the 108 bytes of a socket path whatever the random name: os.MkdirTemp's
+// name is 1 to 10 digits long, and a name one digit longer once pushed a
+// test's socket to 108 bytes.
+func tempDir() (string, error) {
+	for range 100 {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", err
+		}
+		dir := filepath.Join(os.TempDir(), "dc"+hex.EncodeToString(b[:]))
+		err := os.Mkdir(dir, 0o700)
+		if err == nil {
+			return dir, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return "", err
+		}
+	}
+	return "", errors.New("no free name for devcluster's directory in " + os.TempDir())
 }

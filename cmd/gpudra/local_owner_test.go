@@ -91,6 +91,12 @@ func TestLocalMPSAcrossUsersOfOneGroup(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(base) })
 	require.NoError(t, os.Chmod(base, 0o755))
+	// alice and bob run a copy of the stand-in: the checkout may sit
+	// under a directory only its owner can enter (/root, a 0700 home).
+	script, err := os.ReadFile(control)
+	require.NoError(t, err)
+	control = filepath.Join(base, "nvidia-cuda-mps-control")
+	require.NoError(t, os.WriteFile(control, script, 0o755)) //nolint:gosec // an executable for other users
 	const gpuGroup, alice, bob = 61000, 61001, 61002
 	state, sig := filepath.Join(base, "state"), filepath.Join(base, "signals")
 	require.NoError(t, os.Mkdir(state, 0o755))
