@@ -45,6 +45,7 @@ const (
 // Network is the running pod network.
 type Network struct {
 	netns  string
+	nsFile *os.File
 	holder *exec.Cmd
 	done   chan struct{}
 	proxy  net.Listener
@@ -69,21 +70,31 @@ func Start(ctx context.Context, dir string) (n *Network, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("a network namespace needs root")
 	}
-	// A process holds the namespace: sleep, which every machine has.
+	// A process holds the namespace: sleep, which every machine has. No
+	// Pdeathsig: it fires when the starting thread ends, and Go ends
+	// threads (one locked to a goroutine that entered a namespace), which
+	// killed the holder in the middle of a test run; Stop kills it.
 	holder := exec.Command("sleep", "infinity")
-	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
 	if err := holder.Start(); err != nil {
 		return nil, fmt.Errorf("pod network: start its namespace's holder: %w", err)
 	}
-	n = &Network{netns: noderuntime.NetnsOf(holder.Process.Pid), holder: holder, done: make(chan struct{})}
+	n = &Network{holder: holder, done: make(chan struct{})}
 	go func() { _ = holder.Wait(); close(n.done) }()
 	defer func() {
 		if err != nil {
 			n.Stop()
 		}
 	}()
+	// The namespace is held open by this process too, and entered through
+	// that descriptor: it outlives its holder, should the holder die.
+	holderNS := noderuntime.NetnsOf(holder.Process.Pid)
+	if n.nsFile, err = os.Open(holderNS); err != nil {
+		return n, fmt.Errorf("pod network: %w", err)
+	}
+	n.netns = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), n.nsFile.Fd())
 	for _, args := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "addr", "add", Address + "/32", "dev", "lo"}} {
-		if out, err := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + n.netns, "--"}, args...)...).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + holderNS, "--"}, args...)...).CombinedOutput(); err != nil {
 			return n, fmt.Errorf("pod network: %v: %w: %s", args, err, out)
 		}
 	}
@@ -216,5 +227,8 @@ func (n *Network) Stop() {
 	if n.holder != nil && n.holder.Process != nil {
 		_ = n.holder.Process.Kill()
 		<-n.done
+	}
+	if n.nsFile != nil {
+		_ = n.nsFile.Close()
 	}
 }

@@ -66,6 +66,13 @@ func TestPodNetwork(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "from the pod network", string(body))
 
+	// The namespace outlives its holder: this process holds it too.
+	require.NoError(t, n.holder.Process.Kill())
+	<-n.done
+	c2, err := n.Dial(ctx, addr)
+	require.NoError(t, err, "the pod network without its holder")
+	_ = c2.Close()
+
 	cfg, err := os.ReadFile(filepath.Join(dir, "egress-selector.yaml"))
 	require.NoError(t, err)
 	assert.Contains(t, string(cfg), "udsName: "+filepath.Join(dir, "egress.sock"))

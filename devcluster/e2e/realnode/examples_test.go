@@ -129,7 +129,10 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 					}
 				}
 				unresolved := m["gpudra_telemetry_unresolved_processes"]
-				return len(used) == 2 && len(unresolved) == 1 && unresolved[0].value == 0, nil
+				// The series exist at 0 from the first pass; the fed
+				// processes come with a later one.
+				return len(used) == 2 && used[dev+" primary/engine"] > 0 && used[dev+" shadow/engine"] > 0 &&
+					len(unresolved) == 1 && unresolved[0].value == 0, nil
 			})
 			require.NoError(t, err, "the plugin attributes each container's processes: %v; last scrape error: %v", used, last)
 			assert.Equal(t, map[string]float64{dev + " primary/engine": 20 << 30, dev + " shadow/engine": 4 << 30}, used)
