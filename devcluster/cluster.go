@@ -203,11 +203,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	// The pods devcluster serves itself get addresses in a namespace of
 	// their own, which the API server reaches through its egress
-	// selector; without root (no namespace), the machine's own address.
-	if os.Geteuid() == 0 {
-		if c.podNet, err = podnetwork.Start(c.ctx, c.Dir); err != nil {
-			return c, err
-		}
+	// selector; where there can be none (not root, no nsenter or ip),
+	// the machine's own address, as the log says.
+	switch c.podNet, err = podnetwork.Start(c.ctx, c.Dir); {
+	case errors.Is(err, podnetwork.ErrUnavailable):
+		logger.Info("The pods devcluster serves itself (metrics pods, image mode's webhooks) listen on this machine's own address", "reason", err.Error())
+	case err != nil:
+		return c, err
+	default:
 		apiServerFlags = append(slices.Clone(apiServerFlags), c.podNet.APIServerFlags()...)
 	}
 	if c.apiServer, err = controlplane.StartAPIServer(c.tb, etcdURL, !opts.NoWorkloadAPI, opts.RealNodes, apiServerFlags); err != nil {

@@ -12,6 +12,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
+	"github.com/gpudra/gpudra/devcluster/podnetwork"
 )
 
 // AddNode creates the Node object, starts the plugin over the simulated
@@ -149,4 +150,14 @@ func (c *Cluster) podNetwork() nodeagent.PodNetwork {
 		return nil
 	}
 	return c.podNet
+}
+
+// PodNetworkAddress is the address of the pods devcluster serves itself on
+// its pod network (podnetwork.Address), or "" where there is none and they
+// listen on the machine's own address.
+func (c *Cluster) PodNetworkAddress() string {
+	if c.podNet == nil {
+		return ""
+	}
+	return podnetwork.Address
 }

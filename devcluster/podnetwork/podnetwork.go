@@ -63,12 +63,21 @@ type route struct {
 	netns  string
 }
 
+// ErrUnavailable says this machine cannot have the pod network: not root,
+// or no nsenter or ip (util-linux, iproute2).
+var ErrUnavailable = errors.New("no pod network on this machine")
+
 // Start makes the namespace (held by a process of its own, with Address on
 // its loopback), the proxy's socket and kube-apiserver's egress selector
-// configuration under dir. It needs root.
+// configuration under dir. It needs root, nsenter and ip (ErrUnavailable).
 func Start(ctx context.Context, dir string) (n *Network, err error) {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("a network namespace needs root")
+		return nil, fmt.Errorf("%w: a network namespace needs root", ErrUnavailable)
+	}
+	for _, tool := range []string{"sleep", "nsenter", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%w: %s is missing (Debian's util-linux and iproute2; make real-node installs them)", ErrUnavailable, tool)
+		}
 	}
 	// A process holds the namespace: sleep, which every machine has. No
 	// Pdeathsig: it fires when the starting thread ends, and Go ends
