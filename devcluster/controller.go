@@ -363,11 +363,24 @@ func (c *Cluster) frontTrusted(bundle []byte) error {
 	if !pool.AppendCertsFromPEM(bundle) {
 		return errors.New("no caBundle yet")
 	}
-	conn, err := tls.Dial("tcp", c.gpudra.front.Addr().String(), &tls.Config{RootCAs: pool, ServerName: c.gpudra.serverName})
+	// The front may be on the pod network (image mode), which this
+	// process reaches as the API server does.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var raw net.Conn
+	var err error
+	if addr := c.gpudra.front.Addr().String(); c.podNet != nil {
+		raw, err = c.podNet.Dial(ctx, addr)
+	} else {
+		var d net.Dialer
+		raw, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
-	return conn.Close()
+	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: c.gpudra.serverName})
+	defer conn.Close()
+	return conn.HandshakeContext(ctx)
 }
 
 // stop stops every replica and the front.
