@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"context"
+	"slices"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,37 +46,85 @@ func (d *Driver) republishOnWipe(ctx context.Context, client kubernetes.Interfac
 	// Wrapped as generated informers are: a client without watch-list
 	// support (a fake) is listed, not streamed.
 	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &resourceapi.ResourceSlice{}, 0, cache.Indexers{})
+	own := func(obj any) bool {
+		s, ok := obj.(*resourceapi.ResourceSlice)
+		// The selectors hold the watch to the node's own; an API server
+		// that ignored them must not make every node publish for every
+		// other.
+		return ok && s.Spec.NodeName != nil && *s.Spec.NodeName == node && s.Spec.Driver == slicebuilder.DriverName
+	}
+	wiped := make(chan struct{}, 1)
 	_, err = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
 		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = tomb.Obj
 		}
-		s, ok := obj.(*resourceapi.ResourceSlice)
-		// The selectors hold this to the node's own; an API server that
-		// ignored them must not make every node publish for every other.
-		if !ok || s.Spec.NodeName == nil || *s.Spec.NodeName != node || s.Spec.Driver != slicebuilder.DriverName {
+		if !own(obj) {
 			return
 		}
-		klog.FromContext(ctx).Info("A ResourceSlice of this node was deleted; publishing again", "slice", s.Name)
+		klog.FromContext(ctx).Info("A ResourceSlice of this node was deleted; publishing again", "slice", obj.(*resourceapi.ResourceSlice).Name)
 		d.metrics.sliceWipe()
-		d.republish(ctx)
+		select {
+		case wiped <- struct{}{}:
+		default:
+		}
 	}})
 	if err != nil {
 		return nil, err
 	}
 	go informer.RunWithContext(ctx)
-	// A wipe between the first publish and the watch's start sends no
-	// event: a listed store without any of the node's slices is one.
+	listed := func() bool {
+		return slices.ContainsFunc(informer.GetStore().List(), own)
+	}
 	go func() {
 		if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 			return
 		}
-		for _, obj := range informer.GetStore().List() {
-			if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil && *s.Spec.NodeName == node && s.Spec.Driver == slicebuilder.DriverName {
+		// A wipe between the first publish and the watch's start sends
+		// no event: a listed store without any of the node's slices is
+		// one.
+		if !listed() {
+			klog.FromContext(ctx).Info("None of this node's ResourceSlices is listed; publishing again")
+			d.publishUntilListed(ctx, listed)
+		}
+		for {
+			select {
+			case <-ctx.Done():
 				return
+			case <-wiped:
+				d.publishUntilListed(ctx, listed)
 			}
 		}
-		klog.FromContext(ctx).Info("None of this node's ResourceSlices is listed; publishing again")
-		d.republish(ctx)
 	}()
 	return informer.HasSynced, nil
 }
+
+// publishUntilListed publishes until a slice of the node is listed again,
+// at most republishAttempts times, waiting longer each time. One publish
+// may come too early: the helper's controller finds its own informer still
+// holding the deleted slices, changes nothing, and then waits its sync
+// delay (measured: 25.9 s once on the real node, where one publish came
+// before its informer saw the wipe).
+func (d *Driver) publishUntilListed(ctx context.Context, listed func() bool) {
+	delay := republishCheckFirst
+	for range republishAttempts {
+		d.republish(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		if listed() {
+			return
+		}
+		delay = min(2*delay, republishCheckMax)
+	}
+	klog.FromContext(ctx).Info("The node's ResourceSlices are not listed again after publishing; the helper's controller will", "attempts", republishAttempts)
+}
+
+// After a wipe: publish, look again after 250 ms, 500 ms, ... up to 4 s
+// apart, 8 times at most (about 20 s, under the helper's 30 s delay).
+const (
+	republishCheckFirst = 250 * time.Millisecond
+	republishCheckMax   = 4 * time.Second
+	republishAttempts   = 8
+)
