@@ -50,6 +50,17 @@ const (
 	// LabelReservation is set on the ResourceClaims that hold a
 	// reservation's devices.
 	LabelReservation = GroupName + "/reservation"
+	// AnnotationAllocatedFor and AnnotationAllocatedAt are set by the
+	// controller on every claim whose allocation it writes, before the
+	// allocation: the item it was planned for ("Gang/<namespace>/<name>" or
+	// "GpuReservation/<namespace>/<name>") and the allocation's timestamp
+	// (RFC 3339, status.allocation.allocationTimestamp to the second). They
+	// are the controller's memory of its writes, in the API, so that a new
+	// leader knows them: an allocation whose timestamp differs is not the
+	// one the annotations speak of (cleared, or written by kube-scheduler
+	// since).
+	AnnotationAllocatedFor = GroupName + "/allocated-for"
+	AnnotationAllocatedAt  = GroupName + "/allocated-at"
 )
 
 // DefaultQueue is the queue of reservations and gangs that name none. It

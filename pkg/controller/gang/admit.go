@@ -48,6 +48,13 @@ func (c *Controller) admit(ctx context.Context, batch []*admission, snap *snapsh
 	var plans []commitPlan
 	for _, a := range batch {
 		if c.handsOff(a.it) {
+			if why := c.handOffBlocked(a.it.gang); why != "" {
+				// Waits, with nothing written (its plan still counts as
+				// used for this round, so the queue behind it keeps its
+				// order).
+				c.reportGang(ctx, a.it.gang, ReasonHandOffBlocked, why)
+				continue
+			}
 			shared := sharedAllocations(a.it.gang, a.result)
 			if len(shared.Allocations) == 0 {
 				errs = append(errs, c.handOffAdmitted(ctx, a, now))

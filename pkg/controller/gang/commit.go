@@ -50,25 +50,10 @@ type committer struct {
 	// way. Lifted at once, the scheduler could choose a device whose
 	// allocation it has not seen yet. Only the round goroutine uses it.
 	kept map[string]*keptFence
-	// written are the claims this controller allocated, by UID, with when
-	// and for which item: the double-allocation repair (repair.go) prefers
-	// to take back its own unused writes, whose items plan again, and
-	// never a released gang's.
-	written map[types.UID]writtenClaim
 	// binding says which pod, if any, kube-scheduler is binding to one of
 	// the nodes with claims it has not written yet (nil: none is asked).
 	binding func(nodes []string) string
 }
-
-// writtenClaim is one claim allocation this controller wrote.
-type writtenClaim struct {
-	at time.Time
-	// item is the key of the reservation or gang it was written for.
-	item string
-}
-
-// repairWindow is how long the controller remembers a claim it wrote.
-const repairWindow = 10 * time.Minute
 
 // commitPlan is one plan of a batch: its allocations, and which of its
 // claims do not exist yet (a reservation's: they are created first, with the
@@ -164,10 +149,10 @@ func (c *committer) commitAll(ctx context.Context, plans []commitPlan, counters 
 			}
 		}
 		for j, a := range p.result.Allocations {
-			if err := c.write(ctx, a, p.create.Has(a.Claim.Namespace+"/"+a.Claim.Name)); err != nil {
+			if err := c.write(ctx, a, p.create.Has(a.Claim.Namespace+"/"+a.Claim.Name), p.item); err != nil {
 				// All or nothing: take back what was written.
 				for _, done := range p.result.Allocations[:j] {
-					if uerr := c.unwrite(context.WithoutCancel(ctx), done.Claim, p.create.Has(done.Claim.Namespace+"/"+done.Claim.Name)); uerr != nil {
+					if uerr := c.unwrite(context.WithoutCancel(ctx), done, p.create.Has(done.Claim.Namespace+"/"+done.Claim.Name)); uerr != nil {
 						logger.Error(uerr, "Take back a partly written plan", "claim", klog.KObj(done.Claim))
 					}
 				}
@@ -179,20 +164,16 @@ func (c *committer) commitAll(ctx context.Context, plans []commitPlan, counters 
 			written = true
 			admitted = append(admitted, mine...)
 			// Kept until the informer shows the writes (liftKept).
-			c.keep(fences, p.result, p.item)
+			c.keep(fences, p.result)
 		}
 	}
 	return errs
 }
 
-// keep records a written plan's fences (and its claims as this
-// controller's own).
-func (c *committer) keep(fences []string, plan allocator.Result, item string) {
+// keep records a written plan's fences.
+func (c *committer) keep(fences []string, plan allocator.Result) {
 	if c.kept == nil {
 		c.kept = map[string]*keptFence{}
-	}
-	if c.written == nil {
-		c.written = map[types.UID]writtenClaim{}
 	}
 	now := time.Now()
 	var claims []string
@@ -207,38 +188,23 @@ func (c *committer) keep(fences []string, plan allocator.Result, item string) {
 		}
 		k.claims = append(k.claims, claims...)
 	}
-	for uid, w := range c.written {
-		if now.Sub(w.at) > repairWindow {
-			delete(c.written, uid)
-		}
-	}
-	for _, a := range plan.Allocations {
-		if a.Claim.UID != "" {
-			c.written[a.Claim.UID] = writtenClaim{at: now, item: item}
-		}
-	}
 }
 
-// unwrite takes back one written allocation: a claim it created is
-// deleted (the claim controller clears its allocation and finalizer), an
-// existing one gets its allocation cleared.
-func (c *committer) unwrite(ctx context.Context, claim *resourceapi.ResourceClaim, created bool) error {
-	claims := c.client.ResourceV1().ResourceClaims(claim.Namespace)
+// unwrite takes back one allocation this controller wrote from a plan
+// (a.Result): a claim it created is deleted (the claim controller clears its
+// allocation and finalizer), an existing one has its allocation taken back
+// (takeBackClaim: only while that allocation is there and nobody uses it).
+func (c *committer) unwrite(ctx context.Context, a allocator.ClaimAllocation, created bool) error {
 	if created {
-		if err := claims.Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		err := c.client.ResourceV1().ResourceClaims(a.Claim.Namespace).Delete(ctx, a.Claim.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 		return nil
 	}
-	cur, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	if len(cur.Status.ReservedFor) > 0 {
-		return fmt.Errorf("claim %s/%s is already in use", claim.Namespace, claim.Name)
-	}
-	cur.Status.Allocation = nil
-	_, err = claims.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	written := a.Claim.DeepCopy()
+	written.Status.Allocation = a.Result.DeepCopy()
+	_, err := takeBackClaim(ctx, c.client, written, time.Now())
 	return err
 }
 
@@ -279,19 +245,23 @@ func checkFree(list []resourceapi.ResourceClaim, devices, admitted []deviceRef, 
 	return nil
 }
 
-// write creates the claim if asked, adds the scheduler's finalizer, and
-// writes the allocation into its status.
-func (c *committer) write(ctx context.Context, a allocator.ClaimAllocation, create bool) error {
+// write creates the claim if asked, adds the scheduler's finalizer and the
+// annotations that remember the write (item, memory.go), and writes the
+// allocation into its status.
+func (c *committer) write(ctx context.Context, a allocator.ClaimAllocation, create bool, item string) error {
 	claims := c.client.ResourceV1().ResourceClaims(a.Claim.Namespace)
 	claim := a.Claim.DeepCopy()
+	at := allocationStamp(time.Now())
+	markWritten(claim, item, at)
+	if !slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
+		claim.Finalizers = append(claim.Finalizers, resourceapi.Finalizer)
+	}
 	var err error
 	if create {
-		claim.Finalizers = append(claim.Finalizers, resourceapi.Finalizer)
 		if claim, err = claims.Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create claim %s/%s: %w", a.Claim.Namespace, a.Claim.Name, err)
 		}
-	} else if !slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
-		claim.Finalizers = append(claim.Finalizers, resourceapi.Finalizer)
+	} else {
 		if claim, err = claims.Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
 			if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 				// Deleted or changed since the snapshot: plan again.
@@ -304,7 +274,7 @@ func (c *committer) write(ctx context.Context, a allocator.ClaimAllocation, crea
 		return fmt.Errorf("claim %s/%s was allocated meanwhile: %w", claim.Namespace, claim.Name, ErrConflict)
 	}
 	claim.Status.Allocation = a.Result.DeepCopy()
-	claim.Status.Allocation.AllocationTimestamp = ptr.To(metav1.Now())
+	claim.Status.Allocation.AllocationTimestamp = ptr.To(at)
 	if _, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return fmt.Errorf("claim %s/%s changed: %w: %w", claim.Namespace, claim.Name, err, ErrConflict)
@@ -362,10 +332,9 @@ func (c *Controller) checkBeforeRelease(ctx context.Context, writes []*admission
 			}
 			results[i] = fmt.Errorf("%s is in another claim too, found before the gates were lifted: %w", d.what, ErrConflict)
 			for _, al := range plans[i].result.Allocations {
-				if err := c.committer.unwrite(context.WithoutCancel(ctx), al.Claim, false); err != nil {
+				if err := c.committer.unwrite(context.WithoutCancel(ctx), al, false); err != nil {
 					results[i] = fmt.Errorf("%s is in another claim too, and taking back claim %s/%s failed: %w", d.what, al.Claim.Namespace, al.Claim.Name, err)
 				}
-				delete(c.committer.written, al.Claim.UID)
 			}
 			c.metrics.doubles.WithLabelValues("repaired").Inc()
 			klog.FromContext(ctx).Info("Took back a gang's writes before releasing it: a device is allocated twice", "gang", writes[i].it.Key, "what", d.what)

@@ -127,7 +127,9 @@ type Controller struct {
 	queues       cache.Store
 	podGangs     cache.Store
 	podGroups    cache.Store // Workload API path only
+	workloads    cache.Store // Workload API path only
 	templates    cache.Store // Workload API path only
+	taintRules   cache.Store // DeviceTaintRules: fences (fence.go, keptfence.go)
 
 	mu sync.Mutex
 	// reported holds, per gang or reservation key, the last message
@@ -234,6 +236,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	queueInf := dyn.ForResource(gpudrav1.GpuQueues).Informer()
 	c.pods, c.claims, c.slices, c.classes, c.nodes = podInf.GetIndexer(), claimInf.GetIndexer(), sliceInf.GetStore(), classInf.GetStore(), nodeInf.GetStore()
 	c.reservations, c.queues = resInf.GetStore(), queueInf.GetStore()
+	// Few objects: the fences of plans being written and of repaired
+	// devices (keptfence.go).
+	c.taintRules = typed.Resource().V1().DeviceTaintRules().Informer().GetStore()
 	watched := []cache.SharedIndexInformer{claimInf, sliceInf, classInf, resInf, queueInf}
 	if c.opts.Grove {
 		pgInf := dyn.ForResource(PodGangs).Informer()
@@ -242,9 +247,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	if c.opts.Path == PathWorkload {
 		groupInf := typed.Scheduling().V1beta1().PodGroups().Informer()
+		workloadInf := typed.Scheduling().V1beta1().Workloads().Informer()
 		templateInf := typed.Resource().V1().ResourceClaimTemplates().Informer()
-		c.podGroups, c.templates = groupInf.GetStore(), templateInf.GetStore()
-		watched = append(watched, groupInf, templateInf)
+		c.podGroups, c.workloads, c.templates = groupInf.GetStore(), workloadInf.GetStore(), templateInf.GetStore()
+		watched = append(watched, groupInf, workloadInf, templateInf)
 	}
 	for _, inf := range []cache.SharedIndexInformer{resInf, queueInf} {
 		if err := inf.SetTransform(dropUnread); err != nil {

@@ -165,8 +165,11 @@ func (c *Controller) gangItems(ctx context.Context, snap *snapshot) (items []*it
 			// around them, the gang could leave its NVLink domain. They
 			// are taken back and the whole gang is planned anew, as a
 			// half-written reservation is.
-			errs = append(errs, c.takeBackGang(ctx, g, half))
-			c.kick()
+			n, err := c.takeBackGang(ctx, g, half)
+			errs = append(errs, err)
+			if n > 0 {
+				c.kick() // planned whole next round; a round that took nothing back waits for an event
+			}
 			continue
 		}
 		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}

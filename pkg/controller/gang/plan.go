@@ -172,6 +172,13 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot) (outcom
 	case err != nil:
 		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, nil, fmt.Errorf("plan %s: %w", it.Key, err)
 	}
+	for i, a := range result.Allocations {
+		for _, w := range it.asWritten {
+			if w.Namespace == a.Claim.Namespace && w.Name == a.Claim.Name {
+				result.Allocations[i].Claim = w
+			}
+		}
+	}
 	// The informers lag (and on the Workload API path the scheduler has not
 	// allocated yet): what was just planned counts as used for the rest of
 	// the round.

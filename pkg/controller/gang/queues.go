@@ -38,9 +38,13 @@ type item struct {
 	gang *Gang
 	// claims (a reservation's) and groups (a gang's) are what to plan;
 	// create are the claims (namespace/name) that do not exist yet.
-	claims     []*resourceapi.ResourceClaim
-	groups     []allocator.Group
-	create     sets.Set[string]
+	claims []*resourceapi.ResourceClaim
+	groups []allocator.Group
+	create sets.Set[string]
+	// asWritten, when set, are the claims as they are in the API, where
+	// claims are copies narrowed for planning (inDomain): a plan's
+	// allocations are written to these.
+	asWritten  []*resourceapi.ResourceClaim
 	sameDomain bool
 	classes    []string
 }

@@ -11,8 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -166,66 +164,29 @@ func (c *Controller) freshPools() sets.Set[string] {
 	return pools
 }
 
-// use says how far a claim's allocation is from being taken back.
-type use int
-
-const (
-	// useNone: no consumer; taking it back costs nothing.
-	useNone use = iota
-	// useReserved: reserved for pods none of which is bound yet (the
-	// scheduler wrote it at PreBind and binds next, or its pods stay
-	// Pending on a device that is not theirs).
-	useReserved
-	// useInUse: reserved for a bound pod (the kubelet prepares it, or did),
-	// for a consumer this controller cannot see, or a pod it does not know.
-	useInUse
-)
-
-// reservedUnboundGrace: an allocation reserved for pods none of which is
-// bound is taken back only this long after it was written, so that a
-// binding in flight (PreBind wrote it, Bind comes next) is never cut.
-const reservedUnboundGrace = 30 * time.Second
-
-// claimUse says how a claim is used, from the pod informer.
-func (c *Controller) claimUse(cl *resourceapi.ResourceClaim) use {
-	if len(cl.Status.ReservedFor) == 0 {
-		return useNone
-	}
-	for _, r := range cl.Status.ReservedFor {
-		if r.APIGroup != "" || r.Resource != "pods" {
-			return useInUse
-		}
-		obj, ok, err := c.pods.GetByKey(cl.Namespace + "/" + r.Name)
-		if err != nil || !ok || obj.(*corev1.Pod).UID != r.UID || obj.(*corev1.Pod).Spec.NodeName != "" {
-			return useInUse
-		}
-	}
-	return useReserved
-}
-
 // claimFacts is what the repair knows of one claim of a collision.
 type claimFacts struct {
 	claim *resourceapi.ResourceClaim
 	use   use
-	// written: this controller wrote the allocation from its plan; item is
-	// that plan's item (a reservation's or a gang's key).
+	// written: this controller (any leader) wrote the allocation from its
+	// plan (writtenBy); item is that plan's item (a reservation's or a
+	// gang's key).
 	written bool
 	item    string
-	// released: the claim's gang was let go (its gates lifted): taking the
-	// allocation back would let kube-scheduler allocate it anywhere,
-	// outside the gang's NVLink plan.
+	// released: the claim's gang was let go (its gates lifted, or its
+	// PodGroup made): taking the allocation back would let kube-scheduler
+	// allocate it anywhere, outside the gang's NVLink plan.
 	released bool
 }
 
 // repairDecision is what to do about one collision: which claim keeps the
-// device, which allocations are taken back, and why the others cannot be.
+// device, which allocations are taken back (takeBackClaim checks each once
+// more on the API server: in use meanwhile, or reserved within its grace,
+// it is left), and why the others cannot be.
 type repairDecision struct {
-	keep     *resourceapi.ResourceClaim
-	takeBack []claimFacts
-	// unrepaired says why a claim that collides keeps its allocation; retry
-	// says to look again next round (a reservation still in its grace).
+	keep       *resourceapi.ResourceClaim
+	takeBack   []claimFacts
 	unrepaired []string
-	retry      bool
 }
 
 // keepRank orders the claims of a collision by how much taking their
@@ -249,15 +210,15 @@ func keepRank(f claimFacts) int {
 
 // decideRepair decides one collision: the claim with the highest keepRank
 // (then the oldest allocation, then the name) keeps the device; every other
-// one that nobody uses, that no released gang planned with, and whose
-// reservation for unbound pods is past its grace is taken back.
-func decideRepair(claims []claimFacts, now time.Time) repairDecision {
+// one that is not in use and that no released gang planned with is to be
+// taken back.
+func decideRepair(claims []claimFacts) repairDecision {
 	claims = slices.Clone(claims)
 	slices.SortStableFunc(claims, func(a, b claimFacts) int {
 		if r := cmp.Compare(keepRank(b), keepRank(a)); r != 0 {
 			return r
 		}
-		if r := allocatedAt(a.claim).Compare(allocatedAt(b.claim)); r != 0 {
+		if r := writtenOrMade(a.claim).Compare(writtenOrMade(b.claim)); r != 0 {
 			return r
 		}
 		return strings.Compare(a.claim.Namespace+"/"+a.claim.Name, b.claim.Namespace+"/"+b.claim.Name)
@@ -270,8 +231,6 @@ func decideRepair(claims []claimFacts, now time.Time) repairDecision {
 			d.unrepaired = append(d.unrepaired, name+" is in use")
 		case f.released:
 			d.unrepaired = append(d.unrepaired, name+" belongs to a gang already released on its plan")
-		case f.use == useReserved && now.Sub(allocatedAt(f.claim)) < reservedUnboundGrace:
-			d.retry = true
 		default:
 			d.takeBack = append(d.takeBack, f)
 		}
@@ -279,9 +238,12 @@ func decideRepair(claims []claimFacts, now time.Time) repairDecision {
 	return d
 }
 
-func allocatedAt(cl *resourceapi.ResourceClaim) time.Time {
-	if a := cl.Status.Allocation; a != nil && a.AllocationTimestamp != nil {
-		return a.AllocationTimestamp.Time
+// writtenOrMade orders the claims of a collision, oldest first: the
+// allocation's time, or the claim's creation where the informer's copy
+// does not say (allocatedAt).
+func writtenOrMade(cl *resourceapi.ResourceClaim) time.Time {
+	if at, ok := allocatedAt(cl); ok {
+		return at
 	}
 	return cl.CreationTimestamp.Time
 }
@@ -327,40 +289,54 @@ func (c *Controller) repairDoubleAllocations(ctx context.Context, snap *snapshot
 	}
 	involves := func(cl *resourceapi.ResourceClaim) bool { return fresh.Has(cl.Namespace + "/" + cl.Name) }
 	var errs []error
-	now := c.opts.Now()
 	for _, d := range findDoubleAllocations(claims, counters, involves) {
 		var facts []claimFacts
 		var names []string
 		for _, cl := range d.claims {
-			w, written := c.committer.written[cl.UID]
-			facts = append(facts, claimFacts{claim: cl, use: c.claimUse(cl), written: written, item: w.item,
-				released: written && strings.HasPrefix(w.item, KindGang+"/")})
+			w, written := writtenBy(cl)
+			facts = append(facts, claimFacts{claim: cl, use: c.claimUse(cl), written: written, item: w.item, released: written && w.forGang()})
 			names = append(names, cl.Namespace+"/"+cl.Name)
 		}
-		dec := decideRepair(facts, now)
-		if dec.retry {
-			for _, cl := range d.claims {
-				c.noteAllocation(nil, cl)
-			}
-		}
-		for _, why := range dec.unrepaired {
+		dec := decideRepair(facts)
+		unrepaired := func(why string) {
 			c.metrics.doubles.WithLabelValues("unrepaired").Inc()
 			msg := fmt.Sprintf("%s is allocated to claims %s; kept by %s/%s; not taken back: %s", d.what, strings.Join(names, ", "), dec.keep.Namespace, dec.keep.Name, why)
 			klog.FromContext(ctx).Error(nil, "Device allocated twice and not repaired", "what", d.what, "claims", names, "why", why)
 			c.recordClaim(dec.keep, corev1.EventTypeWarning, ReasonDoubleAllocationUnrepaired, msg)
 		}
+		for _, why := range dec.unrepaired {
+			unrepaired(why)
+		}
 		for _, f := range dec.takeBack {
-			if err := c.takeBackAllocation(ctx, f.claim); err != nil {
+			if reserved := f.use == useReserved; reserved {
+				// Cheap first: within its grace by the informer's copy, it
+				// is looked at again later without asking the API server.
+				if at, ok := allocatedAt(f.claim); ok && c.opts.Now().Sub(at) < reservedUnboundGrace {
+					c.noteAllocation(nil, f.claim)
+					continue
+				}
+			}
+			took, err := takeBackClaim(ctx, c.opts.Client, f.claim, c.opts.Now())
+			switch {
+			case errors.Is(err, errInGrace):
+				c.noteAllocation(nil, f.claim) // looked at again next round
+				continue
+			case errors.Is(err, errInUse):
+				unrepaired(f.claim.Namespace + "/" + f.claim.Name + " is in use")
+				continue
+			case err != nil:
 				errs = append(errs, fmt.Errorf("take back claim %s/%s allocated twice (%s): %w", f.claim.Namespace, f.claim.Name, d.what, err))
 				c.noteAllocation(nil, f.claim) // looked at again next round
 				continue
+			case !took:
+				continue // gone or changed meanwhile
 			}
-			delete(c.committer.written, f.claim.UID)
 			c.metrics.doubles.WithLabelValues("repaired").Inc()
 			msg := fmt.Sprintf("%s was allocated to claims %s; took back the allocation of %s/%s, which nobody used, and left %s/%s's", d.what,
 				strings.Join(names, ", "), f.claim.Namespace, f.claim.Name, dec.keep.Namespace, dec.keep.Name)
 			klog.FromContext(ctx).Info("Repaired a double allocation", "what", d.what, "claims", names, "takenBack", klog.KObj(f.claim), "kept", klog.KObj(dec.keep))
 			c.recordClaim(f.claim, corev1.EventTypeWarning, ReasonDoubleAllocation, msg)
+			errs = append(errs, c.fenceKept(ctx, dec.keep, f.claim))
 			errs = append(errs, c.requeueReservation(ctx, f, d.what))
 			c.kick()
 		}
@@ -371,29 +347,6 @@ func (c *Controller) repairDoubleAllocations(ctx context.Context, snap *snapshot
 func splitKey(key string) (namespace, name string) {
 	namespace, name, _ = strings.Cut(key, "/")
 	return namespace, name
-}
-
-// takeBackAllocation clears a claim's allocation, and its reservation for
-// pods that are not bound, if the API server's copy still holds what the
-// informer showed: a claim reserved for a bound pod meanwhile is left.
-func (c *Controller) takeBackAllocation(ctx context.Context, seen *resourceapi.ResourceClaim) error {
-	claims := c.opts.Client.ResourceV1().ResourceClaims(seen.Namespace)
-	cur, err := claims.Get(ctx, seen.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if cur.UID != seen.UID || !slices.Equal(exclusiveDevices(cur), exclusiveDevices(seen)) {
-		return nil // changed meanwhile: not the allocation that collided
-	}
-	if len(cur.Status.ReservedFor) > 0 && c.claimUse(cur) != useReserved {
-		return fmt.Errorf("claim %s/%s is in use now", cur.Namespace, cur.Name)
-	}
-	cur.Status.Allocation, cur.Status.ReservedFor = nil, nil
-	_, err = claims.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-	return err
 }
 
 // requeueReservation puts a held reservation whose claim was taken back in
@@ -421,7 +374,7 @@ func (c *Controller) requeueReservation(ctx context.Context, f claimFacts, what 
 
 // halfWrittenGang lists the claims of a gang still to be planned (some of
 // its claims are not allocated) that hold an allocation this controller
-// wrote for it and that no pod uses.
+// (any leader: writtenBy) wrote for it and that no pod uses.
 func (c *Controller) halfWrittenGang(g *Gang) []*resourceapi.ResourceClaim {
 	seen := sets.New[string]()
 	var out []*resourceapi.ResourceClaim
@@ -436,7 +389,7 @@ func (c *Controller) halfWrittenGang(g *Gang) []*resourceapi.ResourceClaim {
 				continue
 			}
 			seen.Insert(key)
-			if w, ok := c.committer.written[cl.UID]; ok && w.item == KindGang+"/"+g.Key {
+			if w, ok := writtenBy(cl); ok && w.item == KindGang+"/"+g.Key {
 				out = append(out, cl)
 			}
 		}
@@ -444,16 +397,21 @@ func (c *Controller) halfWrittenGang(g *Gang) []*resourceapi.ResourceClaim {
 	return out
 }
 
-// takeBackGang clears the allocations of a half-written gang's claims.
-func (c *Controller) takeBackGang(ctx context.Context, g *Gang, claims []*resourceapi.ResourceClaim) error {
+// takeBackGang clears the allocations of a half-written gang's claims, and
+// says how many it cleared.
+func (c *Controller) takeBackGang(ctx context.Context, g *Gang, claims []*resourceapi.ResourceClaim) (int, error) {
 	var errs []error
+	n := 0
 	for _, cl := range claims {
-		if err := c.committer.unwrite(ctx, cl, false); err != nil {
+		took, err := takeBackClaim(ctx, c.opts.Client, cl, c.opts.Now())
+		if err != nil {
 			errs = append(errs, fmt.Errorf("take back claim %s/%s of half-written gang %s: %w", cl.Namespace, cl.Name, g.Key, err))
 			continue
 		}
-		delete(c.committer.written, cl.UID)
-		klog.FromContext(ctx).Info("Took back the allocation of a half-written gang", "gang", g.Key, "claim", klog.KObj(cl))
+		if took {
+			n++
+			klog.FromContext(ctx).Info("Took back the allocation of a half-written gang", "gang", g.Key, "claim", klog.KObj(cl))
+		}
 	}
-	return errors.Join(errs...)
+	return n, errors.Join(errs...)
 }

@@ -102,14 +102,29 @@ func (c *Controller) reservationItems(ctx context.Context, snap *snapshot, now t
 			continue
 		}
 		if allocated > 0 {
-			// Half written: a leader stopped between two claim writes.
-			// Planned around, those claims could break sameNVLinkDomain,
-			// and planned again they are refused as already allocated,
-			// so the reservation stayed Queued holding devices. They are
-			// taken back, and the whole reservation is planned anew.
-			errs = append(errs, c.takeBack(ctx, r, it.claims))
-			c.kick()
-			continue
+			kept, plan, domain := splitHeld(it.claims, snap.domainOf)
+			if len(kept) == 0 {
+				// Half written: a leader stopped between two claim writes.
+				// Planned around, those claims could break
+				// sameNVLinkDomain, and planned again they are refused as
+				// already allocated, so the reservation stayed Queued
+				// holding devices. They are taken back, and the whole
+				// reservation is planned anew next round.
+				n, err := c.takeBack(ctx, r, it.claims)
+				errs = append(errs, err)
+				if n > 0 {
+					c.kick()
+				}
+				continue
+			}
+			// Some of its claims are in use (a pod consumed them before
+			// the repair took another back): those stay, and the others
+			// are planned around them, in their NVLink domain when the
+			// reservation asks for one.
+			it.claims = plan
+			if it.sameDomain && domain != "" {
+				it.claims, it.asWritten = inDomain(plan, domain), plan
+			}
 		}
 		queuedAt := r.CreationTimestamp.Time
 		if r.Status.QueuedAt != nil {
@@ -266,21 +281,73 @@ func heldStatus(claims []*resourceapi.ResourceClaim, deviceDomain func(pool, dev
 	return held, devices, sets.List(nodeSet), sets.List(domainSet)
 }
 
-// takeBack clears the allocations of a reservation's claims that no pod
-// uses, after a half-written plan.
-func (c *Controller) takeBack(ctx context.Context, r *gpudrav1.GpuReservation, claims []*resourceapi.ResourceClaim) error {
+// takeBack clears the allocations of a half-written reservation's claims
+// (none in use), and says how many it cleared.
+func (c *Controller) takeBack(ctx context.Context, r *gpudrav1.GpuReservation, claims []*resourceapi.ResourceClaim) (int, error) {
 	var errs []error
+	n := 0
 	for _, cl := range claims {
-		if cl.UID == "" || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) > 0 {
+		if cl.UID == "" || cl.Status.Allocation == nil {
 			continue
 		}
-		if err := c.committer.unwrite(ctx, cl, false); err != nil {
+		took, err := takeBackClaim(ctx, c.opts.Client, cl, c.opts.Now())
+		if err != nil {
 			errs = append(errs, fmt.Errorf("take back claim %s/%s of reservation %s: %w", cl.Namespace, cl.Name, r.Name, err))
 			continue
 		}
-		klog.FromContext(ctx).Info("Took back the allocation of a half-written reservation", "reservation", klog.KObj(r), "claim", klog.KObj(cl))
+		if took {
+			n++
+			klog.FromContext(ctx).Info("Took back the allocation of a half-written reservation", "reservation", klog.KObj(r), "claim", klog.KObj(cl))
+		}
 	}
-	return errors.Join(errs...)
+	return n, errors.Join(errs...)
+}
+
+// splitHeld splits a queued reservation's claims: kept are those pods use
+// (with every other allocated one: planned around, not taken back), plan
+// those to allocate; domain is the NVLink domain of the kept devices ("" for
+// none, or for more than one).
+func splitHeld(claims []*resourceapi.ResourceClaim, domainOf func(pool, device string) string) (kept, plan []*resourceapi.ResourceClaim, domain string) {
+	used := false
+	domains := sets.New[string]()
+	for _, cl := range claims {
+		if cl.Status.Allocation == nil {
+			plan = append(plan, cl)
+			continue
+		}
+		kept = append(kept, cl)
+		used = used || len(cl.Status.ReservedFor) > 0
+		for _, d := range cl.Status.Allocation.Devices.Results {
+			domains.Insert(domainOf(d.Pool, d.Device))
+		}
+	}
+	if !used {
+		return nil, claims, ""
+	}
+	if domains.Len() == 1 {
+		domain = domains.UnsortedList()[0]
+	}
+	return kept, plan, domain
+}
+
+// inDomain are copies of claims, for planning only, whose requests also
+// select the NVLink domain: an allocation planned from them satisfies the
+// claims as they are, and lands beside the devices already held. The
+// claims as they are (item.asWritten) are what is written.
+func inDomain(claims []*resourceapi.ResourceClaim, domain string) []*resourceapi.ResourceClaim {
+	sel := resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.attributes[%q].%s == %q",
+		allocator.DriverName, strings.TrimPrefix(string(allocator.NVLinkDomainAttribute), allocator.DriverName+"/"), domain)}}
+	out := make([]*resourceapi.ResourceClaim, 0, len(claims))
+	for _, cl := range claims {
+		cl = cl.DeepCopy()
+		for i := range cl.Spec.Devices.Requests {
+			if r := cl.Spec.Devices.Requests[i].Exactly; r != nil {
+				r.Selectors = append(r.Selectors, sel)
+			}
+		}
+		out = append(out, cl)
+	}
+	return out
 }
 
 // ownedBy says whether a claim is one the reservation created (its owner).

@@ -30,6 +30,7 @@ func (c *Controller) round(ctx context.Context) error {
 		cl := c.claim(ns, name)
 		return cl == nil || cl.Status.Allocation != nil
 	})
+	c.liftEndedKeptFences(ctx)
 	snap := c.snapshot()
 	var errs []error
 	// A device both this controller and the scheduler allocated: take ours
@@ -108,6 +109,7 @@ func (c *Controller) idleTick(ctx context.Context) bool {
 	if !c.idle.Load() || c.opts.Now().Sub(c.lastRound) >= idleResync {
 		return false
 	}
+	c.liftEndedKeptFences(ctx)
 	if pools := c.freshPools(); len(pools) > 0 {
 		snap := &snapshot{}
 		for _, o := range c.slices.List() {

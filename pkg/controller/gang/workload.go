@@ -38,6 +38,11 @@ const podGroupTemplate = "gang"
 // a gang was handed to kube-scheduler as a PodGroup.
 const ReasonPodGroupCreated = "PodGroupCreated"
 
+// ReasonHandOffBlocked is the gang condition's reason while an object of
+// the gang's name (a Workload or PodGroup being deleted, or not gpudra's)
+// keeps it from being handed over.
+const ReasonHandOffBlocked = "HandOffBlocked"
+
 // workloadSweepAge: a Workload of a plain gang with no member left is
 // deleted once its PodGroup is this old (a gang whose pods are being made
 // again keeps it).
@@ -207,15 +212,10 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	created, err := api.Workloads(g.Namespace).Create(ctx, wl, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		created, err = api.Workloads(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{})
-		if err == nil && created.DeletionTimestamp != nil {
-			return fmt.Errorf("gang %s: Workload %s/%s of an earlier gang of that name is being deleted: handed over once it is gone", g.Key, g.Namespace, g.Name)
-		}
-		if err == nil && created.Labels[gpudrav1.LabelGang] != g.Name {
-			// Adopt only what gpudra made: kube-scheduler takes a PodGroup by
-			// name, and one made by someone else would hand the gang over on
-			// terms gpudra did not set.
-			return fmt.Errorf("gang %s: Workload %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
-				g.Key, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
+		if err == nil {
+			if why := blockedBy("Workload", created, g); why != "" {
+				return errors.New(why)
+			}
 		}
 	}
 	if err != nil {
@@ -236,12 +236,10 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	_, err = api.PodGroups(g.Namespace).Create(ctx, group, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		var have *schedulingv1beta1.PodGroup
-		if have, err = api.PodGroups(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{}); err == nil && have.DeletionTimestamp != nil {
-			return fmt.Errorf("gang %s: PodGroup %s/%s of an earlier gang of that name is being deleted: handed over once it is gone", g.Key, g.Namespace, g.Name)
-		}
-		if err == nil && have.Labels[gpudrav1.LabelGang] != g.Name {
-			return fmt.Errorf("gang %s: PodGroup %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
-				g.Key, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
+		if have, err = api.PodGroups(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{}); err == nil {
+			if why := blockedBy("PodGroup", have, g); why != "" {
+				return errors.New(why)
+			}
 		}
 	}
 	if err != nil {
@@ -250,6 +248,53 @@ func (c *Controller) handOff(ctx context.Context, g *Gang, topology string) erro
 	c.rememberPodGroup(g.Namespace, g.Name)
 	klog.FromContext(ctx).V(2).Info("Handed to kube-scheduler", "gang", g.Key, "podGroup", g.Name, "minCount", n, "topology", topology)
 	return nil
+}
+
+// blockedBy says why an object of the gang's name (its Workload or
+// PodGroup) keeps gpudra from handing the gang over, or "" when it does
+// not: it is being deleted (an earlier gang's), or it is not gpudra's.
+// gpudra adopts only what it made: kube-scheduler takes a PodGroup by name,
+// and one made by someone else would hand the gang over on terms gpudra did
+// not set.
+func blockedBy(kind string, obj metav1.Object, g *Gang) string {
+	switch {
+	case obj.GetDeletionTimestamp() != nil:
+		return fmt.Sprintf("gang %s: %s %s/%s of an earlier gang of that name is being deleted: handed over once it is gone", g.Key, kind, g.Namespace, g.Name)
+	case obj.GetLabels()[gpudrav1.LabelGang] != g.Name:
+		return fmt.Sprintf("gang %s: %s %s/%s exists and is not gpudra's (no label %s=%s): delete it or rename the gang",
+			g.Key, kind, g.Namespace, g.Name, gpudrav1.LabelGang, g.Name)
+	}
+	return ""
+}
+
+// handOffBlocked says, from the informers, why the gang cannot be handed
+// over now ("" when it can): checked before anything is written for it, so
+// that a blocked hand-off waits instead of writing the gang's shared claims,
+// failing, taking them back and writing them again every round (a fence,
+// settles and two cluster-wide lists each time).
+func (c *Controller) handOffBlocked(g *Gang) string {
+	if wl := c.workload(g.Namespace, g.Name); wl != nil {
+		if why := blockedBy("Workload", wl, g); why != "" {
+			return why
+		}
+	}
+	if pg := c.podGroup(g.Namespace, g.Name); pg != nil {
+		return blockedBy("PodGroup", pg, g)
+	}
+	return ""
+}
+
+// workload is a Workload from the informer; nil when absent or off this
+// path.
+func (c *Controller) workload(namespace, name string) *schedulingv1beta1.Workload {
+	if c.workloads == nil {
+		return nil
+	}
+	obj, ok, err := c.workloads.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	return obj.(*schedulingv1beta1.Workload)
 }
 
 // gangPriorityClass is the PriorityClass of the gang's highest-priority
