@@ -207,10 +207,25 @@ func TestDoubleAllocationRepairedOnAnyPath(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, doubles)
 
-	// Not asserted: a pod now using "stale" may be given the running pod's
-	// GPU again. kube-scheduler's allocated-device set dropped that device
+	// kube-scheduler's allocated-device set dropped the running pod's GPU
 	// when the stale allocation was taken back, though the running claim
-	// still holds it (docs/gangs.md, Limits). Leave the node clean.
+	// still holds it: gpudra fences that GPU until the claim ends, so a pod
+	// now using "stale" gets another (docs/gangs.md, repair).
+	user := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "user"}, Spec: v1.PodSpec{RestartPolicy: v1.RestartPolicyNever,
+		NodeSelector: map[string]string{"kubernetes.io/hostname": nomigNode},
+		Containers: []v1.Container{{Name: "cuda", Image: "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+			Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
+		ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("stale")}}}}
+	create(t, ns, nil, user)
+	waitRunning(t, ns, "user")
+	reused, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "stale", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, reused.Status.Allocation)
+	assert.NotEqual(t, held.Status.Allocation.Devices.Results[0].Device, reused.Status.Allocation.Devices.Results[0].Device,
+		"the stale claim's pod is not given the running pod's GPU again")
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "user", metav1.DeleteOptions{GracePeriodSeconds: ptr[int64](0)}))
+	waitPodGone(t, ns, "user")
+	// Leave the node clean.
 	require.NoError(t, cluster.Client.CoreV1().Pods(ns).Delete(ctx, "running", metav1.DeleteOptions{GracePeriodSeconds: ptr[int64](0)}))
 	waitPodGone(t, ns, "running")
 }
