@@ -13,14 +13,10 @@ package controlplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -47,40 +43,44 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 )
 
-// StartEtcd runs etcd inside this process on free loopback ports. A port
-// found free can be taken by another process before etcd binds it (seen:
-// "bind: address already in use"): then it tries again with new ports.
-func StartEtcd(dir string) (e *embed.Etcd, clientURL string, err error) {
-	for range 3 {
-		e, clientURL, err = startEtcdOnce(dir)
-		if err == nil || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
-			return e, clientURL, err
-		}
-		if rmErr := os.RemoveAll(filepath.Join(dir, "etcd")); rmErr != nil {
-			return nil, "", rmErr
-		}
-	}
-	return nil, "", err
-}
+// etcdSocketDir, under the cluster's directory, holds etcd's sockets.
+const etcdSocketDir = "etcd-sock"
 
-func startEtcdOnce(dir string) (*embed.Etcd, string, error) {
-	clientPort, err := freePort()
-	if err != nil {
-		return nil, "", err
+// maxSocketPath is the longest path a unix socket can have on Linux:
+// sockaddr_un's sun_path holds 108 bytes, the last a NUL.
+const maxSocketPath = 107
+
+// StartEtcd runs etcd inside this process, listening only on unix sockets
+// in dir/etcd-sock, a directory (mode 0700) only this process's user can
+// enter: "client" for kube-apiserver, "peer" for the peers a one-member
+// cluster never has. etcd asks no client for credentials, and whoever
+// reaches it can write any object, a privileged pod included: on a TCP
+// port, even on loopback, any local user of a GPU node running the
+// gpu-smoke bundle could have become root (issue 47). It returns the
+// client URL, unix:///<dir>/etcd-sock/client, which kube-apiserver's
+// storage backend takes as its server.
+func StartEtcd(dir string) (*embed.Etcd, string, error) {
+	sockets := filepath.Join(dir, etcdSocketDir)
+	client, peer := filepath.Join(sockets, "client"), filepath.Join(sockets, "peer")
+	if len(client) > maxSocketPath || len(peer) > maxSocketPath {
+		return nil, "", fmt.Errorf("etcd's socket %s is %d bytes long, over the %d a unix socket allows: give devcluster a shorter directory", peer, len(peer), maxSocketPath)
 	}
-	peerPort, err := freePort()
-	if err != nil {
-		return nil, "", err
+	if err := privateDir(sockets); err != nil {
+		return nil, "", fmt.Errorf("etcd's socket directory: %w", err)
 	}
 	cfg := embed.NewConfig()
 	cfg.Name = "devcluster"
 	cfg.Dir = filepath.Join(dir, "etcd")
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	clientURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
-	peerURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	clientURL := url.URL{Scheme: "unix", Path: client}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peerURL}, []url.URL{peerURL}
+	// etcd listens for peers on a unix URL's host, taken as the socket's
+	// path (its peer listener ignores the URL's path), and advertises the
+	// URL as written, which its cluster configuration parses back: the
+	// one URL cannot be both.
+	cfg.ListenPeerUrls = []url.URL{{Scheme: "unix", Host: peer}}
+	cfg.AdvertisePeerUrls = []url.URL{{Scheme: "unix", Path: peer}}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
@@ -98,13 +98,18 @@ func startEtcdOnce(dir string) (*embed.Etcd, string, error) {
 	return e, clientURL.String(), nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+// privateDir makes dir anew with mode 0700. One left by an earlier run
+// is removed first; one that appears between the removal and the
+// creation (someone else's) fails the creation instead of being used.
+func privateDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	// Mkdir's mode passes through the umask: 0700 whatever it is.
+	return os.Chmod(dir, 0o700)
 }
 
 // StartAPIServer runs the real kube-apiserver against the embedded etcd.

@@ -248,7 +248,12 @@ func holder(allocs []DevicePluginAllocation, uuids []string) string {
 
 // supervise starts again every server that is gone (a daemon that died, a
 // server pod someone deleted) and configures it, until ctx is done.
-// Clients of a restarted daemon must reconnect, as in DRA mode.
+// Clients of a restarted daemon must reconnect, as in DRA mode. A server
+// started but not configured (it did not answer in time, or refused a
+// command) is configured again at each check until that succeeds: the
+// next check finds it running, and a daemon left with no defaults would
+// give a client that drops the variables from its environment the whole
+// GPU.
 func (m *mpsReplicas) supervise(ctx context.Context) {
 	if len(m.gpus) == 0 {
 		return
@@ -260,6 +265,9 @@ func (m *mpsReplicas) supervise(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// unconfigured are the GPUs whose server's last start or configuration
+	// failed, by UUID.
+	unconfigured := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -267,11 +275,20 @@ func (m *mpsReplicas) supervise(ctx context.Context) {
 		case <-t.C:
 		}
 		for _, g := range m.gpus {
-			started, err := m.opts.MPS.EnsureServer(ctx, m.opts.MPS.ServerFor([]string{g.UUID}), g.Commands(), false)
+			started, err := m.opts.MPS.EnsureServer(ctx, m.opts.MPS.ServerFor([]string{g.UUID}), g.Commands(), unconfigured[g.UUID])
 			if ctx.Err() != nil {
 				return
 			}
+			retried := unconfigured[g.UUID]
+			if err != nil {
+				unconfigured[g.UUID] = true
+			} else {
+				delete(unconfigured, g.UUID)
+			}
 			if !started && err == nil {
+				if retried {
+					logger.Info("MPS server is configured", "gpu", g.Name, "uuid", g.UUID, "defaults", g.Commands())
+				}
 				continue
 			}
 			if err != nil {

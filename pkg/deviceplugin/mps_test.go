@@ -3,10 +3,13 @@ package deviceplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -53,14 +56,26 @@ type mpsNode struct {
 
 func serveMPS(t *testing.T, root string, checkpoint string, before func(w *cdi.Writer, m *sharing.MPS)) *mpsNode {
 	t.Helper()
+	return serveMPSWith(t, root, checkpoint, standInControl(t), before)
+}
+
+// standInControl runs hack/fake-nvidia-cuda-mps-control.
+func standInControl(t *testing.T) sharing.ExecMPSControl {
+	t.Helper()
+	standIn, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
+	require.NoError(t, err)
+	return sharing.ExecMPSControl{Path: standIn}
+}
+
+// serveMPSWith is serveMPS with the servers run through control.
+func serveMPSWith(t *testing.T, root string, checkpoint string, control sharing.MPSControl, before func(w *cdi.Writer, m *sharing.MPS)) *mpsNode {
+	t.Helper()
 	m, inv := migMachine(t)
 	dir, cdiDir := t.TempDir(), t.TempDir()
 	k := startKubelet(t, dir)
 	w, err := cdi.NewWriter(cdiDir)
 	require.NoError(t, err)
-	standIn, err := filepath.Abs("../../hack/fake-nvidia-cuda-mps-control")
-	require.NoError(t, err)
-	mgr, err := sharing.NewManager(sharing.Options{Root: root, MPSControl: sharing.ExecMPSControl{Path: standIn}, MPSReadyTimeout: 5 * time.Second})
+	mgr, err := sharing.NewManager(sharing.Options{Root: root, MPSControl: control, MPSReadyTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	if before != nil {
 		before(w, mgr.MPS())
@@ -156,8 +171,11 @@ func TestServeMPS(t *testing.T) {
 	p, err := strconv.Atoi(strings.TrimSpace(string(pid)))
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(p, syscall.SIGKILL))
+	// The stand-in logs its start after it opens its FIFO, which the first
+	// command's client waits for: their lines come in either order.
 	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		return strings.Count(controlLog(t, s), "command set_default_active_thread_percentage 50") == 2, nil
+		log := controlLog(t, s)
+		return strings.Count(log, "command set_default_active_thread_percentage 50") >= 2 && strings.Count(log, "daemon start") >= 2, nil
 	})
 	require.NoError(t, err, "daemon not started and configured again: %s", controlLog(t, s))
 	assert.Equal(t, 2, strings.Count(controlLog(t, s), "daemon start"))
@@ -168,6 +186,58 @@ func TestServeMPS(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, servers, 1)
 	assert.Equal(t, s.Key, servers[0].Key)
+}
+
+// A daemon started again that refuses a command of its configuration is
+// configured again at the next check, although it runs: it would keep
+// no defaults otherwise.
+func TestServeMPSConfiguresARestartedServerAgain(t *testing.T) {
+	control := &refusingControl{MPSControl: standInControl(t)}
+	n := serveMPSWith(t, t.TempDir(), "", control, nil)
+	s := n.mps.ServerFor([]string{n.inv.GPUs[0].UUID})
+	const command = "set_default_active_thread_percentage 50"
+	require.Equal(t, 1, strings.Count(controlLog(t, s), "command "+command))
+
+	control.refuseOnce(command)
+	pid, err := os.ReadFile(filepath.Join(s.PipeDir(), "control.pid"))
+	require.NoError(t, err)
+	p, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(p, syscall.SIGKILL))
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return control.refused.Load() && strings.Count(controlLog(t, s), "command "+command) == 2, nil
+	})
+	require.NoError(t, err, "refused %t; daemon not configured again: %s", control.refused.Load(), controlLog(t, s))
+	assert.Equal(t, 2, strings.Count(controlLog(t, s), "daemon start"), "started again once")
+}
+
+// refusingControl fails one command, once it is armed, as a daemon that
+// does not take it would; the command never reaches the daemon.
+type refusingControl struct {
+	sharing.MPSControl
+	mu      sync.Mutex
+	refuse  string
+	refused atomic.Bool
+}
+
+func (c *refusingControl) refuseOnce(command string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refuse = command
+}
+
+func (c *refusingControl) Command(ctx context.Context, env []string, command string) error {
+	c.mu.Lock()
+	refuse := c.refuse != "" && c.refuse == command
+	if refuse {
+		c.refuse = ""
+	}
+	c.mu.Unlock()
+	if refuse {
+		c.refused.Store(true)
+		return errors.New("refused by the test")
+	}
+	return c.MPSControl.Command(ctx, env, command)
 }
 
 // At start, the specs and servers of GPUs no longer shared with MPS go,

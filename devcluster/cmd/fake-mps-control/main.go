@@ -15,7 +15,8 @@
 // Like the real one, a client reaches the daemon through the pipe directory
 // only, never by pid: the daemon may run in another PID namespace than the
 // client. The daemon holds a flock(2) on $pipe/control.lock while it lives
-// and reads the FIFO $pipe/control; control.pid is its pid as its own
+// (waiting up to 1 s for it: a client takes it for a moment to check for a
+// daemon) and reads the FIFO $pipe/control; control.pid is its pid as its own
 // namespace sees it, for tests. Commands are recorded in
 // ${CUDA_MPS_LOG_DIRECTORY:-$pipe}/control.log.
 //
@@ -88,7 +89,7 @@ func daemon(pipe, log string) {
 		alreadyRunning()
 	}
 	lockFile = f
-	if err := flock(int(f.Fd())); err != nil {
+	if err := flockWait(int(f.Fd()), daemonLockWait); err != nil {
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			fmt.Fprintf(os.Stderr, "flock: 8: %s\n", strerror(err))
 		}
@@ -236,6 +237,25 @@ func alive(pipe string) bool {
 		return true
 	}
 	return false // closing fd releases the lock at once
+}
+
+// daemonLockWait is how long the daemon waits for its lock, as the
+// script's `flock -w 1` does: a client checking for a daemon (alive) holds
+// it for a moment, and a daemon starting then must not take that client
+// for another daemon.
+const daemonLockWait = time.Second
+
+// flockWait takes an exclusive lock, waiting at most wait for it; like
+// `flock -w`, it fails with EWOULDBLOCK when the lock stays taken.
+func flockWait(fd int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := flock(fd)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // flock takes an exclusive lock without waiting, as `flock -n` does.

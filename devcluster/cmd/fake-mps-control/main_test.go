@@ -259,6 +259,31 @@ func TestDaemonAndClient(t *testing.T) {
 	}
 }
 
+// A client's check that a daemon runs takes the daemon's lock for a
+// moment (alive): a daemon starting in that moment waits it out instead of
+// taking the client for a daemon and exiting, which left the MPS server of
+// a plugin that probed it at once unanswered until the next start.
+func TestDaemonWaitsOutAClientsCheck(t *testing.T) {
+	bins := binaries(t)
+	for _, impl := range []string{goImpl, bashImpl} {
+		t.Run(impl, func(t *testing.T) {
+			bin := pick(t, bins, impl)
+			pipe := t.TempDir()
+			lock, err := os.OpenFile(filepath.Join(pipe, "control.lock"), os.O_RDONLY|os.O_CREATE, 0o666)
+			require.NoError(t, err)
+			defer lock.Close()
+			require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+			d := startDaemon(t, bin, environ("CUDA_MPS_PIPE_DIRECTORY="+pipe))
+			time.Sleep(300 * time.Millisecond)
+			require.NoError(t, lock.Close(), "the client's check ends")
+			pid := d.ready(t, pipe)
+			log, err := os.ReadFile(filepath.Join(pipe, "control.log"))
+			require.NoError(t, err)
+			assert.Equal(t, fmt.Sprintf("daemon start pid=%d CUDA_VISIBLE_DEVICES=\n", pid), string(log))
+		})
+	}
+}
+
 // Like the real daemon, the daemon goes when its pipe directory goes,
 // without a quit line.
 func TestDaemonEndsWithItsPipeDirectory(t *testing.T) {
