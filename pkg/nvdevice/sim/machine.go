@@ -61,7 +61,6 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("machine %q: %w", spec.Name, err)
 	}
-	model := gpuModels[spec.model()]
 	driver, cuda := spec.DriverVersion, spec.CUDADriverVersion
 	if driver == "" {
 		driver = defaultDriverVersion
@@ -78,6 +77,7 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 		inv:      nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: cuda},
 	}
 	for i := 0; i < spec.GPUCount; i++ {
+		model := gpuModels[spec.modelOf(i)]
 		g := nvdevice.GPU{
 			Index:                 i,
 			Minor:                 i,
@@ -98,13 +98,17 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 			CUDADriverVersion: cuda,
 			MIG: nvdevice.MIG{
 				Capable:  len(model.profiles) > 0,
-				Enabled:  spec.MigEnabled.enabled(i),
+				Enabled:  spec.migEnabled(i),
 				Profiles: append([]nvdevice.MigProfile(nil), model.profiles...),
 			},
 		}
 		switch spec.NVLink {
 		case NVLinkNVSwitch:
-			g.NVLink.Links = switchLinks()
+			// A product without NVLink (an L40S) on such a board is a card
+			// in a PCIe slot: no links, no NVLink domain.
+			if model.nvlinkLinks > 0 {
+				g.NVLink.Links = switchLinks()
+			}
 		case NVLinkBridgedPairs:
 			g.NVLink.Links = bridgeLinks(model.bridgeLinks, gpuBusID(i^1))
 		}
