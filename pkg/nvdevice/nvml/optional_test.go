@@ -57,8 +57,10 @@ func TestOptionalCallsMissingFromAnOlderDriver(t *testing.T) {
 			},
 		},
 		{
-			call:  "GetNvLinkState",
-			unset: func(g *fakeGPU) { g.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, notFound } },
+			call: "GetNvLinkState",
+			unset: func(g *fakeGPU) {
+				g.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, notFound }
+			},
 			check: func(t *testing.T, g nvdevice.GPU) { assert.Empty(t, g.NVLink.Links) },
 		},
 		{
