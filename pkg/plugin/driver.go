@@ -76,6 +76,9 @@ type Driver struct {
 	// the node lock or NVML, which a blocked prepare may hold.
 	built     *resourceslice.DriverResources
 	builtFrom *nvdevice.Inventory
+	// driverGone: the last inventory read found the NVIDIA driver not
+	// loaded (driverload.go); every GPU is tainted until it is back.
+	driverGone bool
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -164,7 +167,11 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, *nvdevice.Inventory, error) {
 	inv, err := d.backend.Inventory(ctx)
 	if err != nil {
-		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
+		// While the driver is gone the devices it had stay published,
+		// tainted (taints), and prepared claims stay prepared.
+		if inv = d.lastInventoryWithoutDriver(err); inv == nil {
+			return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
+		}
 	}
 	taints := d.taints(inv)
 	managed, err := d.state.ManagedMigDevices(ctx)

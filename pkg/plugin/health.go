@@ -218,10 +218,14 @@ func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.Device
 		// Remembered for the Events of a GPU that is gone by then.
 		d.gpuNames[g.UUID] = slicebuilder.GPUDeviceName(&g)
 		ev, bad := d.health[g.UUID]
+		value := healthValue(ev)
+		if d.driverGone && !bad {
+			bad, value = true, driverNotLoaded
+		}
 		if !bad {
 			continue
 		}
-		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: d.effect()}}
+		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: value, Effect: d.effect()}}
 		out[slicebuilder.GPUDeviceName(&g)] = taint
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {

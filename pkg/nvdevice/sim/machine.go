@@ -47,6 +47,8 @@ type Machine struct {
 	// usage is the processes on the devices and the ECC errors injected
 	// (processes.go), for Telemetry.
 	usage usage
+	// driverUnloaded: the kernel driver is gone (driverload.go).
+	driverUnloaded bool
 }
 
 var (
@@ -175,6 +177,9 @@ func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, fmt.Errorf("simulated machine %q is closed", m.spec.Name)
+	}
+	if err := m.driverLoadedLocked("nvmlDeviceGetCount"); err != nil {
+		return nil, err
 	}
 	if err := m.readFaults.takeLocked(); err != nil {
 		return nil, err

@@ -183,3 +183,33 @@ func TestMixedMachine(t *testing.T) {
 	assert.Equal(t, 350.0, byUUID[inv.GPUs[2].UUID].PowerLimitWatts.Value)
 	assert.False(t, byUUID[inv.GPUs[2].UUID].SMActive.Supported, "GPM on an L40S")
 }
+
+// TestDriverReload: while the driver is unloaded every read and MIG
+// operation fails with ErrDriverNotLoaded and the MIG instances go; loaded
+// again at a new version, the GPUs are the same and report it.
+func TestDriverReload(t *testing.T) {
+	m, err := NewBuiltin("../../../examples/machines/two-h100-mig.yaml", "node-a")
+	require.NoError(t, err)
+	ctx := context.Background()
+	before, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	require.Len(t, before.GPUs[0].MIG.Devices, 1)
+
+	m.UnloadDriver()
+	_, err = m.Inventory(ctx)
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+	_, err = m.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: before.GPUs[0].UUID, Profile: "1g.10gb", Start: 0})
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+	_, err = m.Telemetry(ctx)
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+
+	m.LoadDriver("580.159.04", "13.0")
+	after, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "580.159.04", after.DriverVersion)
+	assert.Equal(t, "13.0", after.CUDADriverVersion)
+	assert.Equal(t, "580.159.04", after.GPUs[1].DriverVersion)
+	assert.Equal(t, before.GPUs[1].UUID, after.GPUs[1].UUID)
+	assert.True(t, after.GPUs[0].MIG.Enabled, "MIG mode survives")
+	assert.Empty(t, after.GPUs[0].MIG.Devices, "MIG instances do not")
+}
