@@ -84,6 +84,9 @@ var (
 	ErrInsufficientResources = errors.New("insufficient resources")
 	// ErrGPULost: the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST).
 	ErrGPULost = errors.New("GPU is lost")
+	// ErrDriverNotLoaded: the NVIDIA kernel driver is not loaded, as during
+	// a driver upgrade or reload (NVML_ERROR_DRIVER_NOT_LOADED).
+	ErrDriverNotLoaded = errors.New("NVIDIA driver is not loaded")
 	// ErrInUse: a MIG device still has processes or compute instances
 	// (NVML_ERROR_IN_USE).
 	ErrInUse = errors.New("in use")

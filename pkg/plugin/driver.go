@@ -71,6 +71,14 @@ type Driver struct {
 	changed chan struct{}                   // closed on a health change
 	// gpuNames: GPU UUID -> device name, of every GPU published so far.
 	gpuNames map[string]string
+	// built and builtFrom are what Resources built last and the inventory
+	// it read: the health reports use them, so that they never wait for
+	// the node lock or NVML, which a blocked prepare may hold.
+	built     *resourceslice.DriverResources
+	builtFrom *nvdevice.Inventory
+	// driverGone: the last inventory read found the NVIDIA driver not
+	// loaded (driverload.go); every GPU is tainted until it is back.
+	driverGone bool
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -124,10 +132,25 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		out[c.UID] = err
 		destroyedMig = destroyedMig || (destroyed && err == nil)
 	}
+	d.republishAfterMigDestroy(ctx, destroyedMig)
+	return out, nil
+}
+
+// retryInterrupted retries the rollbacks of interrupted prepares; one that
+// destroys a MIG device the driver made changes what is published as an
+// unprepare does.
+func (d *Driver) retryInterrupted(ctx context.Context) {
+	d.republishAfterMigDestroy(ctx, d.state.RetryInterrupted(ctx))
+}
+
+// republishAfterMigDestroy republishes after the driver destroyed MIG
+// devices it made where that changes the slices: under a MIG policy
+// narrower than all (or offering only existing MIG devices) such a device
+// was published only while a claim's record named it.
+func (d *Driver) republishAfterMigDestroy(ctx context.Context, destroyedMig bool) {
 	if destroyedMig && (d.existingMigOnly || !d.migPolicy.PublishesAll()) {
 		d.republish(ctx)
 	}
-	return out, nil
 }
 
 // HandleError logs background errors; a fatal one stops the plugin through
@@ -144,7 +167,11 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, *nvdevice.Inventory, error) {
 	inv, err := d.backend.Inventory(ctx)
 	if err != nil {
-		return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
+		// While the driver is gone the devices it had stay published,
+		// tainted (taints), and prepared claims stay prepared.
+		if inv = d.lastInventoryWithoutDriver(err); inv == nil {
+			return resourceslice.DriverResources{}, nil, fmt.Errorf("read GPUs: %w", err)
+		}
 	}
 	taints := d.taints(inv)
 	managed, err := d.state.ManagedMigDevices(ctx)
@@ -156,6 +183,9 @@ func (d *Driver) Resources(ctx context.Context) (resourceslice.DriverResources, 
 		return resourceslice.DriverResources{}, nil, err
 	}
 	d.reportUnpublished(ctx, unpublishedMigGPUs(inv, res))
+	d.mu.Lock()
+	d.built, d.builtFrom = &res, inv
+	d.mu.Unlock()
 	if d.metrics != nil {
 		n := 0
 		for _, p := range res.Pools {

@@ -218,10 +218,14 @@ func (d *Driver) taints(inv *nvdevice.Inventory) map[string][]resourceapi.Device
 		// Remembered for the Events of a GPU that is gone by then.
 		d.gpuNames[g.UUID] = slicebuilder.GPUDeviceName(&g)
 		ev, bad := d.health[g.UUID]
+		value := healthValue(ev)
+		if d.driverGone && !bad {
+			bad, value = true, driverNotLoaded
+		}
 		if !bad {
 			continue
 		}
-		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: healthValue(ev), Effect: d.effect()}}
+		taint := []resourceapi.DeviceTaint{{Key: UnhealthyTaintKey, Value: value, Effect: d.effect()}}
 		out[slicebuilder.GPUDeviceName(&g)] = taint
 		for _, p := range g.MIG.Profiles {
 			for _, pl := range p.Placements {
@@ -247,20 +251,31 @@ func healthValue(ev nvdevice.HealthEvent) string {
 	return string(ev.Kind)
 }
 
-// report is the health of every device the node has now.
+// report is the health of every device the node publishes: the devices of
+// the last build, with the GPUs' health now. It reads neither the node lock
+// nor NVML (a prepare blocked in a MIG creation holds both, and the
+// kubelet's stream must not go quiet meanwhile); every change of the
+// devices rebuilds them (a republish). Only before any build does it build.
 func (d *Driver) report(ctx context.Context) (kubeletplugin.DeviceHealthReport, error) {
-	res, _, err := d.Resources(ctx)
-	if err != nil {
-		return kubeletplugin.DeviceHealthReport{}, err
+	d.mu.Lock()
+	res, inv := d.built, d.builtFrom
+	d.mu.Unlock()
+	if res == nil {
+		built, builtFrom, err := d.Resources(ctx)
+		if err != nil {
+			return kubeletplugin.DeviceHealthReport{}, err
+		}
+		res, inv = &built, builtFrom
 	}
+	taints := d.taints(inv)
 	now := time.Now()
 	var rep kubeletplugin.DeviceHealthReport
 	for _, pool := range res.Pools {
 		for _, s := range pool.Slices {
 			for _, dev := range s.Devices {
 				h := kubeletplugin.DeviceHealth{PoolName: d.pool, DeviceName: dev.Name, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
-				if len(dev.Taints) > 0 {
-					h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, dev.Taints[0].Value
+				if t := taints[dev.Name]; len(t) > 0 {
+					h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, t[0].Value
 				}
 				rep.Devices = append(rep.Devices, h)
 			}

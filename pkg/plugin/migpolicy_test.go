@@ -112,3 +112,36 @@ func publishedDevices(t *testing.T, d *Driver) map[string]bool {
 	}
 	return names
 }
+
+// TestRetriedRollbackRepublishes: a prepare that made a MIG device is
+// killed, and its rollback at the restart fails (the GPU is lost). Under a
+// narrowed MIG policy the device stays published while its record names
+// it; when the periodic retry finally destroys it, the slices are
+// republished without it.
+func TestRetriedRollbackRepublishes(t *testing.T) {
+	const dev = "gpu-0-mig-1g-10gb-6"
+	e := newEnv(t)
+	e.crashAt = func(step string) {
+		if step == "after-mig-create" {
+			panic(step)
+		}
+	}
+	s := e.start()
+	func() {
+		defer func() { require.Equal(t, "after-mig-create", recover()) }()
+		_, _ = prep(s, claim("u1", []string{dev}))
+	}()
+	e.crashAt = nil
+	gpu0 := inventory(t, e.machine).GPUs[0].UUID
+	require.NoError(t, e.machine.LoseGPU(gpu0))
+	d := &Driver{state: e.start(), backend: e.machine, pool: pool, repub: newRepublisher(),
+		migPolicy: slicebuilder.MigPolicy{Profiles: []string{"3g.40gb"}}}
+	d.retryInterrupted(context.Background())
+	assert.False(t, queuedRepublish(d), "the GPU is lost: nothing rolled back, nothing republished")
+	require.NoError(t, e.machine.RecoverGPU(gpu0))
+	assert.True(t, publishedDevices(t, d)[dev], "named by the interrupted prepare's record: published")
+	d.retryInterrupted(context.Background())
+	assert.True(t, queuedRepublish(d), "the rollback destroyed the MIG device: republished")
+	assert.False(t, publishedDevices(t, d)[dev], "withdrawn")
+	assert.True(t, publishedDevices(t, d)["gpu-0-mig-3g-40gb-4"], "the policy's placement it overlapped is back")
+}

@@ -233,7 +233,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 	go wait.UntilWithContext(ctx, driverSpec.refresh, driverSpecEvery)
 	// Rollbacks that failed at start (a lost GPU, say) are retried; the
 	// rest of the node works meanwhile.
-	go wait.UntilWithContext(ctx, state.RetryInterrupted, retryInterruptedEvery)
+	go wait.UntilWithContext(ctx, d.retryInterrupted, retryInterruptedEvery)
 	// MPS servers that are gone are started again; under the node lock,
 	// from the checkpoint, so that a server another instance just stopped
 	// is never brought back.

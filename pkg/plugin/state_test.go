@@ -44,8 +44,11 @@ type env struct {
 // placements there, plain whole GPUs on 2 to 7.
 const testMachine = "name: dgx-h100-mig01\ngpuModel: h100-sxm5\ngpuCount: 8\nnvlink: nvswitch\nmigEnabled: [0, 1]\n"
 
-func newEnv(t testing.TB) *env {
-	spec, err := sim.ParseSpec([]byte(testMachine))
+func newEnv(t testing.TB) *env { return newEnvOf(t, testMachine) }
+
+// newEnvOf is newEnv over another machine spec (YAML).
+func newEnvOf(t testing.TB, machine string) *env {
+	spec, err := sim.ParseSpec([]byte(machine))
 	require.NoError(t, err)
 	m, err := sim.New(spec, pool)
 	require.NoError(t, err)

@@ -18,7 +18,8 @@ import (
 // fails is logged and kept for RetryInterrupted.
 func (s *NodeState) sweep(ctx context.Context) error {
 	return s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
-		errs := []error{s.rollbackInterruptedLocked(ctx, cp)}
+		_, err := s.rollbackInterruptedLocked(ctx, cp)
+		errs := []error{err}
 		// A kill between staging a checkpoint and its rename leaves the
 		// staged file; nothing else stores now (the node lock is held).
 		if err := checkpoint.RemoveStale(s.opts.CheckpointPath); err != nil {
@@ -57,14 +58,19 @@ func (s *NodeState) sweep(ctx context.Context) error {
 
 // RetryInterrupted rolls back the prepares that a kill interrupted and whose
 // rollback failed before (a GPU that was lost, say). It is cheap when there
-// is none; the plugin calls it periodically.
-func (s *NodeState) RetryInterrupted(ctx context.Context) {
+// is none; the plugin calls it periodically (Driver.retryInterrupted). It
+// reports whether a rollback destroyed MIG devices the driver had made.
+func (s *NodeState) RetryInterrupted(ctx context.Context) bool {
+	destroyedMig := false
 	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
-		return s.rollbackInterruptedLocked(ctx, cp)
+		var err error
+		destroyedMig, err = s.rollbackInterruptedLocked(ctx, cp)
+		return err
 	})
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Rolling back interrupted prepares failed; kept and retried later")
 	}
+	return destroyedMig
 }
 
 // SuperviseSharing starts again what prepared claims need and is gone (an
@@ -106,10 +112,12 @@ func (s *NodeState) Interrupted(ctx context.Context) ([]string, error) {
 }
 
 // rollbackInterruptedLocked rolls back every record of an interrupted
-// prepare. Under the node lock such a record is never one in progress: a
+// prepare, and reports whether one that it rolled back had made MIG
+// devices. Under the node lock such a record is never one in progress: a
 // prepare holds the lock from its intent to its completion.
-func (s *NodeState) rollbackInterruptedLocked(ctx context.Context, cp *checkpoint.Checkpoint) error {
+func (s *NodeState) rollbackInterruptedLocked(ctx context.Context, cp *checkpoint.Checkpoint) (bool, error) {
 	var errs []error
+	destroyedMig := false
 	for uid, c := range cp.Claims {
 		if c.State != prepared.PrepareStarted {
 			continue
@@ -117,7 +125,9 @@ func (s *NodeState) rollbackInterruptedLocked(ctx context.Context, cp *checkpoin
 		klog.FromContext(ctx).Info("Rolling back a prepare interrupted by a restart", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 		if err := s.rollbackLocked(ctx, cp, uid); err != nil {
 			errs = append(errs, fmt.Errorf("claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err))
+			continue
 		}
+		destroyedMig = destroyedMig || c.CreatesMig()
 	}
-	return errors.Join(errs...)
+	return destroyedMig, errors.Join(errs...)
 }

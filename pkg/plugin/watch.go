@@ -18,10 +18,11 @@ import (
 const inventoryPoll = 15 * time.Second
 
 // fingerprint captures what in an inventory changes the published devices:
-// the GPUs, their MIG mode and the MIG devices someone else made. The
-// driver's own MIG devices (managed) change nothing published.
+// the driver's versions (an upgrade under the running plugin), the GPUs,
+// their MIG mode and the MIG devices someone else made. The driver's own
+// MIG devices (managed) change nothing published.
 func fingerprint(inv *nvdevice.Inventory, managed map[string]bool) string {
-	var parts []string
+	parts := []string{"driver=" + inv.DriverVersion + "/" + inv.CUDADriverVersion}
 	for _, g := range inv.GPUs {
 		parts = append(parts, fmt.Sprintf("%s/mig=%t", g.UUID, g.MIG.Enabled))
 		for _, d := range g.MIG.Devices {
@@ -37,6 +38,10 @@ func fingerprint(inv *nvdevice.Inventory, managed map[string]bool) string {
 // checkInventory republishes when the node's devices changed since last seen.
 func (d *Driver) checkInventory(ctx context.Context, last *string) {
 	inv, err := d.backend.Inventory(ctx)
+	if d.noteDriverLoaded(ctx, err) {
+		d.republish(ctx)
+		d.notifyHealthChanged()
+	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reading GPUs failed")
 		return

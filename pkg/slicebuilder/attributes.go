@@ -93,9 +93,15 @@ func Semver(v string) (string, bool) {
 // building maps each time: five engine capacities made a 9-GPU claim that
 // fits nowhere cost 1.7x more at 1,000 MIG-off nodes (docs/scale.md). The
 // engines still count in the GPU's shared counters, where MIG needs them.
+//
+// A GPU whose multiprocessors NVML does not count (one that is not
+// MIG-capable, such as an L40S: nvdevice.GPU.Engines is zero) publishes no
+// multiprocessors capacity rather than 0, which a claim asking for any
+// would read as a GPU without SMs.
 func capacities(memoryMiB uint64, e nvdevice.Engines) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
-	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapacityMemory:          {Value: mebibytes(memoryMiB)},
-		CapacityMultiprocessors: {Value: *resource.NewQuantity(int64(e.Multiprocessors), resource.DecimalSI)},
+	out := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapacityMemory: {Value: mebibytes(memoryMiB)}}
+	if e.Multiprocessors > 0 {
+		out[CapacityMultiprocessors] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(e.Multiprocessors), resource.DecimalSI)}
 	}
+	return out
 }

@@ -46,6 +46,8 @@ func (e *nvmlError) sentinel() error {
 		return nvdevice.ErrInUse
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
 		return nvdevice.ErrLibraryNotFound
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return nvdevice.ErrDriverNotLoaded
 	}
 	return nil
 }

@@ -70,13 +70,29 @@ func (b *Backend) freePassState() {
 	}
 }
 
+// symGpmQueryDeviceSupport is the first GPM call; a library without it has
+// none of them.
+const symGpmQueryDeviceSupport = "nvmlGpmQueryDeviceSupport"
+
 // gpmSupported says whether GPM works on the GPU (Hopper and later; not
 // through every hypervisor), asking NVML once per GPU.
 func (b *Backend) gpmSupported(logger logr.Logger, gpuUUID string, dev nvml.Device) bool {
 	if ok, known := b.pass.gpmSupport[gpuUUID]; known {
 		return ok
 	}
+	// GPM came with the R525 drivers (CUDA 12.0); the first Hopper
+	// drivers (R520) lack it, and calling a function the library lacks
+	// kills the process.
+	if !b.hasSymbol(symGpmQueryDeviceSupport) {
+		logger.V(4).Info("Telemetry reading unsupported", "field", "GPM", "err", "the NVML library has no GPM")
+		b.pass.gpmSupport[gpuUUID] = false
+		return false
+	}
 	sup, ret := dev.GpmQueryDeviceSupport()
+	if absent(ret, symGpmQueryDeviceSupport) {
+		b.pass.gpmSupport[gpuUUID] = false
+		return false
+	}
 	if !field(logger, ret, "GPM support") {
 		return false // asked again next pass
 	}

@@ -103,7 +103,7 @@ func (b *Backend) registerEvents(ctx context.Context) (nvml.EventSet, []watchedG
 		} else if ret == nvml.SUCCESS {
 			ret = nvml.ERROR_NOT_SUPPORTED
 		}
-		if ret == nvml.ERROR_NOT_SUPPORTED {
+		if absent(ret, "nvmlDeviceRegisterEvents") {
 			logger.Info("GPU does not report XID events, its health is not watched", "index", i, "uuid", uuid)
 			continue
 		}

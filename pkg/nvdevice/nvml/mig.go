@@ -75,7 +75,7 @@ func (b *Backend) readProfiles(dev nvml.Device, g *nvdevice.GPU, totalBytes uint
 	var out []giProfile
 	for i := range nvml.GPU_INSTANCE_PROFILE_COUNT {
 		info, ret := dev.GetGpuInstanceProfileInfo(i)
-		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+		if absent(ret, "nvmlDeviceGetGpuInstanceProfileInfo") || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if err := check(ret, "read MIG profile %d of GPU %d (%s)", i, g.Index, g.UUID); err != nil {
@@ -95,7 +95,7 @@ func (b *Backend) readProfiles(dev nvml.Device, g *nvdevice.GPU, totalBytes uint
 			MemoryMiB: info.MemorySizeMB, Engines: enginesOf(info),
 		}
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
-		if ret != nvml.ERROR_NOT_SUPPORTED {
+		if !absent(ret, "nvmlDeviceGetGpuInstancePossiblePlacements") {
 			if err := check(ret, "read placements of MIG profile %s on GPU %d (%s)", name, g.Index, g.UUID); err != nil {
 				return nil, err
 			}
@@ -110,7 +110,7 @@ func (b *Backend) readProfiles(dev nvml.Device, g *nvdevice.GPU, totalBytes uint
 
 func (b *Backend) readMIG(dev nvml.Device, g *nvdevice.GPU, totalBytes uint64) (nvdevice.MIG, error) {
 	current, _, ret := dev.GetMigMode()
-	if ret == nvml.ERROR_NOT_SUPPORTED {
+	if absent(ret, "nvmlDeviceGetMigMode") {
 		return nvdevice.MIG{}, nil
 	}
 	if err := check(ret, "read MIG mode of GPU %d (%s)", g.Index, g.UUID); err != nil {
@@ -177,7 +177,7 @@ func computeInstances(gi nvml.GpuInstance) ([]ciOf, error) {
 	var out []ciOf
 	for j := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
 		info, ret := gi.GetComputeInstanceProfileInfo(j, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+		if absent(ret, "nvmlGpuInstanceGetComputeInstanceProfileInfo") || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if err := check(ret, "read compute instance profile %d", j); err != nil {

@@ -29,7 +29,7 @@ func (b *Backend) migParent(uuid string) (nvml.Device, nvdevice.GPU, error) {
 		return nil, g, err
 	}
 	mode, _, ret := dev.GetMigMode()
-	if ret == nvml.ERROR_NOT_SUPPORTED {
+	if absent(ret, "nvmlDeviceGetMigMode") {
 		return nil, g, fmt.Errorf("GPU %d (%s) is not MIG capable: %w", g.Index, uuid, nvdevice.ErrMigDisabled)
 	}
 	if err := check(ret, "read MIG mode of GPU %d (%s)", g.Index, uuid); err != nil {

@@ -20,7 +20,7 @@ func (b *Backend) readLinks(dev nvml.Device, g *nvdevice.GPU) ([]nvdevice.NVLink
 	var links []nvdevice.NVLinkLink
 	for l := range nvml.NVLINK_MAX_LINKS {
 		state, ret := dev.GetNvLinkState(l)
-		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
+		if absent(ret, "nvmlDeviceGetNvLinkState") || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if ret == nvml.ERROR_GPU_IS_LOST {
@@ -67,11 +67,11 @@ func (b *Backend) readFabric(ctx context.Context, dev nvml.Device, g *nvdevice.G
 		return nil, nil
 	}
 	fi, ret := dev.GetGpuFabricInfo()
-	switch ret {
-	case nvml.SUCCESS:
-	case nvml.ERROR_NOT_SUPPORTED:
+	switch {
+	case ret == nvml.SUCCESS:
+	case absent(ret, "nvmlDeviceGetGpuFabricInfo"):
 		return nil, nil
-	case nvml.ERROR_GPU_IS_LOST:
+	case ret == nvml.ERROR_GPU_IS_LOST:
 		return nil, check(ret, "read fabric info of GPU %d (%s)", g.Index, g.UUID)
 	default:
 		klog.FromContext(ctx).Error(check(ret, "read fabric info"), "NVLink fabric membership unknown", "index", g.Index, "uuid", g.UUID)

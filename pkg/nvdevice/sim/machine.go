@@ -47,6 +47,8 @@ type Machine struct {
 	// usage is the processes on the devices and the ECC errors injected
 	// (processes.go), for Telemetry.
 	usage usage
+	// driverUnloaded: the kernel driver is gone (driverload.go).
+	driverUnloaded bool
 }
 
 var (
@@ -61,7 +63,6 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("machine %q: %w", spec.Name, err)
 	}
-	model := gpuModels[spec.model()]
 	driver, cuda := spec.DriverVersion, spec.CUDADriverVersion
 	if driver == "" {
 		driver = defaultDriverVersion
@@ -78,6 +79,7 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 		inv:      nvdevice.Inventory{DriverVersion: driver, CUDADriverVersion: cuda},
 	}
 	for i := 0; i < spec.GPUCount; i++ {
+		model := gpuModels[spec.modelOf(i)]
 		g := nvdevice.GPU{
 			Index:                 i,
 			Minor:                 i,
@@ -98,13 +100,17 @@ func New(spec MachineSpec, nodeName string) (*Machine, error) {
 			CUDADriverVersion: cuda,
 			MIG: nvdevice.MIG{
 				Capable:  len(model.profiles) > 0,
-				Enabled:  spec.MigEnabled.enabled(i),
+				Enabled:  spec.migEnabled(i),
 				Profiles: append([]nvdevice.MigProfile(nil), model.profiles...),
 			},
 		}
 		switch spec.NVLink {
 		case NVLinkNVSwitch:
-			g.NVLink.Links = switchLinks()
+			// A product without NVLink (an L40S) on such a board is a card
+			// in a PCIe slot: no links, no NVLink domain.
+			if model.nvlinkLinks > 0 {
+				g.NVLink.Links = switchLinks()
+			}
 		case NVLinkBridgedPairs:
 			g.NVLink.Links = bridgeLinks(model.bridgeLinks, gpuBusID(i^1))
 		}
@@ -171,6 +177,9 @@ func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, fmt.Errorf("simulated machine %q is closed", m.spec.Name)
+	}
+	if err := m.driverLoadedLocked("nvmlDeviceGetCount"); err != nil {
+		return nil, err
 	}
 	if err := m.readFaults.takeLocked(); err != nil {
 		return nil, err

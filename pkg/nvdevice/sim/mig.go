@@ -58,6 +58,9 @@ func (m *Machine) gpuLocked(uuid string) (*nvdevice.GPU, error) {
 	if m.closed {
 		return nil, fmt.Errorf("simulated machine %q is closed", m.spec.Name)
 	}
+	if err := m.driverLoadedLocked("find GPU " + uuid); err != nil {
+		return nil, err
+	}
 	g, err := m.inv.GPUByUUID(uuid)
 	if err != nil {
 		return nil, err

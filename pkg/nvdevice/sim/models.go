@@ -8,7 +8,8 @@ import (
 
 // gpuModel is the fixed description of one GPU product: the H100 from
 // ../shared/facts/h100.md (figures marked "derived" there are derived here
-// too), the H200 from the real H200 that ../shared/real-gpus/h200 captured.
+// too), the H200 from the real H200 that ../shared/real-gpus/h200 captured,
+// the L40S (not MIG-capable) from what NVML reports on a real one.
 type gpuModel struct {
 	productName  string
 	brand        string
@@ -23,6 +24,9 @@ type gpuModel struct {
 	// cards (nvlink: bridged-pairs), all to the partner card.
 	bridgeLinks int
 	profiles    []nvdevice.MigProfile
+	// noGPM: NVML's GPU performance monitoring is Hopper and later; on
+	// older products it reads not supported.
+	noGPM bool
 }
 
 // Model names a machine spec can use.
@@ -30,6 +34,7 @@ const (
 	ModelH100SXM5 = "h100-sxm5"
 	ModelH100PCIe = "h100-pcie"
 	ModelH200SXM  = "h200-sxm"
+	ModelL40S     = "l40s"
 )
 
 // migGeometry is the part of a GPU-instance profile that is the same on
@@ -173,5 +178,23 @@ var gpuModels = map[string]gpuModel{
 			{7, "1g.18gb+me", 16384, 16},
 			{9, "1g.35gb", 33280, 26},
 		}),
+	},
+	// L40S (Ada Lovelace, 48 GB GDDR6, PCIe), the product most often put
+	// beside H100s: not MIG-capable, no NVLink. The figures are what NVML
+	// reports on a real L40S (nvidia-smi -q and --query-gpu on driver
+	// 595.71.05: "NVIDIA L40S", brand NVIDIA, architecture Ada Lovelace,
+	// MIG mode N/A, 46068 MiB, PCI device 0x26B910DE) and the compute
+	// capability 8.9 of every AD102. Its engines stay unknown (zero), as
+	// the NVML backend reads them: NVML counts a full GPU's multiprocessors
+	// and engines only through MIG profiles, and this GPU has none (the
+	// datasheet's 142 SMs are not something NVML says).
+	ModelL40S: {
+		productName:  "NVIDIA L40S",
+		brand:        "NVIDIA",
+		architecture: "Ada Lovelace",
+		computeCap:   "8.9",
+		memoryMiB:    46068,
+		pciDeviceID:  "10de:26b9",
+		noGPM:        true,
 	},
 }

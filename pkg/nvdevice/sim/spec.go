@@ -15,23 +15,26 @@ import (
 // and tests and the demo can shape their own nodes in a small YAML file:
 //
 //	name: two-h100-mig
-//	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie | h200-sxm
+//	gpuModel: h100-sxm5        # h100-sxm5 | h100-pcie | h200-sxm | l40s
 //	gpuCount: 2
+//	otherModels:               # other products at some indexes (a mixed node)
+//	- {model: l40s, gpus: [1]}
 //	nvlink: nvswitch           # nvswitch | bridged-pairs | none
 //	migEnabled: all            # all | none | a list of GPU indexes: [0]
 //	migDevices:                # MIG devices that exist at start
 //	- {gpu: 0, profile: 3g.40gb, start: 4}
 //	fabric: {clusterUUID: 4d1c2b3a-0000-4000-8000-000000000001, cliqueID: 7}
 type MachineSpec struct {
-	Name              string          `json:"name"`
-	GPUModel          string          `json:"gpuModel,omitempty"`
-	GPUCount          int             `json:"gpuCount"`
-	NVLink            string          `json:"nvlink,omitempty"`
-	MigEnabled        MigEnabledSpec  `json:"migEnabled,omitempty"`
-	MigDevices        []MigDeviceSpec `json:"migDevices,omitempty"`
-	Fabric            *FabricSpec     `json:"fabric,omitempty"`
-	DriverVersion     string          `json:"driverVersion,omitempty"`
-	CUDADriverVersion string          `json:"cudaDriverVersion,omitempty"`
+	Name              string           `json:"name"`
+	GPUModel          string           `json:"gpuModel,omitempty"`
+	GPUCount          int              `json:"gpuCount"`
+	OtherModels       []OtherModelSpec `json:"otherModels,omitempty"`
+	NVLink            string           `json:"nvlink,omitempty"`
+	MigEnabled        MigEnabledSpec   `json:"migEnabled,omitempty"`
+	MigDevices        []MigDeviceSpec  `json:"migDevices,omitempty"`
+	Fabric            *FabricSpec      `json:"fabric,omitempty"`
+	DriverVersion     string           `json:"driverVersion,omitempty"`
+	CUDADriverVersion string           `json:"cudaDriverVersion,omitempty"`
 }
 
 // NVLink topologies.
@@ -92,6 +95,14 @@ func (m MigEnabledSpec) enabled(index int) bool {
 		}
 	}
 	return false
+}
+
+// OtherModelSpec puts another product than gpuModel at some GPU indexes:
+// a node that mixes products, such as H100s beside L40S cards, which are
+// not MIG-capable.
+type OtherModelSpec struct {
+	Model string `json:"model"`
+	GPUs  []int  `json:"gpus"`
 }
 
 // MigDeviceSpec is a MIG device that exists when the machine starts.
@@ -200,6 +211,7 @@ func (s MachineSpec) Validate() error {
 	if _, ok := gpuModels[model]; !ok {
 		errs = append(errs, fmt.Errorf("gpuModel: unknown model %q, want one of %s", s.GPUModel, strings.Join(modelNames(), ", ")))
 	}
+	errs = append(errs, s.validateOtherModels()...)
 	switch s.NVLink {
 	case "", NVLinkNone:
 	case NVLinkNVSwitch:
@@ -219,12 +231,14 @@ func (s MachineSpec) Validate() error {
 	for _, i := range s.MigEnabled.Indexes {
 		if i < 0 || i >= s.GPUCount {
 			errs = append(errs, fmt.Errorf("migEnabled: GPU index %d out of range [0,%d)", i, s.GPUCount))
+		} else if m, ok := gpuModels[s.modelOf(i)]; ok && len(m.profiles) == 0 {
+			errs = append(errs, fmt.Errorf("migEnabled: GPU %d is a %s, which is not MIG-capable", i, s.modelOf(i)))
 		}
 	}
 	for i, d := range s.MigDevices {
 		if d.GPU < 0 || d.GPU >= s.GPUCount {
 			errs = append(errs, fmt.Errorf("migDevices[%d].gpu: index %d out of range [0,%d)", i, d.GPU, s.GPUCount))
-		} else if !s.MigEnabled.enabled(d.GPU) {
+		} else if !s.migEnabled(d.GPU) {
 			errs = append(errs, fmt.Errorf("migDevices[%d].gpu: MIG is not enabled on GPU %d", i, d.GPU))
 		}
 	}
@@ -254,4 +268,53 @@ func (s MachineSpec) model() string {
 		return ModelH100SXM5
 	}
 	return s.GPUModel
+}
+
+// modelOf is the model of the GPU at index i.
+func (s MachineSpec) modelOf(i int) string {
+	for _, o := range s.OtherModels {
+		for _, g := range o.GPUs {
+			if g == i {
+				return o.Model
+			}
+		}
+	}
+	return s.model()
+}
+
+// migEnabled says whether GPU i starts in MIG mode: "all" means every
+// MIG-capable GPU of the machine.
+func (s MachineSpec) migEnabled(i int) bool {
+	m, ok := gpuModels[s.modelOf(i)]
+	return ok && len(m.profiles) > 0 && s.MigEnabled.enabled(i)
+}
+
+// validateOtherModels checks otherModels: known models, indexes in range
+// and named once, and an NVLink topology every GPU of the pair or board
+// can be part of.
+func (s MachineSpec) validateOtherModels() []error {
+	var errs []error
+	seen := map[int]bool{}
+	for i, o := range s.OtherModels {
+		m, ok := gpuModels[o.Model]
+		if !ok {
+			errs = append(errs, fmt.Errorf("otherModels[%d].model: unknown model %q, want one of %s", i, o.Model, strings.Join(modelNames(), ", ")))
+		}
+		if len(o.GPUs) == 0 {
+			errs = append(errs, fmt.Errorf("otherModels[%d].gpus: name at least one GPU index", i))
+		}
+		for _, g := range o.GPUs {
+			switch {
+			case g < 0 || g >= s.GPUCount:
+				errs = append(errs, fmt.Errorf("otherModels[%d].gpus: GPU index %d out of range [0,%d)", i, g, s.GPUCount))
+			case seen[g]:
+				errs = append(errs, fmt.Errorf("otherModels[%d].gpus: GPU %d is named twice", i, g))
+			}
+			seen[g] = true
+		}
+		if ok && s.NVLink == NVLinkBridgedPairs && m.bridgeLinks == 0 {
+			errs = append(errs, fmt.Errorf("otherModels[%d].model: %s has no NVLink bridges (nvlink: %s needs them on every GPU)", i, o.Model, NVLinkBridgedPairs))
+		}
+	}
+	return errs
 }

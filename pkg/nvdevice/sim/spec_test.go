@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -41,6 +44,13 @@ cudaDriverVersion: "12.4"
 		{name: "bad migEnabled", yaml: "name: x\ngpuCount: 1\nmigEnabled: some\n", wantErr: "migEnabled: want"},
 		{name: "migEnabled out of range", yaml: "name: x\ngpuCount: 1\nmigEnabled: [3]\n", wantErr: "migEnabled: GPU index 3 out of range"},
 		{name: "mig device without MIG", yaml: "name: x\ngpuCount: 2\nmigEnabled: [0]\nmigDevices: [{gpu: 1, profile: 1g.10gb, start: 0}]\n", wantErr: "migDevices[0].gpu: MIG is not enabled on GPU 1"},
+		{name: "mixed products", yaml: "name: x\ngpuCount: 3\nnvlink: nvswitch\nmigEnabled: all\notherModels: [{model: l40s, gpus: [2]}]\n"},
+		{name: "other model unknown", yaml: "name: x\ngpuCount: 2\notherModels: [{model: a100, gpus: [1]}]\n", wantErr: `otherModels[0].model: unknown model "a100"`},
+		{name: "other model out of range", yaml: "name: x\ngpuCount: 2\notherModels: [{model: l40s, gpus: [2]}]\n", wantErr: "otherModels[0].gpus: GPU index 2 out of range [0,2)"},
+		{name: "other model named twice", yaml: "name: x\ngpuCount: 2\notherModels: [{model: l40s, gpus: [1]}, {model: h200-sxm, gpus: [1]}]\n", wantErr: "otherModels[1].gpus: GPU 1 is named twice"},
+		{name: "other model without GPUs", yaml: "name: x\ngpuCount: 2\notherModels: [{model: l40s}]\n", wantErr: "otherModels[0].gpus: name at least one GPU index"},
+		{name: "MIG on a product without MIG", yaml: "name: x\ngpuCount: 2\nmigEnabled: [1]\notherModels: [{model: l40s, gpus: [1]}]\n", wantErr: "migEnabled: GPU 1 is a l40s, which is not MIG-capable"},
+		{name: "bridged pairs with a product without bridges", yaml: "name: x\ngpuCount: 2\ngpuModel: h100-pcie\nnvlink: bridged-pairs\notherModels: [{model: l40s, gpus: [1]}]\n", wantErr: "otherModels[0].model: l40s has no NVLink bridges"},
 		{name: "bad cluster uuid", yaml: "name: x\ngpuCount: 1\nnvlink: nvswitch\nfabric: {clusterUUID: nope}\n", wantErr: "fabric.clusterUUID"},
 	}
 	for _, tc := range tests {
@@ -131,4 +141,75 @@ func TestSpecRoundTrip(t *testing.T) {
 		assert.Equal(t, spec.MigEnabled, back.MigEnabled, "%s", data)
 		assert.Equal(t, spec.GPUCount, back.GPUCount)
 	}
+}
+
+// TestMixedMachine builds examples/machines/h100-l40s-mixed.yaml: the
+// H100s are MIG-capable and in MIG mode ("all"), the L40S cards are
+// neither, have no NVLink and take no MIG device; telemetry reads each
+// product's own figures (no GPM on the L40S).
+func TestMixedMachine(t *testing.T) {
+	m, err := NewBuiltin("../../../examples/machines/h100-l40s-mixed.yaml", "node-a")
+	require.NoError(t, err)
+	ctx := context.Background()
+	inv, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	require.Len(t, inv.GPUs, 4)
+	for _, g := range inv.GPUs[:2] {
+		assert.Equal(t, "NVIDIA H100 80GB HBM3", g.ProductName)
+		assert.True(t, g.MIG.Capable && g.MIG.Enabled, "GPU %d", g.Index)
+		assert.NotEmpty(t, g.NVLink.Domain, "GPU %d", g.Index)
+	}
+	for _, g := range inv.GPUs[2:] {
+		assert.Equal(t, "NVIDIA L40S", g.ProductName)
+		assert.Equal(t, "Ada Lovelace", g.Architecture)
+		assert.Equal(t, "8.9", g.CUDAComputeCapability)
+		assert.Equal(t, uint64(46068), g.MemoryMiB)
+		assert.Equal(t, "10de:26b9", g.PCI.DeviceID)
+		assert.False(t, g.MIG.Capable || g.MIG.Enabled, "GPU %d", g.Index)
+		assert.Empty(t, g.MIG.Profiles)
+		assert.Empty(t, g.NVLink.Links)
+		assert.Empty(t, g.NVLink.Domain)
+	}
+	_, err = m.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[2].UUID, Profile: "1g.10gb", Start: 0})
+	require.Error(t, err, "a MIG device on an L40S")
+
+	samples, err := m.Telemetry(ctx)
+	require.NoError(t, err)
+	byUUID := map[string]nvdevice.TelemetrySample{}
+	for _, s := range samples {
+		byUUID[s.UUID] = s
+	}
+	assert.Equal(t, 700.0, byUUID[inv.GPUs[0].UUID].PowerLimitWatts.Value)
+	assert.Equal(t, 350.0, byUUID[inv.GPUs[2].UUID].PowerLimitWatts.Value)
+	assert.False(t, byUUID[inv.GPUs[2].UUID].SMActive.Supported, "GPM on an L40S")
+}
+
+// TestDriverReload: while the driver is unloaded every read and MIG
+// operation fails with ErrDriverNotLoaded and the MIG instances go; loaded
+// again at a new version, the GPUs are the same and report it.
+func TestDriverReload(t *testing.T) {
+	m, err := NewBuiltin("../../../examples/machines/two-h100-mig.yaml", "node-a")
+	require.NoError(t, err)
+	ctx := context.Background()
+	before, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	require.Len(t, before.GPUs[0].MIG.Devices, 1)
+
+	m.UnloadDriver()
+	_, err = m.Inventory(ctx)
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+	_, err = m.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: before.GPUs[0].UUID, Profile: "1g.10gb", Start: 0})
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+	_, err = m.Telemetry(ctx)
+	require.ErrorIs(t, err, nvdevice.ErrDriverNotLoaded)
+
+	m.LoadDriver("580.159.04", "13.0")
+	after, err := m.Inventory(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "580.159.04", after.DriverVersion)
+	assert.Equal(t, "13.0", after.CUDADriverVersion)
+	assert.Equal(t, "580.159.04", after.GPUs[1].DriverVersion)
+	assert.Equal(t, before.GPUs[1].UUID, after.GPUs[1].UUID)
+	assert.True(t, after.GPUs[0].MIG.Enabled, "MIG mode survives")
+	assert.Empty(t, after.GPUs[0].MIG.Devices, "MIG instances do not")
 }

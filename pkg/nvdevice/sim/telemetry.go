@@ -23,6 +23,10 @@ var powerModels = map[string]powerModel{
 	ModelH100SXM5: {limitW: 700, idleW: 72, idleSMMHz: 345, maxSMMHz: 1980, idleCelsius: 31, maxCelsius: 74, pcieBytesPerSecondAtFull: 25e9},
 	ModelH100PCIe: {limitW: 350, idleW: 48, idleSMMHz: 345, maxSMMHz: 1755, idleCelsius: 33, maxCelsius: 78, pcieBytesPerSecondAtFull: 25e9},
 	ModelH200SXM:  {limitW: 700, idleW: 76, idleSMMHz: 345, maxSMMHz: 1980, idleCelsius: 30, maxCelsius: 72, pcieBytesPerSecondAtFull: 25e9},
+	// L40S: its 350 W board power and 2520 MHz boost clock are NVIDIA's
+	// datasheet figures; idle power, idle clock and temperatures are
+	// plausible, not measured. PCIe Gen4 x16.
+	ModelL40S: {limitW: 350, idleW: 36, idleSMMHz: 210, maxSMMHz: 2520, idleCelsius: 30, maxCelsius: 80, pcieBytesPerSecondAtFull: 25e9},
 }
 
 // baseUsedMiB is what the driver keeps of an idle device's framebuffer.
@@ -81,12 +85,11 @@ func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, er
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
-	pm := powerModels[m.spec.model()]
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []nvdevice.TelemetrySample
 	for _, g := range inv.GPUs {
-		s, migs := m.gpuTelemetry(pm, &g)
+		s, migs := m.gpuTelemetry(powerModels[m.spec.modelOf(g.Index)], &g)
 		out = append(out, s)
 		out = append(out, migs...)
 	}
@@ -123,7 +126,9 @@ func (m *Machine) gpuTelemetry(pm powerModel, g *nvdevice.GPU) (nvdevice.Telemet
 		s.Processes = use.processes
 		s.GPUUtilization = nvdevice.Read(busy)
 		s.MemoryUtilization = nvdevice.Read(busy / 2)
-		gpmFigures(busy, &s)
+		if !gpuModels[m.spec.modelOf(g.Index)].noGPM {
+			gpmFigures(busy, &s)
+		}
 		if links := activeLinks(g); links > 0 {
 			s.NVLinkTXBytesPerSecond = nvdevice.Read(busy * nvlinkShareTX * float64(links) * nvlinkBytesPerSecondPerLink)
 			s.NVLinkRXBytesPerSecond = nvdevice.Read(busy * nvlinkShareRX * float64(links) * nvlinkBytesPerSecondPerLink)
