@@ -128,3 +128,26 @@ func (a *Auth) Protect(h http.Handler, open ...string) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+// WithProxiedBearerToken makes cfg's requests through the API server's
+// proxies (a path with /proxy/) carry the user's bearer token also in
+// ProxiedAuthorizationHeader, which the API server forwards to the pod: a
+// metrics server behind Protect then reviews the user, whom RBAC must let
+// get /metrics. It wraps the transport inside client-go's authentication,
+// so a token from a file, an exec plugin or an auth provider is seen; a
+// client certificate carries no token, and the plugin answers 401.
+func WithProxiedBearerToken(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return proxiedBearerToken{rt} })
+	return cfg
+}
+
+type proxiedBearerToken struct{ next http.RoundTripper }
+
+func (p proxiedBearerToken) RoundTrip(req *http.Request) (*http.Response, error) {
+	if a := req.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") && strings.Contains(req.URL.Path, "/proxy/") {
+		req = req.Clone(req.Context())
+		req.Header.Set(ProxiedAuthorizationHeader, a)
+	}
+	return p.next.RoundTrip(req)
+}

@@ -1,11 +1,14 @@
 package metrics
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -146,4 +150,34 @@ func TestProtectCachesTheReviews(t *testing.T) {
 	defer rv.mu.Unlock()
 	assert.Equal(t, 1, rv.tokenReviews)
 	assert.Len(t, rv.accessSpecs, 1)
+}
+
+// The user's token reaches the plugin through the API server's proxy in
+// ProxiedAuthorizationHeader, whatever gave it to client-go (here a token
+// file), and goes nowhere else in it.
+func TestWithProxiedBearerTokenForwardsTheUsersToken(t *testing.T) {
+	seen := map[string]string{}
+	var mu sync.Mutex
+	apiServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.URL.Path] = r.Header.Get(ProxiedAuthorizationHeader)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer apiServer.Close()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("user-token"), 0o600))
+	client, err := kubernetes.NewForConfig(WithProxiedBearerToken(&rest.Config{Host: apiServer.URL, BearerTokenFile: tokenFile}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = client.CoreV1().Pods("gpudra").ProxyGet("https", "plugin-a", "9477", "/metrics", nil).DoRaw(ctx)
+	require.NoError(t, err)
+	_, err = client.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/gpudra/pods").DoRaw(ctx)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]string{
+		"/api/v1/namespaces/gpudra/pods/https:plugin-a:9477/proxy/metrics": "Bearer user-token",
+		"/api/v1/namespaces/gpudra/pods":                                   "",
+	}, seen)
 }
