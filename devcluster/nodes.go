@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -150,6 +151,17 @@ func (c *Cluster) podNetwork() nodeagent.PodNetwork {
 		return nil
 	}
 	return c.podNet
+}
+
+// DialPodNetwork connects to addr as a pod on devcluster's pod network
+// would (from the namespace that holds the address), or, without a pod
+// network, from this machine.
+func (c *Cluster) DialPodNetwork(ctx context.Context, addr string) (net.Conn, error) {
+	if c.podNet == nil {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	return c.podNet.Dial(ctx, addr)
 }
 
 // PodNetworkAddress is the address of the pods devcluster serves itself on

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,11 +21,16 @@ import (
 type topFlags struct {
 	backend  backendFlags
 	endpoint string
-	interval time.Duration
-	once     bool
-	output   string
-	stateDir string
-	procRoot string
+	// tokenFile and insecure are for --endpoint: the plugin's /metrics
+	// takes a bearer token RBAC lets get /metrics, over HTTPS with a
+	// certificate nobody signed.
+	tokenFile string
+	insecure  bool
+	interval  time.Duration
+	once      bool
+	output    string
+	stateDir  string
+	procRoot  string
 }
 
 func newTopCommand() *cobra.Command {
@@ -53,7 +60,9 @@ telemetry and gpudra local's state (read only). A reading that could not be told
 		},
 	}
 	f.backend.register(cmd.Flags())
-	cmd.Flags().StringVar(&f.endpoint, "endpoint", "", "a kubelet plugin's metrics URL (http://<node>:9477/metrics); empty: this machine, through --backend")
+	cmd.Flags().StringVar(&f.endpoint, "endpoint", "", "a kubelet plugin's metrics URL (https://<plugin pod IP>:9477/metrics); empty: this machine, through --backend")
+	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "with --endpoint: a file holding the bearer token sent to the plugin, of an identity RBAC lets get /metrics (the chart's <release>-metrics-reader ClusterRole), e.g. from kubectl create token")
+	cmd.Flags().BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "with --endpoint https://: accept the plugin's certificate unverified (it makes its own at start, signed by nobody)")
 	cmd.Flags().DurationVar(&f.interval, "interval", 2*time.Second, "time between refreshes")
 	cmd.Flags().BoolVar(&f.once, "once", false, "show one refresh and exit")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "table", "output format: table, or json (one object per refresh and line)")
@@ -70,8 +79,21 @@ type topSource interface {
 
 func (f *topFlags) source(ctx context.Context) (topSource, error) {
 	if f.endpoint != "" {
+		src := &endpointSource{url: f.endpoint, client: &http.Client{Timeout: max(f.interval, time.Second)}}
+		if f.tokenFile != "" {
+			b, err := os.ReadFile(f.tokenFile)
+			if err != nil {
+				return nil, fmt.Errorf("--token-file: %w", err)
+			}
+			if src.token = strings.TrimSpace(string(b)); src.token == "" {
+				return nil, fmt.Errorf("--token-file %s: empty", f.tokenFile)
+			}
+		}
+		if f.insecure {
+			src.client.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // asked for: the plugin's certificate is its own
+		}
 		// A refresh never waits longer than the interval for a plugin.
-		return &endpointSource{url: f.endpoint, client: &http.Client{Timeout: max(f.interval, time.Second)}}, nil
+		return src, nil
 	}
 	backend, err := f.backend.open(ctx)
 	if err != nil {
@@ -89,6 +111,7 @@ func (f *topFlags) source(ctx context.Context) (topSource, error) {
 // endpointSource scrapes a kubelet plugin.
 type endpointSource struct {
 	url    string
+	token  string
 	client *http.Client
 }
 
@@ -97,14 +120,21 @@ func (e *endpointSource) read(ctx context.Context) (*top.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--endpoint %s: %w", e.url, err)
 	}
-	// The text format: expfmt parses it, and a plugin serves it to anyone.
+	// The text format: expfmt parses it, and a plugin serves it to any client.
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	if e.token != "" {
+		req.Header.Set("Authorization", "Bearer "+e.token)
+	}
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", e.url, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return nil, fmt.Errorf("scrape %s: %s: the plugin serves /metrics to a bearer token (--token-file) of an identity RBAC lets get /metrics", e.url, resp.Status)
+	default:
 		return nil, fmt.Errorf("scrape %s: %s", e.url, resp.Status)
 	}
 	fams, err := top.ParseMetrics(resp.Body)

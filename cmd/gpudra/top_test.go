@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -125,4 +126,44 @@ func TestTopFlags(t *testing.T) {
 	}
 	var b bytes.Buffer
 	assert.False(t, isTerminal(&b), "a buffer is redrawn by appending")
+}
+
+// A plugin serves /metrics over HTTPS to a bearer token only: top sends
+// --token-file's, accepts the plugin's own certificate when told, and says
+// what is missing when refused.
+func TestTopEndpointWithTokenOverTLS(t *testing.T) {
+	c := telemetry.NewCollector(mustSim(t), "node-a", 0)
+	c.Sample(context.Background())
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer reader-token" {
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("reader-token\n"), 0o600))
+
+	out, err := run(t, "top", "--once", "--endpoint", srv.URL, "--token-file", tokenFile, "--insecure-skip-tls-verify", "-o", "json")
+	require.NoError(t, err)
+	assert.Contains(t, out, `"node":"node-a"`)
+
+	_, err = run(t, "top", "--once", "--endpoint", srv.URL, "--insecure-skip-tls-verify")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "401 Unauthorized: the plugin serves /metrics to a bearer token (--token-file)")
+
+	_, err = run(t, "top", "--once", "--endpoint", srv.URL, "--token-file", tokenFile)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "certificate", "the plugin's certificate is verified unless told otherwise")
+}
+
+func mustSim(t *testing.T) *sim.Machine {
+	t.Helper()
+	m, err := sim.NewBuiltin("dgx-h100-nomig", "node-a")
+	require.NoError(t, err)
+	return m
 }

@@ -80,8 +80,12 @@ func runDevicePlugin(ctx context.Context, f *options, logArgs []string) error {
 	if f.metricsAddr != "" {
 		// /metrics (the device plugin's and the process's) and /healthz
 		// (every plugin's socket answers).
+		serve, err := metricsServer(f, dpMetrics.Handler())
+		if err != nil {
+			return err
+		}
 		go func() {
-			if err := plugin.Serve(ctx, f.metricsAddr, dpMetrics.Handler()); err != nil {
+			if err := serve(ctx); err != nil {
 				cancel(err)
 			}
 		}()

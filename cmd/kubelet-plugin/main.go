@@ -170,8 +170,12 @@ func run(ctx context.Context, f *options, gates featuregate.FeatureGate, logArgs
 		telemetryCollector.SetClaims(p.PreparedClaims)
 	}
 	if f.metricsAddr != "" {
+		serve, err := metricsServer(f, pc.Metrics.Handler(p.Sockets...))
+		if err != nil {
+			return err
+		}
 		go func() {
-			if err := plugin.Serve(ctx, f.metricsAddr, pc.Metrics.Handler(p.Sockets...)); err != nil {
+			if err := serve(ctx); err != nil {
 				cancel(err)
 			}
 		}()

@@ -36,6 +36,7 @@ type options struct {
 	kubeletDeviceCheckpoint, podResourcesSocket                                               string
 	containerLogDir                                                                           string
 	telemetryProcesses                                                                        bool
+	metricsAuth, metricsTLS                                                                   bool
 	localStateDir                                                                             string
 	taintEffect, migDevices                                                                   string
 	fractional                                                                                bool
@@ -72,6 +73,10 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("pod-uid", "POD_UID")
 	fs.StringVar(&o.metricsAddr, "metrics-address", ":9477", "serves /metrics and /healthz (the liveness probe dials the plugin's sockets); empty disables")
 	env("metrics-address", "METRICS_ADDRESS")
+	fs.BoolVar(&o.metricsAuth, "metrics-auth", true, "serve /metrics (claims, pods and containers by name) only to callers whose bearer token the API server accepts (TokenReview) and whom RBAC lets get the non-resource URL /metrics (SubjectAccessReview); needs create on tokenreviews and subjectaccessreviews; /healthz stays open to the probes; false: anyone who reaches the port reads who runs what")
+	env("metrics-auth", "METRICS_AUTH")
+	fs.BoolVar(&o.metricsTLS, "metrics-tls", true, "serve --metrics-address over HTTPS, with a self-signed certificate made at start in memory (scrape with insecureSkipVerify): bearer tokens are not readable on the pod network; false: plain HTTP")
+	env("metrics-tls", "METRICS_TLS")
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API client QPS: a prepare makes one request (the claim read), two for a shared device; client-go's default of 5 would queue prepares")
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 300, "API client burst: covers a whole node's pods (110, two requests each) starting at once")

@@ -37,7 +37,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 	want := map[string]string{
 		"node-name": "NODE_NAME", "kubeconfig": "KUBECONFIG", "driver-root": "DRIVER_ROOT", "cdi-dir": "CDI_DIR",
 		"plugin-data-dir": "PLUGIN_DATA_DIR", "registrar-dir": "REGISTRAR_DIR", "backend": "BACKEND", "sim-machine": "SIM_MACHINE",
-		"proc-root": "PROC_ROOT", "pod-uid": "POD_UID", "metrics-address": "METRICS_ADDRESS", "kube-api-qps": "KUBE_API_QPS",
+		"proc-root": "PROC_ROOT", "pod-uid": "POD_UID", "metrics-address": "METRICS_ADDRESS", "metrics-auth": "METRICS_AUTH", "metrics-tls": "METRICS_TLS", "kube-api-qps": "KUBE_API_QPS",
 		"kube-api-burst": "KUBE_API_BURST", "fractional-gpus": "FRACTIONAL_GPUS", "dcgm-exporter-attributes": "DCGM_EXPORTER_ATTRIBUTES", "mig-devices": "MIG_DEVICES", "mps-control-binary": "MPS_CONTROL_BINARY",
 		"mps-server-image": "MPS_SERVER_IMAGE", "namespace": "POD_NAMESPACE", "host-driver-root": "HOST_DRIVER_ROOT",
 		"nvidia-smi": "NVIDIA_SMI", "unhealthy-taint-effect": "UNHEALTHY_TAINT_EFFECT", "health-ignored-xids": "HEALTH_IGNORED_XIDS",
@@ -52,7 +52,7 @@ func TestFlagsAndTheirEnvironment(t *testing.T) {
 	assert.Equal(t, options{
 		driverRoot: "/", cdiDir: "/var/run/cdi", pluginDataDir: "/var/lib/kubelet/plugins/gpu.gpudra.dev",
 		registrarDir: "/var/lib/kubelet/plugins_registry", backend: "nvml", machine: "dgx-h100", procRoot: "/proc",
-		metricsAddr: ":9477", hostDriverRoot: "/", taintEffect: "NoSchedule", migDevices: "existing", qps: 100, burst: 300,
+		metricsAddr: ":9477", metricsAuth: true, metricsTLS: true, hostDriverRoot: "/", taintEffect: "NoSchedule", migDevices: "existing", qps: 100, burst: 300,
 		// nvdevice.ApplicationXIDs, sorted.
 		healthIgnoredXIDs: []uint64{13, 31, 43, 45, 68, 109},
 		mode:              "dra", gpuResourceName: "nvidia.com/gpu", devicePluginDir: "/var/lib/kubelet/device-plugins",

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -10,14 +11,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/pkg/metrics"
 )
 
 // A node's plugin runs in this process, not as a pod, so nothing in the
@@ -44,8 +47,11 @@ func PluginPodLabels() map[string]string {
 }
 
 // MetricsPort is the name of the plugin container's metrics port, as in
-// the chart.
-const MetricsPort = "metrics"
+// the chart; it serves HTTPS, and HealthPath to anyone (the probes).
+const (
+	MetricsPort = "metrics"
+	HealthPath  = "/healthz"
+)
 
 var hostIP struct {
 	once sync.Once
@@ -100,18 +106,30 @@ func ProxyableHostIP() (string, error) {
 
 // serveMetricsPod serves the node's registry on the pod network (or,
 // without one, on this machine's proxyable address) and creates its
-// metrics pod, until the node's context ends.
-func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, pods PodNetwork) error {
+// metrics pod, until the node's context ends. It serves what the plugin's
+// binary serves (cmd/kubelet-plugin, metricsServer): HTTPS with a
+// self-signed certificate, /metrics only to those the API server
+// authenticates and RBAC lets get it, reviewed as the plugin's
+// ServiceAccount (pluginCfg), /healthz to anyone.
+func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, pods PodNetwork, pluginCfg *restclient.Config) error {
+	auth, err := metrics.NewKubernetesAuth(pluginCfg)
+	if err != nil {
+		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
+	}
+	tlsConfig, err := metrics.SelfSignedTLS(MetricsPodName(n.Name))
+	if err != nil {
+		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
+	}
 	ln, err := ListenForPod(pods)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
 	}
 	ip := ln.Addr().(*net.TCPAddr).IP.String()
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
+	mux.Handle("/metrics", metrics.Handler(n.metrics))
+	mux.HandleFunc(HealthPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Handler: auth.Protect(mux, HealthPath), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) }()
 	go func() {
 		<-n.ctx.Done()
 		_ = srv.Close()
@@ -123,6 +141,9 @@ func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, 
 		Spec: v1.PodSpec{NodeName: n.Name, Containers: []v1.Container{{
 			Name: "plugin", Image: "gpudra:devcluster", Command: []string{"gpudra-kubelet-plugin"},
 			Ports: []v1.ContainerPort{{Name: MetricsPort, ContainerPort: int32(port), Protocol: v1.ProtocolTCP}},
+			// As the chart's: what gpudra dashboard reads the scheme from.
+			LivenessProbe: &v1.Probe{ProbeHandler: v1.ProbeHandler{HTTPGet: &v1.HTTPGetAction{
+				Path: HealthPath, Port: intstr.FromString(MetricsPort), Scheme: v1.URISchemeHTTPS}}},
 		}}},
 	}
 	err = admin.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})

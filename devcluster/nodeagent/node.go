@@ -347,7 +347,7 @@ func Start(ctx context.Context, env Env, opts NodeOptions) (*Node, error) {
 		// Without it only the dashboard's usage through the pods proxy is
 		// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
 		// reason to refuse the node, on a machine with no global address.
-		if err := n.serveMetricsPod(ctx, env.Admin, env.PodNetwork); err != nil {
+		if err := n.serveMetricsPod(ctx, env.Admin, env.PodNetwork, pluginCfg); err != nil {
 			klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
 		}
 		if err := n.StartPlugin(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/kubeclient"
+	"github.com/gpudra/gpudra/pkg/metrics"
 )
 
 // ServeConfig is where and how the page is served.
@@ -63,7 +64,13 @@ func RunCluster(ctx context.Context, cfg ClusterRunConfig) error {
 		prom := &PrometheusUsage{URL: cfg.Prometheus, HTTPClient: &http.Client{Timeout: 10 * time.Second}}
 		sc.Usage, sc.Allocation = prom, prom
 	case cfg.PluginNamespace != "":
-		sc.Usage = &PluginProxyUsage{Client: client, Namespace: cfg.PluginNamespace}
+		// The plugins review the user's own token (their /metrics names
+		// who runs what), which the API server's proxy does not forward.
+		proxyClient, err := kubeclient.NewForConfig(metrics.WithProxiedBearerToken(rc))
+		if err != nil {
+			return fmt.Errorf("API client for the plugins' metrics: %w", err)
+		}
+		sc.Usage = &PluginProxyUsage{Client: proxyClient, Namespace: cfg.PluginNamespace}
 	}
 	src := NewClusterSource(sc)
 	return serve(ctx, cfg.ServeConfig, src, src.Run)

@@ -41,8 +41,11 @@ const (
 
 // PluginProxyUsage reads each kubelet plugin's own /metrics through the
 // API server's pods proxy, with the user's credentials: a person who may
-// proxy to the plugin pods sees their telemetry, without Prometheus and
-// without a route to the nodes.
+// proxy to the plugin pods, and whom RBAC lets get /metrics, sees their
+// telemetry, without Prometheus and without a route to the nodes. The
+// proxy forwards none of the user's identity: Client must send the user's
+// bearer token in metrics.ProxiedAuthorizationHeader
+// (metrics.WithProxiedBearerToken), which the plugin reviews.
 type PluginProxyUsage struct {
 	Client kubernetes.Interface
 	// Namespace is the plugin pods' (the chart's release namespace).
@@ -94,6 +97,7 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 		out       = map[string]*top.Snapshot{}
 		failed    []string
 		forbidden bool
+		refused   error
 		wg        sync.WaitGroup
 		sem       = make(chan struct{}, cmp.Or(p.Concurrency, 16))
 	)
@@ -115,6 +119,10 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 			switch {
 			case err == nil:
 				out[node] = snap
+			case errors.Is(err, errPluginRefused):
+				// The plugins review the user alike: one note.
+				refused = err
+				cancel()
 			case apierrors.IsForbidden(err):
 				// Every other pod will say the same: one note, no more requests.
 				forbidden = true
@@ -129,6 +137,9 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 	if forbidden {
 		notes = append(notes, fmt.Sprintf("usage: pods/proxy forbidden in namespace %s: no live usage from the plugins", p.Namespace))
 		return nil, notes
+	}
+	if refused != nil {
+		return nil, []string{"usage: " + refused.Error()}
 	}
 	if len(failed) > 0 {
 		slices.Sort(failed)
@@ -172,9 +183,9 @@ func (p *PluginProxyUsage) scrape(ctx context.Context, pod *corev1.Pod, at time.
 	if port == "" {
 		return nil, fmt.Errorf("pod %s has no port %q", pod.Name, name)
 	}
-	body, err := p.Client.CoreV1().Pods(pod.Namespace).ProxyGet("http", pod.Name, port, "/metrics", nil).Stream(ctx)
+	body, err := p.Client.CoreV1().Pods(pod.Namespace).ProxyGet(metricsScheme(pod, name), pod.Name, port, "/metrics", nil).Stream(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+		return nil, pluginRefusal(pod, err)
 	}
 	defer body.Close()
 	fams, err := top.ParseMetrics(body)
@@ -186,6 +197,40 @@ func (p *PluginProxyUsage) scrape(ctx context.Context, pod *corev1.Pod, at time.
 		s.Node = pod.Spec.NodeName
 	}
 	return s, nil
+}
+
+// errPluginRefused marks a plugin's own refusal of the user, as opposed to
+// the API server's refusal of the proxy.
+var errPluginRefused = errors.New("the plugins refused")
+
+// pluginRefusal tells the plugin's 401 and 403 (its /metrics is for those
+// RBAC lets get it) from the API server's own (no pods/proxy): the API
+// server answers with a Status naming pods/proxy.
+func pluginRefusal(pod *corev1.Pod, err error) error {
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%w your credentials (401): they review a bearer token, and yours has none (a client certificate, or impersonation): use --prometheus, or a kubeconfig with a token", errPluginRefused)
+	case apierrors.IsForbidden(err) && !strings.Contains(err.Error(), "pods/proxy"):
+		return fmt.Errorf("%w you (403): RBAC must let you get the non-resource URL /metrics (the chart's <release>-metrics-reader ClusterRole)", errPluginRefused)
+	}
+	return fmt.Errorf("pod %s: %w", pod.Name, err)
+}
+
+// metricsScheme is the plugin's metrics port's scheme, as its probes on
+// that port say (the chart's follow kubeletPlugin.metrics.tls); https
+// when none does.
+func metricsScheme(pod *corev1.Pod, portName string) string {
+	for _, c := range pod.Spec.Containers {
+		for _, probe := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+			if probe == nil || probe.HTTPGet == nil {
+				continue
+			}
+			if probe.HTTPGet.Port.String() == portName && probe.HTTPGet.Scheme == corev1.URISchemeHTTP {
+				return "http"
+			}
+		}
+	}
+	return "https"
 }
 
 // PrometheusUsage reads the plugins' series from Prometheus: the last

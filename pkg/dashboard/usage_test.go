@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -68,8 +70,9 @@ func fakeAPIServer(t *testing.T, pods []corev1.Pod, proxy func(w http.ResponseWr
 		case strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/gpudra/pods/") && strings.HasSuffix(r.URL.Path, "/proxy/metrics"):
 			proxied.Add(1)
 			namePort := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/v1/namespaces/gpudra/pods/"), "/proxy/metrics")
-			name, port, _ := strings.Cut(strings.TrimPrefix(namePort, "http:"), ":")
-			proxy(w, name, port)
+			scheme, rest, _ := strings.Cut(namePort, ":")
+			name, port, _ := strings.Cut(rest, ":")
+			proxy(w, scheme+"://"+name, port)
 		default:
 			http.NotFound(w, r)
 		}
@@ -95,7 +98,7 @@ func TestPluginProxyUsage(t *testing.T) {
 	t.Run("scrapes through the proxy, by the port's number", func(t *testing.T) {
 		client, _ := fakeAPIServer(t, pods, func(w http.ResponseWriter, pod, port string) {
 			assert.Equal(t, "9477", port)
-			if b, ok := scrapes[pod]; ok {
+			if b, ok := scrapes[strings.TrimPrefix(pod, "https://")]; ok {
 				_, _ = w.Write(b)
 				return
 			}
@@ -132,6 +135,46 @@ func TestPluginProxyUsage(t *testing.T) {
 		assert.Empty(t, got)
 		assert.Equal(t, []string{"usage: pods/proxy forbidden in namespace gpudra: no live usage from the plugins"}, notes)
 		assert.Equal(t, int32(1), proxied.Load())
+	})
+
+	// The plugin's own refusals, passed on by the proxy: the user's
+	// credentials carry no token, or RBAC does not let the user get
+	// /metrics. One note, which says what to do.
+	for _, tc := range []struct {
+		name, body, note string
+		code             int
+	}{
+		{"no token", "Unauthorized: a bearer token the API server accepts (TokenReview) is required", "they review a bearer token, and yours has none", http.StatusUnauthorized},
+		{"not allowed", `Forbidden: user "jane" may not get /metrics`, "RBAC must let you get the non-resource URL /metrics", http.StatusForbidden},
+	} {
+		t.Run("the plugin refuses: "+tc.name, func(t *testing.T) {
+			client, proxied := fakeAPIServer(t, pods, func(w http.ResponseWriter, _, _ string) { http.Error(w, tc.body, tc.code) })
+			u := &PluginProxyUsage{Client: client, Namespace: "gpudra", Concurrency: 1}
+			got, notes := u.Read(context.Background(), nil)
+			assert.Empty(t, got)
+			require.Len(t, notes, 1)
+			assert.Contains(t, notes[0], tc.note)
+			assert.NotContains(t, notes[0], "pods/proxy forbidden")
+			assert.Equal(t, int32(1), proxied.Load())
+		})
+	}
+
+	t.Run("HTTPS unless the pod's probes on the port say HTTP", func(t *testing.T) {
+		plain := pluginPod("plugin-a", "node-a", 9477)
+		plain.Spec.Containers[0].LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/healthz", Port: intstr.FromString("metrics"), Scheme: corev1.URISchemeHTTP}}}
+		var asked []string
+		var mu sync.Mutex
+		client, _ := fakeAPIServer(t, []corev1.Pod{plain, pluginPod("plugin-b", "node-b", 9477)}, func(w http.ResponseWriter, pod, _ string) {
+			mu.Lock()
+			asked = append(asked, pod)
+			mu.Unlock()
+			_, _ = w.Write(scrapes[pod[strings.Index(pod, "://")+3:]])
+		})
+		got, notes := (&PluginProxyUsage{Client: client, Namespace: "gpudra"}).Read(context.Background(), nil)
+		assert.Empty(t, notes)
+		assert.Len(t, got, 2)
+		assert.ElementsMatch(t, []string{"http://plugin-a", "https://plugin-b"}, asked)
 	})
 }
 

@@ -10,6 +10,7 @@ package metrics
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -84,14 +85,26 @@ func Handler(reg *prometheus.Registry) http.Handler {
 
 // Serve runs an HTTP server for h on addr until ctx is done.
 func Serve(ctx context.Context, addr string, h http.Handler) error {
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	return ServeTLS(ctx, addr, h, nil)
+}
+
+// ServeTLS runs an HTTPS server for h on addr until ctx is done; a nil
+// tlsConfig: plain HTTP.
+func ServeTLS(ctx context.Context, addr string, h http.Handler, tlsConfig *tls.Config) error {
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	var err error
+	if tlsConfig != nil {
+		err = srv.ListenAndServeTLS("", "")
+	} else {
+		err = srv.ListenAndServe()
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("metrics server on %s: %w", addr, err)
 	}
 	return nil

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -175,9 +174,4 @@ func (m *Metrics) Handler(sockets ...string) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
-}
-
-// Serve runs the metrics and health server until ctx is done.
-func Serve(ctx context.Context, addr string, h http.Handler) error {
-	return metrics.Serve(ctx, addr, h)
 }

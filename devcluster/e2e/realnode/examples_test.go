@@ -18,10 +18,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/realnode"
+	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/probe"
 	"github.com/gpudra/gpudra/pkg/sharing"
@@ -139,7 +142,9 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 			// The same figures through kube-apiserver's pods proxy (how
 			// gpudra dashboard reads them), which reaches the real node's
 			// pod subnet through devcluster's pod network egress.
-			body, err := c.Client.CoreV1().Pods(chart.PluginNamespace).ProxyGet("http", nodeagent.MetricsPodName(n.Name), pluginMetricsPort, "/metrics", nil).DoRaw(ctx)
+			proxy, err := kubernetes.NewForConfig(metrics.WithProxiedBearerToken(c.RESTConfig))
+			require.NoError(t, err)
+			body, err := proxy.CoreV1().Pods(chart.PluginNamespace).ProxyGet("https", nodeagent.MetricsPodName(n.Name), pluginMetricsPort, "/metrics", nil).DoRaw(ctx)
 			require.NoError(t, err, "the API server's pods proxy reaches the real node's plugin pod")
 			assert.Contains(t, string(body), `gpudra_container_gpu_memory_used_bytes{`)
 		}},
