@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,15 +18,30 @@ import (
 	"github.com/gpudra/gpudra/pkg/dashboard"
 )
 
-// api reads the dashboard's server as a client would.
+// api reads the dashboard's server as a client would, with the token
+// of the URL it printed.
 type api struct {
-	base   string
-	client *http.Client
+	base, token string
+	client      *http.Client
 }
 
-func newAPI(base string) *api {
+func newAPI(base, token string) *api {
 	// No transparent gzip: sizes are what goes over the wire.
-	return &api{base: base, client: &http.Client{Transport: &http.Transport{DisableCompression: true}}}
+	return &api{base: base, token: token, client: &http.Client{Transport: &http.Transport{DisableCompression: true}}}
+}
+
+// splitPrinted is the URL gpudra dashboard printed as its base (ending in
+// "/") and its token.
+func splitPrinted(printed string) (base, token string, err error) {
+	u, err := url.Parse(printed)
+	if err != nil {
+		return "", "", fmt.Errorf("the dashboard's URL %q: %w", printed, err)
+	}
+	token = u.Query().Get(dashboard.TokenParam)
+	if token == "" {
+		return "", "", fmt.Errorf("the dashboard's URL %q carries no %s", printed, dashboard.TokenParam)
+	}
+	return u.Scheme + "://" + u.Host + "/", token, nil
 }
 
 func (a *api) get(ctx context.Context, path string, gz bool) ([]byte, error) {
@@ -33,6 +49,7 @@ func (a *api) get(ctx context.Context, path string, gz bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
 	if gz {
 		req.Header.Set("Accept-Encoding", "gzip")
 	}
@@ -121,11 +138,12 @@ type revisions struct {
 	changed chan struct{}
 }
 
-func watchRevisions(ctx context.Context, base string) (*revisions, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"api/events", nil)
+func watchRevisions(ctx context.Context, a *api) (*revisions, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"api/events", nil)
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err

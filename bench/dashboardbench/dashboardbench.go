@@ -160,14 +160,18 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			err = errors.Join(err, fmt.Errorf("gpudra dashboard: %w", derr))
 		}
 	}()
-	var base string
+	var printed string
 	select {
-	case base = <-urls:
+	case printed = <-urls:
 	case derr := <-dashDone:
 		dashDone <- derr
 		return res, fmt.Errorf("gpudra dashboard: %w", derr)
 	}
-	api := newAPI(base)
+	base, token, err := splitPrinted(printed)
+	if err != nil {
+		return res, err
+	}
+	api := newAPI(base, token)
 	summary, rev, err := api.waitSummary(ctx, func(s dashboard.Summary) bool {
 		return s.Nodes == cfg.Nodes && s.Allocated == len(holders)
 	}, 5*time.Minute)
@@ -180,7 +184,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if res.ViewPlain, res.ViewGzip, err = api.sizes(ctx); err != nil {
 		return res, err
 	}
-	events, err := watchRevisions(ctx, base)
+	events, err := watchRevisions(ctx, api)
 	if err != nil {
 		return res, err
 	}
@@ -191,6 +195,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	defer closeBrowser()
 	b := &bench{cfg: cfg, base: base, api: api, events: events, bctx: bctx, writer: writer, fetched: map[uint64]bool{rev: true}}
+	// The browser opens the printed URL once, for its cookie: the loads
+	// timed below go to the base, without the token's redirect.
+	if err := b.signIn(ctx, printed); err != nil {
+		return res, err
+	}
 	if err := b.firstPaints(ctx, cluster.Client, &res); err != nil {
 		return res, err
 	}

@@ -231,6 +231,19 @@ func (b *bench) updates(ctx context.Context, res *Result) error {
 	return nil
 }
 
+// signIn opens the URL gpudra dashboard printed, whose token the server
+// exchanges for a cookie that the browser's later tabs send.
+func (b *bench) signIn(ctx context.Context, printed string) error {
+	tab, closeTab := chromedp.NewContext(b.bctx)
+	defer closeTab()
+	tctx, cancel := context.WithTimeout(tab, time.Minute)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Navigate(printed)); err != nil {
+		return fmt.Errorf("opening the dashboard's URL: %w", err)
+	}
+	return nil
+}
+
 func (b *bench) update(ctx context.Context, h holder) (UpdateRun, error) {
 	var u UpdateRun
 	c := b.writer

@@ -34,7 +34,11 @@ what it may not read. Informers on this process feed it, so that any number of o
 API server one watch per resource. Usage comes from the plugins' own /metrics through the API
 server's pods proxy (--plugin-namespace; needs pods/proxy there), or from --prometheus. Nothing is
 written to the cluster; the page takes only GET requests, and listens on 127.0.0.1 unless --address
-says otherwise.`,
+says otherwise.
+
+The page reads with your credentials, so it is yours alone: the URL printed on standard error
+carries a random token (http://127.0.0.1:8477/?token=...), new each start, that the page keeps in
+a cookie; requests without it get 401 (scripts: "Authorization: Bearer <token>").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -89,7 +93,8 @@ func newLocalDashboardCommand() *cobra.Command {
 		Long: `dashboard serves the web page of gpudra dashboard for this machine (docs/dashboard.md): its GPUs and MIG
 devices, gpudra local's allocations (user, name, process) and waiters with their positions, live usage
 through the GPU backend, and the devices held per user since the page's server started. It reads the
-local state and never changes it; it listens on 127.0.0.1 unless --address says otherwise.`,
+local state and never changes it; it listens on 127.0.0.1 unless --address says otherwise, and, as
+gpudra dashboard, serves only requests with the token of the URL it prints on standard error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.interval <= 0 {

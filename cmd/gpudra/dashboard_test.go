@@ -68,6 +68,7 @@ func TestLocalDashboardShowsHolderAndWaiter(t *testing.T) {
 	require.NoError(t, dash.Start())
 	t.Cleanup(func() { _ = dash.Process.Kill(); _ = dash.Wait() })
 	url := waitLine(t, dashErr, regexp.MustCompile(`Serving the dashboard on (http://\S+)`))
+	require.Regexp(t, `^http://127\.0\.0\.1:\d+/\?token=\S{26,}$`, url, "the printed URL carries the page's token")
 
 	console, err := browser.CollectConsole(bctx)
 	require.NoError(t, err)

@@ -36,7 +36,7 @@ type localFlags struct {
 
 func (f *localFlags) register(fs *pflag.FlagSet) {
 	f.backend.register(fs)
-	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate; every group member can change any record in it: ownership is advisory)")
+	fs.StringVar(&f.stateDir, "state-dir", local.DefaultStateDir, "the machine's local state (its permissions and group decide who may allocate; each user's allocations are in a directory only they can write)")
 	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", local.DefaultPluginDataDir, "the kubelet plugin's state: where it exists, gpudra local refuses")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "nvidia-cuda-mps-control", "nvidia-cuda-mps-control for --share mps: a name, looked for under --driver-root in "+strings.Join(drivertools.ToolDirs, ", ")+" (the first binary, else the first script), a path under the driver root, or an absolute path outside it")
 }
@@ -166,15 +166,15 @@ func newLocalCommand() *cobra.Command {
 		Short: "Share this machine's GPUs without Kubernetes: allocate, run, queue (docs/local.md)",
 		Long: `Share this machine's GPUs without Kubernetes: allocate, run, queue (docs/local.md).
 
-Ownership is advisory, for colleagues who trust each other. Whoever may
-write the state directory (its owner and its group) may allocate, and the
-commands refuse to release or withdraw another user's request. But the state
-is one group-writable file: a group member can edit it and drop or change
-anyone's allocation, and a command grants every waiting request it finds,
-whoever asked, with its own user's rights (it creates the MIG devices and
-starts the MPS daemons of others' requests). A grant that fails fails the
-request with its error (run, allocate and ps show it). Nothing isolates a
-process from the GPUs it was not given. Where users do not trust each other,
+Whoever may write the state directory (its owner and its group) may
+allocate. Each user's allocations and waiters are in a directory of theirs
+in it, which only they can write: another group member can neither release
+them through the commands nor change their files, and every command reads
+everyone's, so no one is handed a GPU someone else holds. Each user's
+command grants their own waiting requests (it creates their MIG devices and
+starts MPS daemons); a grant that fails fails the request with its error
+(run, allocate and ps show it). Nothing isolates a process from the GPUs it
+was not given. Where users do not trust each other with the GPUs themselves,
 use the cluster (the DRA kubelet plugin).`,
 	}
 	cmd.AddCommand(newLocalRunCommand(), newLocalAllocateCommand(), newLocalReleaseCommand(), newLocalPsCommand(),

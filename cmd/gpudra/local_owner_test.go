@@ -171,3 +171,100 @@ func zombie(pid int) bool {
 	i := strings.LastIndexByte(string(stat), ')')
 	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
+
+// TestLocalUsersCannotChangeAnothersAllocation (issue 47): bob, a member
+// of the state directory's group, can neither release alice's allocation
+// through the CLI nor rewrite, remove or move any file that records it;
+// alice's allocation stays, and bob is handed other GPUs than hers.
+func TestLocalUsersCannotChangeAnothersAllocation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run commands as two other users")
+	}
+	defer syscall.Umask(syscall.Umask(0o002))
+	bin, err := gpudraBinary()
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(filepath.Dir(bin), 0o755))
+	base, err := os.MkdirTemp("", "gpudra-local-owners")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	require.NoError(t, os.Chmod(base, 0o755))
+	const gpuGroup, alice, bob = 61010, 61011, 61012
+	state := filepath.Join(base, "state")
+	// Shared with the group, as docs/local.md says to do.
+	require.NoError(t, os.Mkdir(state, 0o755))
+	require.NoError(t, os.Chown(state, 0, gpuGroup))
+	require.NoError(t, os.Chmod(state, os.ModeSetgid|0o775))
+	as := func(uid uint32, cmd *exec.Cmd) (string, error) {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{gpuGroup}}}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	held := func() []string {
+		for _, r := range psRows(t, base) {
+			if r.Name == "held" {
+				return r.UUIDs
+			}
+		}
+		return nil
+	}
+
+	out, err := as(alice, localCmd(t, base, "allocate", "--gpus", "4", "--name", "held"))
+	require.NoError(t, err, out)
+	alices := held()
+	require.Len(t, alices, 4)
+
+	out, err = as(bob, localCmd(t, base, "release", "held"))
+	require.Error(t, err, "bob released alice's allocation: %s", out)
+	assert.Contains(t, out, "only they may release it")
+
+	// Every file that records alice's allocation, and its directory.
+	var files []string
+	require.NoError(t, filepath.WalkDir(state, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte(`"held"`)) {
+			files = append(files, path)
+		}
+		return nil
+	}))
+	require.NotEmpty(t, files, "no file records alice's allocation")
+	for _, f := range files {
+		for _, attempt := range []struct{ what, script string }{
+			{"rewrite", `printf '{}' > "$1"`},
+			{"append to", `printf ' ' >> "$1"`},
+			{"remove", `rm -f "$1" && test ! -e "$1"`},
+			{"rename", `mv "$1" "$1.bob"`},
+			{"replace", `printf '{}' > "$(dirname "$1")/.bob" && mv "$(dirname "$1")/.bob" "$1"`},
+		} {
+			out, err := as(bob, exec.Command("sh", "-c", attempt.script, "sh", f))
+			assert.Error(t, err, "bob could %s %s: %s", attempt.what, f, out)
+		}
+		if dir := filepath.Dir(f); dir != state {
+			out, err := as(bob, exec.Command("rm", "-rf", dir))
+			assert.Error(t, err, "bob could remove %s: %s", dir, out)
+			out, err = as(bob, exec.Command("mv", dir, filepath.Join(base, "elsewhere")))
+			assert.Error(t, err, "bob could move %s out of the state directory: %s", dir, out)
+			// A rename in place is the group's right on the directory (no
+			// sticky bit): it hides nothing, entries are found by owner.
+			_, _ = as(bob, exec.Command("mv", dir, dir+".bob"))
+		}
+	}
+	assert.Equal(t, alices, held(), "alice's allocation stays, on her GPUs")
+
+	out, err = as(bob, localCmd(t, base, "allocate", "--gpus", "4", "--name", "bobs"))
+	require.NoError(t, err, out)
+	rows := psRows(t, base)
+	require.Len(t, rows, 2)
+	for _, r := range rows {
+		if r.Name == "bobs" {
+			require.Len(t, r.UUIDs, 4)
+			for _, u := range r.UUIDs {
+				assert.NotContains(t, alices, u, "bob was handed one of alice's GPUs")
+			}
+		}
+	}
+	out, err = as(alice, localCmd(t, base, "release", "held"))
+	require.NoError(t, err, out)
+	assert.Nil(t, held(), "alice releases her own")
+}

@@ -21,7 +21,8 @@ type ServeConfig struct {
 	// Address is host:port to listen on (127.0.0.1:8477; port 0 picks one).
 	Address string
 	Title   string
-	// Listening, when set, is told the page's URL once the server listens.
+	// Listening, when set, is told the page's URL, with its token (the
+	// only place it is told), once the server listens.
 	Listening func(url string)
 }
 
@@ -98,16 +99,19 @@ func serve(ctx context.Context, cfg ServeConfig, src Source, run func(context.Co
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv := &http.Server{Handler: NewServer(src, ServerOptions{Addr: ln.Addr().String(), Title: cfg.Title}),
-		ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	handler := NewServer(src, ServerOptions{Addr: ln.Addr().String(), Title: cfg.Title})
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	ran := make(chan error, 1)
 	go func() { ran <- run(ctx) }()
-	url := "http://" + ln.Addr().String() + "/"
-	logger.V(2).Info("Serving the dashboard", "url", url)
+	base := "http://" + ln.Addr().String() + "/"
+	// The log has the address, not the token: logs travel further than the
+	// terminal.
+	logger.V(2).Info("Serving the dashboard", "url", base)
 	if cfg.Listening != nil {
-		cfg.Listening(url)
+		cfg.Listening(base + "?" + TokenParam + "=" + handler.Token())
 	}
 	var runErr error
 	select {

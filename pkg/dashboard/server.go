@@ -34,6 +34,9 @@ type ServerOptions struct {
 	Addr string
 	// Title is the page's title (default "gpudra dashboard").
 	Title string
+	// Token is what every request must carry (tokenAuth); "": a new random
+	// one, which Token returns.
+	Token string
 }
 
 // securityHeaders are set on every response, errors included: the page
@@ -65,6 +68,9 @@ const defaultHeartbeat = 15 * time.Second
 type Server struct {
 	src       Source
 	hosts     hostCheck
+	auth      tokenAuth
+	token     string
+	mux       *http.ServeMux
 	index     asset
 	static    map[string]asset
 	heartbeat time.Duration
@@ -97,11 +103,21 @@ func NewServer(src Source, opts ServerOptions) *Server {
 	if opts.Title == "" {
 		opts.Title = "gpudra dashboard"
 	}
+	if opts.Token == "" {
+		opts.Token = NewToken()
+	}
+	hosts := newHostCheck(opts.Addr)
 	s := &Server{
 		src:       src,
-		hosts:     newHostCheck(opts.Addr),
+		hosts:     hosts,
+		auth:      newTokenAuth(opts.Token, hosts.port),
+		token:     opts.Token,
 		static:    map[string]asset{},
 		heartbeat: defaultHeartbeat,
+		mux:       http.NewServeMux(),
+	}
+	for _, rt := range s.routes() {
+		s.mux.HandleFunc(rt.pattern, rt.serve)
 	}
 	page, err := fs.ReadFile(webFS, "web/index.html")
 	if err != nil {
@@ -133,6 +149,32 @@ func newAsset(body []byte, contentType string) asset {
 	return asset{body: body, etag: `"` + hex.EncodeToString(sum[:8]) + `"`, contentType: contentType}
 }
 
+// Token is the token every request must carry.
+func (s *Server) Token() string { return s.token }
+
+// route is one path the server serves: pattern as http.ServeMux reads it.
+type route struct {
+	pattern string
+	// example is a path the pattern serves (the tests ask each).
+	example string
+	serve   http.HandlerFunc
+}
+
+// routes are every path the server serves; ServeHTTP checks the Host, the
+// token and the method before any of them.
+func (s *Server) routes() []route {
+	return []route{
+		{pattern: "/{$}", example: "/", serve: func(w http.ResponseWriter, r *http.Request) { serveAsset(w, r, s.index) }},
+		{pattern: "/static/", example: "/static/app.js", serve: s.serveStatic},
+		{pattern: "/api/view", example: "/api/view", serve: s.serveView},
+		{pattern: "/api/events", example: "/api/events", serve: s.serveEvents},
+		{pattern: "/healthz", example: "/healthz", serve: func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = w.Write([]byte("ok\n"))
+		}},
+	}
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
@@ -145,6 +187,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("gpudra dashboard: Host %q is not this server's; open it as %s", r.Host, s.hosts.hint()), http.StatusForbidden)
 		return
 	}
+	// Then the token, before any path or method is told apart.
+	if !s.auth.authorize(w, r) {
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		h.Set("Allow", "GET, HEAD")
 		http.Error(w, "gpudra dashboard is read-only: only GET and HEAD", http.StatusMethodNotAllowed)
@@ -153,26 +199,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/api/") {
 		h.Set("Cache-Control", "no-store")
 	}
-	switch p := r.URL.Path; {
-	case p == "/":
-		serveAsset(w, r, s.index)
-	case strings.HasPrefix(p, "/static/"):
-		a, ok := s.static[strings.TrimPrefix(p, "/static/")]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		serveAsset(w, r, a)
-	case p == "/api/view":
-		s.serveView(w, r)
-	case p == "/api/events":
-		s.serveEvents(w, r)
-	case p == "/healthz":
-		h.Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	default:
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) serveStatic(w http.ResponseWriter, r *http.Request) {
+	a, ok := s.static[strings.TrimPrefix(r.URL.Path, "/static/")]
+	if !ok {
 		http.NotFound(w, r)
+		return
 	}
+	serveAsset(w, r, a)
 }
 
 // serveAsset serves an embedded file. no-cache with an ETag: the browser
@@ -365,5 +401,5 @@ func (c hostCheck) allowed(hostport string) bool {
 
 // hint is the address a refused viewer should use.
 func (c hostCheck) hint() string {
-	return "http://" + net.JoinHostPort("127.0.0.1", c.port) + "/"
+	return "http://" + net.JoinHostPort("127.0.0.1", c.port) + "/?" + TokenParam + "=..."
 }

@@ -16,34 +16,50 @@ import (
 	"time"
 )
 
+// testToken is the test servers' token.
+const testToken = "test-token-0123456789"
+
+// pageURL is the URL gpudra dashboard would print for ts.
+func pageURL(ts *httptest.Server) string { return ts.URL + "/?" + TokenParam + "=" + testToken }
+
 // newTestServer serves a Publisher's Views over a real listener, with the
 // listener's address as the bound one, as gpudra dashboard does.
 func newTestServer(t testing.TB, initial *View) (*httptest.Server, *Server, *Publisher) {
 	t.Helper()
 	pub := NewPublisher(initial)
 	ts := httptest.NewUnstartedServer(nil)
-	srv := NewServer(pub, ServerOptions{Addr: ts.Listener.Addr().String(), Title: "test <fleet>"})
+	srv := NewServer(pub, ServerOptions{Addr: ts.Listener.Addr().String(), Title: "test <fleet>", Token: testToken})
 	ts.Config.Handler = srv
 	ts.Start()
 	t.Cleanup(ts.Close)
 	return ts, srv, pub
 }
 
+// get asks ts with the token as a bearer header, unless header sets
+// Authorization ("": none).
 func get(t *testing.T, ts *httptest.Server, method, path string, header map[string]string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, ts.URL+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	for k, v := range header {
+		if k == "Authorization" && v == "" {
+			req.Header.Del(k)
+			continue
+		}
 		if k == "Host" {
 			req.Host = v
 			continue
 		}
 		req.Header.Set(k, v)
 	}
-	// A Transport that does not gunzip for us: the test counts the bytes.
-	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	// A Transport that does not gunzip for us: the test counts the bytes;
+	// redirects are the test's to see.
+	// A stream served where a refusal was due ends the test, not hangs it.
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}, Timeout: 10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
@@ -153,10 +169,11 @@ func TestHostCheck(t *testing.T) {
 		allowed: []string{"localhost", "127.0.0.1:80"},
 		refused: []string{"evil.example"},
 	}} {
-		s := NewServer(NewPublisher(FixtureView(1, 1, 1)), ServerOptions{Addr: tc.bound})
+		s := NewServer(NewPublisher(FixtureView(1, 1, 1)), ServerOptions{Addr: tc.bound, Token: testToken})
 		check := func(host string, want int) {
 			t.Helper()
 			req := httptest.NewRequest("GET", "/healthz", nil)
+			req.Header.Set("Authorization", "Bearer "+testToken)
 			req.Host = host
 			rec := httptest.NewRecorder()
 			s.ServeHTTP(rec, req)
@@ -304,6 +321,7 @@ func TestEventsSendRevisions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/events", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -376,10 +394,11 @@ func TestEventsSendRevisions(t *testing.T) {
 }
 
 func TestEventsEndWhenTheViewerGoes(t *testing.T) {
-	srv := NewServer(NewPublisher(FixtureView(1, 1, 1)), ServerOptions{Addr: "127.0.0.1:1"})
+	srv := NewServer(NewPublisher(FixtureView(1, 1, 1)), ServerOptions{Addr: "127.0.0.1:1", Token: testToken})
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest("GET", "/api/events", nil).WithContext(ctx)
 	req.Host = "127.0.0.1:1"
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	rec := httptest.NewRecorder()
 	done := make(chan struct{})
 	go func() {

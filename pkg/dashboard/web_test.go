@@ -211,8 +211,13 @@ func TestPage(t *testing.T) {
 			t.Fatal("the fixture lacks a MIG GPU with a held placement or a claim with two pods: pick another seed")
 		}
 		ts, _, _ := newTestServer(t, v)
-		p := openPage(t, bctx, ts.URL+"/")
+		p := openPage(t, bctx, pageURL(ts))
 		p.waitFor(`document.body.dataset.revision === "1"`, 20*time.Second)
+		var search string
+		p.eval(`location.search`, &search)
+		if search != "" {
+			t.Errorf("the address bar keeps %q after the first load, want the URL without the token", search)
+		}
 		if got := p.cards(); !reflect.DeepEqual(got, want) {
 			gotJSON, _ := json.MarshalIndent(got, "", " ")
 			wantJSON, _ := json.MarshalIndent(want, "", " ")
@@ -267,7 +272,7 @@ func TestPage(t *testing.T) {
 	t.Run("filters, search and the URL hash", func(t *testing.T) {
 		v := FixtureView(3, 8, 2)
 		ts, _, _ := newTestServer(t, v)
-		p := openPage(t, bctx, ts.URL+"/")
+		p := openPage(t, bctx, pageURL(ts))
 		p.waitFor(`document.body.dataset.revision === "1"`, 20*time.Second)
 
 		inNamespace := func(ns string) func(Node, GPU) bool {
@@ -332,7 +337,7 @@ func TestPage(t *testing.T) {
 					t.Fatalf("hash %q, want %q", hash, tc.wantHash)
 				}
 				// The link reproduces the filter in a fresh page.
-				linked := openPage(t, bctx, ts.URL+"/"+hash)
+				linked := openPage(t, bctx, pageURL(ts)+hash)
 				linked.waitFor(`document.body.dataset.revision === "1"`, 20*time.Second)
 				if got := linked.cards(); !reflect.DeepEqual(got, want) {
 					t.Fatalf("the link %s draws %v, want %v", hash, cardNames(got), cardNames(want))
@@ -349,7 +354,7 @@ func TestPage(t *testing.T) {
 	t.Run("a new revision is drawn within 2 s", func(t *testing.T) {
 		v := FixtureView(3, 8, 2)
 		ts, _, pub := newTestServer(t, v)
-		p := openPage(t, bctx, ts.URL+"/")
+		p := openPage(t, bctx, pageURL(ts))
 		p.waitFor(`document.body.dataset.revision === "1" && document.body.dataset.connected === "true"`, 20*time.Second)
 
 		next := FixtureView(3, 8, 2)
@@ -375,7 +380,7 @@ func TestPage(t *testing.T) {
 	t.Run("1,000 nodes x 8 GPUs draw only the rows in view", func(t *testing.T) {
 		v := FixtureView(1000, 8, 1)
 		ts, _, _ := newTestServer(t, v)
-		p := openPage(t, bctx, ts.URL+"/")
+		p := openPage(t, bctx, pageURL(ts))
 		p.waitFor(`window.gpudraFirstPaint !== undefined && document.body.dataset.revision === "1"`, 30*time.Second)
 		var firstPaint float64
 		p.eval(`window.gpudraFirstPaint`, &firstPaint)
@@ -431,7 +436,7 @@ func BenchmarkFirstPaint1000Nodes(b *testing.B) {
 	bctx := startBrowser(b)
 	pub := NewPublisher(FixtureView(1000, 8, 1))
 	ts := httptest.NewUnstartedServer(nil)
-	ts.Config.Handler = NewServer(pub, ServerOptions{Addr: ts.Listener.Addr().String()})
+	ts.Config.Handler = NewServer(pub, ServerOptions{Addr: ts.Listener.Addr().String(), Token: testToken})
 	ts.Start()
 	defer ts.Close()
 	tab, closeTab := chromedp.NewContext(bctx)
@@ -439,7 +444,7 @@ func BenchmarkFirstPaint1000Nodes(b *testing.B) {
 	var total, worst float64
 	n := 0
 	for b.Loop() {
-		if err := chromedp.Do(tab, chromedp.Navigate(fmt.Sprintf("%s/?load=%d", ts.URL, n))); err != nil {
+		if err := chromedp.Do(tab, chromedp.Navigate(fmt.Sprintf("%s&load=%d", pageURL(ts), n))); err != nil {
 			b.Fatal(err)
 		}
 		ms, err := chromedp.Run(tab, chromedp.Poll[float64](`window.gpudraFirstPaint`, chromedp.WithPollingTimeout(30*time.Second)))

@@ -3,10 +3,10 @@
 // the scheduler's own structured allocator over the slices the kubelet
 // plugin would publish, the queue policies of the gang controller, and the
 // plugin's node lock and crash-safe writer for its state. What it hands
-// out is a convention (CUDA_VISIBLE_DEVICES), not isolation, and who owns
-// what is advisory: the state is one group-writable directory, every
-// command acts with its own user's rights, and any group member can edit
-// the state (docs/local.md, "Who may do what").
+// out is a convention (CUDA_VISIBLE_DEVICES), not isolation. The state is
+// one group-writable directory in which each user's allocations are in a
+// directory only they can write (store.go); every command acts with its
+// own user's rights (docs/local.md, "Who may do what").
 package local
 
 import (
@@ -72,8 +72,7 @@ type Local struct {
 }
 
 // Open opens the state directory, creating it. Its permissions decide who
-// may allocate: whoever can write it, who can also change any record in
-// it (ownership is advisory).
+// may allocate: whoever can write it, each in a directory of their own.
 func Open(cfg Config) (*Local, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
@@ -171,12 +170,15 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 	}
 	logger := klog.FromContext(ctx)
 	now := l.cfg.Now()
-	s, err := loadState(l.cfg.StateDir, now)
+	s, skipped, err := loadState(l.cfg.StateDir, now)
 	var corrupt *CorruptStateError
 	if errors.As(err, &corrupt) {
 		logger.Error(err, "Local state rebuilt")
 	} else if err != nil {
 		return nil, err
+	}
+	for _, e := range skipped {
+		logger.Error(e, "A state file of gpudra local skipped")
 	}
 	// Waiters poll every 200 ms: the file is written (two fsyncs) only
 	// when something changed, not on every look.
@@ -184,6 +186,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 	if err != nil {
 		return nil, err
 	}
+	adopted := s.adoptLegacy()
 	before := slices.Clone(s.Allocations)
 	freed, left := s.reap(l.cfg.ProcRoot, l.cfg.BootID, now)
 	for _, a := range freed {
@@ -204,9 +207,12 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 	// first recorded as ended, so that a kill now leaves at worst an
 	// instance nobody holds, which the next plan may hand out as it is, or
 	// a daemon the next MPS client of the GPU adopts.
+	// Only this user's ended allocations: another user's dead holder is
+	// only ignored (its record is not this process's to remove), and what
+	// it left is theirs to clean up, or taken over as it is.
 	var ended []Allocation
 	for _, a := range before {
-		if !slices.ContainsFunc(s.Allocations, func(x Allocation) bool { return x.Name == a.Name }) {
+		if writable(a.Request) && !slices.ContainsFunc(s.Allocations, func(x Allocation) bool { return x.Name == a.Name }) {
 			ended = append(ended, a)
 		}
 	}
@@ -215,7 +221,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 			return nil, err
 		}
 		for _, a := range ended {
-			l.destroyMIG(ctx, a)
+			l.destroyMIG(ctx, a, s.Allocations)
 			l.stopMPS(ctx, a, s.Allocations)
 		}
 	}
@@ -224,7 +230,7 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 	if err != nil {
 		return nil, err
 	}
-	if corrupt != nil || !bytes.Equal(loaded, after) {
+	if corrupt != nil || adopted || !bytes.Equal(loaded, after) {
 		if err := saveState(l.cfg.StateDir, s); err != nil {
 			return nil, err
 		}
@@ -232,14 +238,18 @@ func (l *Local) update(ctx context.Context, fn func(s *State) error) (*State, er
 	return s, nil
 }
 
-// destroyMIG deletes the MIG devices local created for a; one already
-// gone is no error.
-func (l *Local) destroyMIG(ctx context.Context, a Allocation) {
+// destroyMIG deletes the MIG devices local created for a, but those a
+// live allocation holds (another user's command took over an instance a's
+// dead holder left before a's owner cleaned up); one already gone is no
+// error.
+func (l *Local) destroyMIG(ctx context.Context, a Allocation, live []Allocation) {
 	if l.cfg.MIG == nil {
 		return
 	}
 	for _, d := range a.Devices {
-		if d.MIG == nil {
+		if d.MIG == nil || (d.MIG.UUID != "" && slices.ContainsFunc(live, func(x Allocation) bool {
+			return x.Name != a.Name && slices.ContainsFunc(x.Devices, func(xd Device) bool { return xd.UUID == d.MIG.UUID })
+		})) {
 			continue
 		}
 		err := l.cfg.MIG.DeleteMigPlacement(ctx, nvdevice.MigPlacementRef{ParentUUID: d.MIG.ParentUUID, Profile: d.MIG.Profile, Start: d.MIG.Start, UUID: d.MIG.UUID})
@@ -263,7 +273,7 @@ func (l *Local) createMIG(ctx context.Context, a *Allocation) error {
 		}
 		dev, err := l.cfg.MIG.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: d.MIG.ParentUUID, Profile: d.MIG.Profile, Start: d.MIG.Start})
 		if err != nil {
-			l.destroyMIG(ctx, *a)
+			l.destroyMIG(ctx, *a, nil)
 			return fmt.Errorf("create MIG device %s (%s at %d on %s): %w", d.Name, d.MIG.Profile, d.MIG.Start, d.MIG.ParentUUID, err)
 		}
 		d.MIG.UUID, d.UUID = dev.UUID, dev.UUID
@@ -278,13 +288,22 @@ func (l *Local) round(ctx context.Context, s *State, now time.Time) {
 	if len(s.Waiters) == 0 {
 		return
 	}
+	// held are the grants of other users' waiters: only their own
+	// commands may record them (within a poll), but the round holds their
+	// devices for them, so that no one behind them in the queue gets in
+	// first.
+	var held []Allocation
 	for _, w := range l.order(s, now) {
-		a, err := l.cfg.Machine.plan(ctx, w.Request, s.Allocations, s.Drained)
+		a, err := l.cfg.Machine.plan(ctx, w.Request, append(slices.Clone(s.Allocations), held...), s.Drained)
 		if err != nil {
 			var notFit *allocator.NotFitError
 			if !errors.As(err, &notFit) {
 				klog.FromContext(ctx).Error(err, "Plan a waiting request", "name", w.Name)
 			}
+			continue
+		}
+		if !writable(w.Request) {
+			held = append(held, a)
 			continue
 		}
 		a.Since = now
@@ -307,7 +326,7 @@ func (l *Local) round(ctx context.Context, s *State, now time.Time) {
 		}
 		if err := l.startMPS(ctx, &a); err != nil {
 			s.fail(ctx, w.Name, err)
-			l.destroyMIG(ctx, a)
+			l.destroyMIG(ctx, a, nil)
 			continue
 		}
 		s.Allocations = append(s.Allocations, a)
@@ -516,6 +535,16 @@ func (l *Local) Release(ctx context.Context, name, user string) error {
 		}
 		if !s.find(name) {
 			return fmt.Errorf("no allocation or request named %s", name)
+		}
+		for _, a := range s.Allocations {
+			if a.Name == name && !writable(a.Request) {
+				return fmt.Errorf("%s is recorded in another user's file (%s): only they may change it", name, a.from)
+			}
+		}
+		for _, w := range s.Waiters {
+			if w.Name == name && !writable(w.Request) {
+				return fmt.Errorf("%s is recorded in another user's file (%s): only they may change it", name, w.from)
+			}
 		}
 		s.Allocations = slices.DeleteFunc(s.Allocations, func(a Allocation) bool { return a.Name == name })
 		s.Waiters = slices.DeleteFunc(s.Waiters, func(w Waiter) bool { return w.Name == name })

@@ -420,11 +420,11 @@ func TestIdleLookWritesNothing(t *testing.T) {
 	require.NoError(t, l.Enqueue(ctx, ask(t, "waits", "bob", Ask{GPUs: 1})))
 	stamp := func() string {
 		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(filepath.Join(dir, stateFile), &st))
+		require.NoError(t, syscall.Stat(ownFile(dir), &st))
 		return fmt.Sprintf("%d/%d.%d", st.Ino, st.Mtim.Sec, st.Mtim.Nsec)
 	}
 	read := func() string {
-		b, err := os.ReadFile(filepath.Join(dir, stateFile))
+		b, err := os.ReadFile(ownFile(dir))
 		require.NoError(t, err)
 		return string(b)
 	}

@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/gpudra/gpudra/pkg/nodelock"
 )
 
@@ -63,16 +61,12 @@ func CheckNoPlugin(pluginDataDir string) error {
 // see the holders' processes): gpudra local ps does. ClaimForPlugin
 // checks it under gpudra local's lock.
 func CheckNoAllocations(stateDir string) error {
-	b, err := os.ReadFile(filepath.Join(stateDir, stateFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	s, err := ReadState(stateDir)
 	if err != nil {
-		return fmt.Errorf("gpudra local state %s: %w", stateDir, err)
+		return fmt.Errorf("gpudra local state %s is unreadable (%w): run gpudra local ps to rebuild it, or remove it", stateDir, err)
 	}
-	var s State
-	if err := yaml.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("gpudra local state %s is unreadable (%v): run gpudra local ps to rebuild it, or remove it", stateDir, err)
+	if s == nil {
+		return nil
 	}
 	if n := len(s.Allocations) + len(s.Waiters); n > 0 {
 		return fmt.Errorf("gpudra local holds or queues %d request(s) on this machine (%s): release them (gpudra local ps, gpudra local release) before the kubelet plugin takes the GPUs", n, filepath.Join(stateDir, stateFile))

@@ -1,11 +1,7 @@
 package local
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -17,7 +13,8 @@ import (
 // DefaultStateDir is where a machine's local allocations live.
 const DefaultStateDir = "/var/lib/gpudra/local"
 
-// stateFile and lockFile are in the state directory.
+// stateFile and lockFile are in the state directory (store.go: the
+// layout); stateFile is also each user's file in their directory.
 const (
 	stateFile = "state.json"
 	lockFile  = "state.lock"
@@ -57,6 +54,11 @@ type Request struct {
 	Share string `json:"share,omitempty"`
 	// MPS are an MPS request's client limits.
 	MPS *MPSLimits `json:"mps,omitempty"`
+
+	// from is the file the entry was read from (fromLegacy, or the user
+	// directory's name); "" for one this process made. A process records
+	// changes only of its own entries and the legacy ones (writable).
+	from string
 }
 
 // ShareTimeSlicing is the one kind of sharing local offers.
@@ -112,31 +114,6 @@ type State struct {
 	Policy string `json:"policy,omitempty"`
 }
 
-// loadState reads the state file. A missing file is an empty state. A
-// corrupt one is moved aside (state.json.corrupt-<time>) and an empty
-// state returned with an error saying so, as the plugin treats its
-// checkpoint: what it recorded is lost, but the machine is usable again,
-// and every holder it named finds its allocation gone.
-func loadState(dir string, now time.Time) (*State, error) {
-	path := filepath.Join(dir, stateFile)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return &State{}, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	var s State
-	if err := json.Unmarshal(b, &s); err != nil {
-		aside := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405"))
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return nil, fmt.Errorf("state %s is corrupt (%v) and cannot be moved aside: %w", path, err, rerr)
-		}
-		return &State{}, &CorruptStateError{Path: path, Aside: aside, Err: err}
-	}
-	return &s, nil
-}
-
 // CorruptStateError says the state file could not be read and was moved
 // aside; the state starts empty.
 type CorruptStateError struct {
@@ -149,17 +126,6 @@ func (e *CorruptStateError) Error() string {
 }
 
 func (e *CorruptStateError) Unwrap() error { return e.Err }
-
-// saveState writes the state with the plugin's crash-safe writer.
-func saveState(dir string, s *State) error {
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return err
-	}
-	// Readable and writable by the directory's group: the machine's GPU
-	// users, each as themselves.
-	return checkpoint.WriteFileAtomicMode(filepath.Join(dir, stateFile), b, 0o664)
-}
 
 // alive says whether the holder's process still runs (and is the same
 // process): recorded in this boot (bootID, "" when unknown), and its pid's

@@ -2,9 +2,6 @@ package top
 
 import (
 	"cmp"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -90,26 +87,11 @@ func reading(r nvdevice.Reading) *float64 {
 	return ptr(r.Value)
 }
 
-// ReadLocalState reads gpudra local's state file without its lock and
+// ReadLocalState reads gpudra local's state without its lock and
 // without changing it (top only looks: the holders it would clean up stay
-// for gpudra local to clean). The file is replaced atomically, so a read
-// sees one whole state. A missing file is no state (nil, nil): local was
-// never used here.
-func ReadLocalState(stateDir string) (*local.State, error) {
-	path := filepath.Join(stateDir, "state.json")
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read gpudra local's state %s: %w", path, err)
-	}
-	var st local.State
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("parse gpudra local's state %s: %w", path, err)
-	}
-	return &st, nil
-}
+// for gpudra local to clean): local.ReadState. nil, nil: local was never
+// used here; a state with an error: some file could not be read.
+func ReadLocalState(stateDir string) (*local.State, error) { return local.ReadState(stateDir) }
 
 // ProcUser returns the owner of procRoot/<pid> (the process's real user),
 // by name where the user database knows it, else the numeric ID; "" when
