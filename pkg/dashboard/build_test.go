@@ -423,6 +423,38 @@ func TestBuild(t *testing.T) {
 			assert.Equal(t, 2, v.Summary.Waiting)
 		},
 	}, {
+		name: "a gang the controller let go leaves its queue; stale positions never put two items at one place",
+		in: func(t *testing.T) ClusterInputs {
+			// After gang a was admitted, a-0 runs while a-1 still carries the
+			// gate and its old condition; b's condition says position 1 already.
+			// c and d both say 2: written before and after an item left.
+			first := "position 1 in queue training: 8 GPUs are not free"
+			second := "position 2 in queue training: 8 GPUs are not free"
+			return ClusterInputs{Now: testNow,
+				Claims: []*resourceapi.ResourceClaim{pendingClaim("ns", "a-0", 4), pendingClaim("ns", "a-1", 4), pendingClaim("ns", "b-0", 4),
+					pendingClaim("ns", "c-0", 4), pendingClaim("ns", "d-0", 4)},
+				Pods: []*corev1.Pod{
+					func() *corev1.Pod {
+						p := gangPod("ns", "a-0", "a", "training", "", gpudrav1.ReasonWaitingForDevices, first, "a-0")
+						p.Spec.SchedulingGates, p.Spec.NodeName = nil, "node-a"
+						p.Status.Conditions[0].Status = corev1.ConditionTrue
+						return p
+					}(),
+					gangPod("ns", "a-1", "a", "training", "", gpudrav1.ReasonWaitingForDevices, first, "a-1"),
+					gangPod("ns", "b-0", "b", "training", "", gpudrav1.ReasonWaitingForDevices, first, "b-0"),
+					gangPod("ns", "c-0", "c", "training", "", gpudrav1.ReasonBehindInQueue, second, "c-0"),
+					gangPod("ns", "d-0", "d", "training", "", gpudrav1.ReasonBehindInQueue, second, "d-0"),
+				}}
+		},
+		check: func(t *testing.T, v *View) {
+			q := queueNamed(t, v, "training")
+			var got []string
+			for _, it := range q.Items {
+				got = append(got, fmt.Sprintf("%d %s", it.Position, it.Name))
+			}
+			assert.Equal(t, []string{"1 b", "2 c", "3 d"}, got)
+		},
+	}, {
 		name: "estimates stop after an item without a declared duration; a queue with no GpuQueue",
 		in: func(t *testing.T) ClusterInputs {
 			return ClusterInputs{Now: testNow, Reservations: []*gpudrav1.GpuReservation{

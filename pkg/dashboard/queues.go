@@ -74,6 +74,7 @@ func (b *builder) queues(v *View) []Queue {
 	out := make([]Queue, 0, len(byName))
 	for _, q := range byName {
 		slices.SortFunc(q.Items, compareItems)
+		numberPositions(q.Items)
 		if q.Name != "" {
 			estimateStarts(q.Items, b.in.Now)
 			v.Summary.Waiting += len(q.Items)
@@ -104,6 +105,21 @@ func compareItems(a, b QueueItem) int {
 		bs = *b.Since
 	}
 	return cmp.Or(as.Compare(bs), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// numberPositions numbers a sorted queue's items that have a position 1,
+// 2, 3... in order: the positions the controller reported are read from
+// each item's own status or pod condition, written at different times, and
+// two of them can say 1 for a moment (one written before the item ahead of
+// it left, one after); a queue never shows two items at one place.
+func numberPositions(items []QueueItem) {
+	n := 0
+	for i := range items {
+		if items[i].Position > 0 {
+			n++
+			items[i].Position = n
+		}
+	}
 }
 
 // estimateStarts sets each item's EstimatedStart: now plus the declared
@@ -143,6 +159,17 @@ func gangHeldBack(p *corev1.Pod) bool {
 	})
 }
 
+// gangAdmitted says whether a gang's pod shows that the controller let its
+// gang go (bound, or GangAllocated=True): the gang's other pods may still be
+// gated, or show the condition they had while it waited (the controller
+// lifts gates and writes conditions one pod after another), but the gang is
+// no longer in its queue.
+func gangAdmitted(p *corev1.Pod) bool {
+	return p.Spec.NodeName != "" || slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return string(c.Type) == gpudrav1.GroupName+"/GangAllocated" && c.Status == corev1.ConditionTrue
+	})
+}
+
 // gangs are the gangs with a pod held back (gangHeldBack), one item per
 // (namespace, gang), with the condition the controller set on its pods.
 func (b *builder) gangs() []gangWait {
@@ -170,7 +197,7 @@ func (b *builder) gangs() []gangWait {
 	}
 	var out []gangWait
 	for _, a := range byKey {
-		if !a.gated {
+		if !a.gated || slices.ContainsFunc(a.pods, gangAdmitted) {
 			continue
 		}
 		slices.SortFunc(a.pods, func(x, y *corev1.Pod) int { return cmp.Compare(x.Name, y.Name) })
