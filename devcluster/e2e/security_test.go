@@ -85,6 +85,7 @@ func TestMPSServerPodPinned(t *testing.T) {
 	require.NoError(t, create(base), "the server pod the plugin makes")
 
 	hostPathType := v1.HostPathDirectory
+	const allowList = "with the fields it sets (an allow-list, docs/security.md), not "
 	for _, tc := range []struct {
 		name   string
 		change func(p *v1.Pod)
@@ -131,15 +132,15 @@ func TestMPSServerPodPinned(t *testing.T) {
 		}, "whose volumes are the server's directory"},
 		{"env LD_PRELOAD", func(p *v1.Pod) {
 			p.Spec.Containers[0].Env = []v1.EnvVar{{Name: "LD_PRELOAD", Value: "/driver-root/tmp/evil.so"}}
-		}, "without environment variables"},
-		{"hostNetwork", func(p *v1.Pod) { p.Spec.HostNetwork = true }, "without host network, PID or IPC namespaces"},
-		{"hostPID", func(p *v1.Pod) { p.Spec.HostPID = true }, "without host network, PID or IPC namespaces"},
+		}, allowList + "spec.containers[0].env"},
+		{"hostNetwork", func(p *v1.Pod) { p.Spec.HostNetwork = true }, allowList + "spec.hostNetwork"},
+		{"hostPID", func(p *v1.Pod) { p.Spec.HostPID = true }, allowList + "spec.hostPID"},
 		{"an extra container", func(p *v1.Pod) {
 			p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: "extra", Image: p.Spec.Containers[0].Image, Command: []string{"gpudra-mps-server"}})
 		}, "one container named mps-server"},
 		{"an init container", func(p *v1.Pod) {
 			p.Spec.InitContainers = []v1.Container{{Name: "init", Image: "busybox", Command: []string{"sh"}}}
-		}, "no init or ephemeral containers"},
+		}, allowList + "spec.initContainers"},
 		{"another image", func(p *v1.Pod) { p.Spec.Containers[0].Image = "busybox" }, "from the chart's image"},
 		{"another command", func(p *v1.Pod) { p.Spec.Containers[0].Command = []string{"sh", "-c", "cat /etc/shadow"} }, "from the chart's image"},
 		{"another node", func(p *v1.Pod) { p.Spec.NodeName = "dgx-h100-0" }, "may only create or delete MPS server pods of its own node, not of node 'dgx-h100-0'"},
@@ -147,11 +148,11 @@ func TestMPSServerPodPinned(t *testing.T) {
 		// let the node read, and the other pod fields PodServers never sets.
 		{"an image pull Secret", func(p *v1.Pod) {
 			p.Spec.ImagePullSecrets = []v1.LocalObjectReference{{Name: "gpudra-webhook-tls"}}
-		}, "with the fields it sets"},
+		}, "with the values it sets"},
 		{"a resource claim", func(p *v1.Pod) {
 			claim := "any"
 			p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
-		}, "with the fields it sets"},
+		}, allowList + "spec.resourceClaims"},
 		{"a runtime class", func(p *v1.Pod) {
 			// One that exists: RuntimeClass admission refuses a missing one first.
 			rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-kata"}, Handler: "kata"}
@@ -159,12 +160,50 @@ func TestMPSServerPodPinned(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Spec.RuntimeClassName = &rc.Name
-		}, "with the fields it sets"},
-		{"another priority class", func(p *v1.Pod) { p.Spec.PriorityClassName = "system-cluster-critical" }, "with the fields it sets"},
+		}, allowList + "spec.runtimeClassName"},
+		{"another priority class", func(p *v1.Pod) { p.Spec.PriorityClassName = "system-cluster-critical" }, "with the values it sets"},
 		{"another owner", func(p *v1.Pod) {
 			p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: "dgx-h100-0", UID: "x"})
-		}, "with the fields it sets"},
-		{"a finalizer", func(p *v1.Pod) { p.Finalizers = []string{"example.com/keep"} }, "with the fields it sets"},
+		}, "with the values it sets"},
+		{"a finalizer", func(p *v1.Pod) { p.Finalizers = []string{"example.com/keep"} }, allowList + "metadata.finalizers"},
+		// Issue 47: an allow-list. Each of these passed the list of what
+		// was refused before it.
+		{"mount propagation Bidirectional", func(p *v1.Pod) {
+			bidirectional := v1.MountPropagationBidirectional
+			p.Spec.Containers[0].VolumeMounts[0].MountPropagation = &bidirectional
+		}, allowList + "spec.containers[0].volumeMounts[server].mountPropagation"},
+		{"a server directory of another type", func(p *v1.Pod) {
+			socket := v1.HostPathSocket
+			p.Spec.Volumes[0].HostPath.Type = &socket
+		}, "whose volumes are the server's directory"},
+		{"another label", func(p *v1.Pod) { p.Labels["app.kubernetes.io/instance"] = "gpudra" }, allowList + "metadata.labels[app.kubernetes.io/instance]"},
+		{"another server key", func(p *v1.Pod) { p.Labels["gpu.gpudra.dev/mps-server"] = "mps-000000000000" }, "labelled and annotated with their own server's key"},
+		{"a runtime's annotation", func(p *v1.Pod) {
+			p.Annotations["io.kubernetes.cri-o.Devices"] = "/dev/sda"
+		}, allowList + "metadata.annotations[io.kubernetes.cri-o.Devices]"},
+		{"a pod security context", func(p *v1.Pod) {
+			p.Spec.SecurityContext = &v1.PodSecurityContext{SupplementalGroups: []int64{0}}
+		}, allowList + "spec.securityContext.supplementalGroups"},
+		{"hostUsers", func(p *v1.Pod) { p.Spec.HostUsers = new(bool) }, allowList + "spec.hostUsers"},
+		{"an SELinux type", func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext.SELinuxOptions = &v1.SELinuxOptions{Type: "spc_t"}
+		}, allowList + "spec.containers[0].securityContext.seLinuxOptions"},
+		{"not privileged", func(p *v1.Pod) { p.Spec.Containers[0].SecurityContext.Privileged = new(bool) }, "runs privileged as root"},
+		{"a working directory", func(p *v1.Pod) { p.Spec.Containers[0].WorkingDir = "/driver-root" }, allowList + "spec.containers[0].workingDir"},
+		{"stdin", func(p *v1.Pod) { p.Spec.Containers[0].Stdin = true }, allowList + "spec.containers[0].stdin"},
+		{"a termination message elsewhere", func(p *v1.Pod) {
+			p.Spec.Containers[0].TerminationMessagePath = "/mps/control"
+		}, "the default termination message"},
+		{"a DNS configuration", func(p *v1.Pod) {
+			p.Spec.DNSConfig = &v1.PodDNSConfig{Nameservers: []string{"192.0.2.1"}}
+		}, allowList + "spec.dnsConfig"},
+		{"a readiness gate", func(p *v1.Pod) {
+			p.Spec.ReadinessGates = []v1.PodReadinessGate{{ConditionType: "example.com/ready"}}
+		}, allowList + "spec.readinessGates"},
+		{"another toleration", func(p *v1.Pod) {
+			p.Spec.Tolerations = append(p.Spec.Tolerations, v1.Toleration{Key: "example.com/x", Operator: v1.TolerationOpExists})
+		}, "one toleration of every taint"},
+		{"an hour's grace", func(p *v1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr[int64](3600) }, "a grace period of 30 s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := base.DeepCopy()

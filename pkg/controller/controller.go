@@ -191,6 +191,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			if paths != nil {
 				handler.GangMembers = watchGangMembers(ctx, client)
+				handler.PodGroupGang = podGroupGang(client)
 			}
 			if err := webhook.Serve(ctx, l, certs, handler); err != nil {
 				cancel(err)

@@ -10,9 +10,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
@@ -106,4 +108,56 @@ func TestLeaderFailover(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, issued, "issued once, by the first leader")
+}
+
+// TestNonLeaderReadySoon: a replica that does not lead is ready (its
+// /readyz answers 200) within seconds of the leader writing the webhook's
+// Secret, not at its next certificate reload (30 s by default).
+func TestNonLeaderReadySoon(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	client := fake.NewClientset()
+	// Another replica holds the lease, for the whole test.
+	now := metav1.NewMicroTime(time.Now())
+	_, err := client.CoordinationV1().Leases("gpudra-system").Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpudra-controller", Namespace: "gpudra-system"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("leader"), LeaseDurationSeconds: ptr.To[int32](3600),
+			AcquireTime: &now, RenewTime: &now}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	health, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	healthAddress := health.Addr().String()
+	require.NoError(t, health.Close())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Client: client, Namespace: "gpudra-system", Identity: "replica", WebhookListener: l,
+			WebhookSecret: "cert", ManageCertificates: true, WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")},
+			HealthAddress: healthAddress})
+	}()
+	defer func() { cancel(); <-done }()
+	readyz := func() int {
+		resp, err := http.Get("http://" + healthAddress + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Eventually(t, func() bool { return readyz() == http.StatusServiceUnavailable }, 5*time.Second, 50*time.Millisecond,
+		"not ready: no certificate yet")
+	time.Sleep(time.Second) // past the replica's first load
+
+	// The leader writes the Secret.
+	m := &webhook.CertManager{Client: client, Namespace: "gpudra-system", Secret: "cert", IPs: []net.IP{net.ParseIP("127.0.0.1")}}
+	_, err = m.Sync(ctx)
+	require.NoError(t, err)
+	written := time.Now()
+	require.Eventually(t, func() bool { return readyz() == http.StatusOK }, 3*time.Second, 50*time.Millisecond,
+		"a replica that does not lead is ready within seconds of the Secret's writing")
+	t.Logf("ready %s after the Secret was written", time.Since(written))
+	lease, err := client.CoordinationV1().Leases("gpudra-system").Get(ctx, "gpudra-controller", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "leader", *lease.Spec.HolderIdentity, "the replica did not lead")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -82,4 +83,21 @@ func slimGangMember(obj any) (any, error) {
 		Spec:   corev1.PodSpec{Priority: p.Spec.Priority, PriorityClassName: p.Spec.PriorityClassName, SchedulerName: p.Spec.SchedulerName},
 		Status: corev1.PodStatus{Phase: p.Status.Phase},
 	}, nil
+}
+
+// podGroupGang answers the webhook's PodGroupGang with a Get of the
+// PodGroup (the controller may get PodGroups, and only pods that name a
+// scheduling group ask): the gang its label gpudra.dev/gang names, "" for
+// a PodGroup that is not gpudra-controller's or does not exist.
+func podGroupGang(client kubernetes.Interface) webhook.PodGroupGang {
+	return func(ctx context.Context, namespace, name string) (string, error) {
+		pg, err := client.SchedulingV1beta1().PodGroups(namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		return pg.Labels[gpudrav1.LabelGang], nil
+	}
 }

@@ -78,13 +78,16 @@ func Configuration(name string, client admissionregistrationv1.WebhookClientConf
 // GangWebhookName is the mutating webhook that gates gang pods.
 const GangWebhookName = "pods.gang.gpudra.dev"
 
-// gangPodCondition is IsGangPod in CEL: only gang pods for the default
-// scheduler reach the webhook, so that its outage blocks no other pod. A
-// pod's nodeName is not tested: a pod created bound skips the scheduler,
-// is rare, and the webhook lets it through unchanged.
-const gangPodCondition = "has(object.metadata.labels) && ('" + gpudraapi.LabelGang + "' in object.metadata.labels || '" +
-	LabelGrovePodGang + "' in object.metadata.labels) && (!has(object.spec.schedulerName) || object.spec.schedulerName == '" +
-	corev1.DefaultSchedulerName + "')"
+// gangPodCondition is IsGangPod in CEL, and pods that name a scheduling
+// group: only those, for the default scheduler, reach the webhook, so that
+// its outage blocks no other pod. The second kind is checked on the
+// Workload API path: a pod may not join another gang's PodGroup
+// (refuseForeignSchedulingGroup). A pod's nodeName is not tested: a pod
+// created bound skips the scheduler, is rare, and the webhook lets it
+// through unchanged.
+const gangPodCondition = "((has(object.metadata.labels) && ('" + gpudraapi.LabelGang + "' in object.metadata.labels || '" +
+	LabelGrovePodGang + "' in object.metadata.labels)) || has(object.spec.schedulingGroup)) && " +
+	"(!has(object.spec.schedulerName) || object.spec.schedulerName == '" + corev1.DefaultSchedulerName + "')"
 
 // MutatingConfiguration is the MutatingWebhookConfiguration that sends the
 // webhook the pods of gangs at creation, calling it through client, which

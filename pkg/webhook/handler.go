@@ -51,6 +51,11 @@ type Handler struct {
 	// GangMembers lists a gang's existing pods, so that a gang pod whose
 	// priority differs from theirs is refused (MutateGang); nil: no check.
 	GangMembers GangMembers
+	// PodGroupGang says whose PodGroup a pod names, so that on the Workload
+	// API path a pod that is not a gang's may not join that gang's
+	// PodGroup (refuseForeignSchedulingGroup); nil: only GangMembers'
+	// gangs are known.
+	PodGroupGang PodGroupGang
 }
 
 // NewHandler returns the webhook's handler; reg (nil: none) receives
@@ -94,6 +99,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if path == GangPathGates || path == GangPathWorkload {
 			answer = func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+				if path == GangPathWorkload {
+					if resp := refuseForeignSchedulingGroup(r.Context(), req, h.GangMembers, h.PodGroupGang); resp != nil {
+						return resp
+					}
+				}
 				return MutateGang(req, path, h.GangMembers)
 			}
 		}

@@ -232,8 +232,9 @@ func TestMutatingConfiguration(t *testing.T) {
 	assert.Equal(t, []string{"v1"}, w.Rules[0].APIVersions)
 	assert.Equal(t, []string{"pods"}, w.Rules[0].Resources)
 	require.Len(t, w.MatchConditions, 1)
-	assert.Equal(t, `has(object.metadata.labels) && ('gpudra.dev/gang' in object.metadata.labels || 'grove.io/podgang' in object.metadata.labels) && `+
-		`(!has(object.spec.schedulerName) || object.spec.schedulerName == 'default-scheduler')`, w.MatchConditions[0].Expression)
+	assert.Equal(t, `((has(object.metadata.labels) && ('gpudra.dev/gang' in object.metadata.labels || 'grove.io/podgang' in object.metadata.labels)) || `+
+		`has(object.spec.schedulingGroup)) && (!has(object.spec.schedulerName) || object.spec.schedulerName == 'default-scheduler')`, w.MatchConditions[0].Expression,
+		"gang pods, and pods that name a scheduling group (refuseForeignSchedulingGroup)")
 	assert.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy, "a gang pod admitted without its gate would be scheduled alone")
 	assert.Equal(t, admissionregistrationv1.IfNeededReinvocationPolicy, *w.ReinvocationPolicy)
 	assert.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)

@@ -22,7 +22,9 @@ import (
 // the Secret (written by the leader's CertManager or by cert-manager). It
 // re-reads the Secret periodically instead of watching it: a Get of one
 // named Secret is all the RBAC it needs, and a renewal happens with a third
-// of a certificate's life left, so a minute's delay costs nothing.
+// of a certificate's life left, so a minute's delay costs nothing. Until it
+// holds a valid certificate it reads it every NotReadyReloadPeriod, so that
+// a replica is ready within a second of the Secret's writing.
 type CertLoader struct {
 	Client            kubernetes.Interface
 	Namespace, Secret string
@@ -47,17 +49,29 @@ func (l *CertLoader) Load(ctx context.Context) error {
 	return nil
 }
 
-// Run loads the Secret every period until ctx ends. Failures are logged:
-// the certificate in use stays until a newer one can be read.
+// NotReadyReloadPeriod is how often Run reads the Secret while no valid
+// certificate is loaded: a replica that does not lead waits for the
+// leader (or cert-manager) to write it, and must become ready as soon as
+// it can serve, not at its next period.
+const NotReadyReloadPeriod = 500 * time.Millisecond
+
+// Run loads the Secret every period until ctx ends, and every
+// NotReadyReloadPeriod (when shorter) while no valid certificate is
+// loaded. Failures are logged: the certificate in use stays until a newer
+// one can be read.
 func (l *CertLoader) Run(ctx context.Context, period time.Duration) {
 	for {
 		if err := l.Load(ctx); err != nil && ctx.Err() == nil {
 			klog.FromContext(ctx).V(2).Info("Webhook certificate not loaded", "err", err)
 		}
+		next := period
+		if l.Ready() != nil {
+			next = min(period, NotReadyReloadPeriod)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(period):
+		case <-time.After(next):
 		}
 	}
 }
