@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -40,6 +41,8 @@ type node struct {
 	reg    *prometheus.Registry
 	kube   *kubelet
 	target map[string]string
+	// clock is the collector's: the timeline's time at each scrape.
+	clock *clocktesting.FakeClock
 
 	mu     sync.Mutex
 	claims []prepared.Claim // DRA mode: what the plugin prepared
@@ -52,8 +55,9 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 	t.Cleanup(func() { _ = m.Close() })
 	inv, err := m.Inventory(ctx)
 	require.NoError(t, err)
-	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: &reader{m: m}, kube: newKubelet(t)}
+	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: newReader(t, m), kube: newKubelet(t), clock: clocktesting.NewFakeClock(base)}
 	n.tel = telemetry.NewCollector(n.rd, name, scrapeInterval)
+	n.tel.SetClock(n.clock)
 	n.tel.SetAttribution(n.kube.cfg) // in both modes, as the plugin binary does
 	n.health = telemetry.NewHealthMetrics(name, inv.GPUs)
 	require.NoError(t, telemetry.FollowHealth(ctx, m, n.health, nvdevice.DefaultXIDPolicy))
@@ -74,6 +78,19 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 }
 
 func (n *node) gpu(i int) nvdevice.GPU { return n.gpus[i] }
+
+// sample runs the sampler's pass at the timeline's time at, as the
+// plugin's sampler would, and returns when it completed or hangs in the
+// reader (the next passes then return at once: one read at a time).
+func (n *node) sample(ctx context.Context, at time.Duration) {
+	n.clock.SetTime(base.Add(at))
+	done := make(chan struct{})
+	go func() { defer close(done); n.tel.Sample(ctx) }()
+	select {
+	case <-done:
+	case <-n.rd.hung:
+	}
+}
 
 // claim prepares a claim of ns/name on GPU i (DRA mode).
 func (n *node) claim(i int, ns, name string) {
@@ -249,7 +266,7 @@ func (sc scenario) run(t *testing.T) evaluation {
 			f(t, r)
 		}
 		for _, n := range []*node{r.a, r.b} {
-			n.tel.Sample(ctx)
+			n.sample(ctx, at)
 			s := scrape(t, n.reg, n.target)
 			if sc.adjust != nil {
 				sc.adjust(at, n.name, s)
@@ -348,6 +365,27 @@ func TestRulesOverScrapes(t *testing.T) {
 		// Telemetry.
 		{name: "the GPUs cannot be read",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.rd.set(true, "", nil) }},
+			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
+		{name: "a read hangs in the driver",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.rd.hang() }},
+			want: []string{`GpudraTelemetryStale{node="node-a"}`},
+			check: func(t *testing.T, ev evaluation) {
+				assert.Empty(t, ev.query(`gpudra_gpu_utilization_ratio{node="node-a"}`, timelineEnd), "no frozen figures")
+				assert.Len(t, ev.query(`gpudra_gpu_utilization_ratio{node="node-b"}`, timelineEnd), 8)
+			}},
+		{name: "a claimed GPU idle for 50 minutes, then its read hangs",
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
+			at:    map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) { r.a.rd.hang() }},
+			want:  []string{`GpudraTelemetryStale{node="node-a"}`}},
+		// The idle alert's own guard: figures a plugin still sends while
+		// it says they are not up are not judged.
+		{name: "a claimed GPU idle for two hours, its figures not up after 30 minutes",
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-a" && at >= 30*time.Minute {
+					set(s, "gpudra_telemetry_up", nil, 0)
+				}
+			},
 			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
 		{name: "the pod-resources API cannot be read",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) {

@@ -163,7 +163,7 @@ func TestFailedReadIsReportedNotFatal(t *testing.T) {
 		return strings.TrimPrefix(stripHelp(string(got)), "# HELP gpudra_telemetry_up x\n# TYPE gpudra_telemetry_up gauge\n")
 	}
 	assert.Equal(t, `gpudra_telemetry_up{node="n1"} 0`+"\n", up())
-	assert.Equal(t, 3, testutil.CollectAndCount(c), "up, the sample's duration and time: no device series after a failed read")
+	assert.Equal(t, 4, testutil.CollectAndCount(c), "up, the sample's duration, time and age: no device series after a failed read")
 
 	r.mu.Lock()
 	r.err, r.samples = nil, []nvdevice.TelemetrySample{gpuSample}

@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/slicebuilder"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 // ParseMetrics parses a /metrics scrape in the Prometheus text format.
@@ -29,6 +30,7 @@ func ParseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
 // attribution off): the devices are shown without processes then.
 const (
 	mUp              = "gpudra_telemetry_up"
+	mSampleAge       = "gpudra_telemetry_last_sample_age_seconds"
 	mAttributionUp   = "gpudra_telemetry_attribution_up"
 	mUnresolved      = "gpudra_telemetry_unresolved_processes"
 	mUtil            = "gpudra_gpu_utilization_ratio"
@@ -192,9 +194,16 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 	s.Devices = sortDevices(devs)
 
 	// Notes: what the scrape says it could not read.
+	age := -1.0
+	each(mSampleAge, func(_ map[string]string, v float64) { age = v })
 	each(mUp, func(_ map[string]string, v float64) {
-		if v != 1 {
-			s.Notes = append(s.Notes, "the plugin's last telemetry read failed: the device figures are missing")
+		switch {
+		case v == 1:
+		case age < 0:
+			s.Notes = append(s.Notes, "the plugin's telemetry is down (no read completed yet, or the last failed): the device figures are missing")
+		default:
+			s.Notes = append(s.Notes, fmt.Sprintf("the plugin's telemetry is down (the last read, %s ago, failed, or a read hangs): the device figures are missing",
+				time.Duration(age*float64(time.Second)).Round(time.Second)))
 		}
 	})
 	switch {

@@ -323,3 +323,22 @@ func TestJSON(t *testing.T) {
 		})
 	}
 }
+
+func TestFromMetricsTelemetryDown(t *testing.T) {
+	for _, tc := range []struct {
+		name, scrape string
+		want         []string
+	}{
+		{"up", `gpudra_telemetry_up{node="n1"} 1` + "\n" + `gpudra_telemetry_last_sample_age_seconds{node="n1"} 4` + "\n", nil},
+		{"no read completed yet", `gpudra_telemetry_up{node="n1"} 0` + "\n",
+			[]string{"the plugin's telemetry is down (no read completed yet, or the last failed): the device figures are missing"}},
+		{"a read hangs", `gpudra_telemetry_up{node="n1"} 0` + "\n" + `gpudra_telemetry_last_sample_age_seconds{node="n1"} 80.4` + "\n",
+			[]string{"the plugin's telemetry is down (the last read, 1m20s ago, failed, or a read hangs): the device figures are missing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fams, err := ParseMetrics(strings.NewReader(tc.scrape + `gpudra_telemetry_attribution_up{node="n1"} 1` + "\n"))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, FromMetrics(fams, "n1", at).Notes)
+		})
+	}
+}
