@@ -302,15 +302,18 @@ func TestRulesOverScrapes(t *testing.T) {
 		return func(t *testing.T, r *run) { r.a.ecc(t, i, n) }
 	}
 	for _, sc := range []scenario{
-		{name: "healthy: nothing fires", check: checkHealthyRecords},
+		{name: "healthy: nothing fires", check: func(t *testing.T, ev evaluation) {
+			checkHealthyRecords(t, ev)
+			checkDCGMDocQueries(t, ev)
+		}},
 
 		// XIDs.
 		{name: "an application XID on a claimed GPU (DRA)",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="13"}`}},
 		{name: "a critical XID on a claimed GPU: it is unhealthy too",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 79) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="79"}`, `GpudraUnhealthyGPUInUse{device="gpu-2",node="node-a"}`},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="79"}`, `GpudraUnhealthyGPUInUse{dra_device_name="gpu-2",node="node-a"}`},
 			check: func(t *testing.T, ev evaluation) {
 				assert.Equal(t, 1.0, one(t, ev, "cluster:gpudra_gpus_unhealthy:count"))
 			}},
@@ -318,7 +321,7 @@ func TestRulesOverScrapes(t *testing.T) {
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 5, 79) }}},
 		{name: "an XID on a GPU a container holds (device plugin mode)",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 4, 13) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-4",node="node-b",xid="13"}`}},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-4",node="node-b",xid="13"}`}},
 		{name: "an XID on a GPU no container holds (device plugin mode)",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 6, 13) }}},
 		{name: "XIDs counted before Prometheus started: their series appear at 3",
@@ -331,12 +334,12 @@ func TestRulesOverScrapes(t *testing.T) {
 		{name: "one more XID of a code counted before Prometheus started",
 			setup: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) },
 			at:    map[time.Duration]func(*testing.T, *run){40 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
-			want:  []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+			want:  []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="13"}`}},
 
 		// ECC.
 		{name: "uncorrected ECC errors on a claimed GPU",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(2, 2)},
-			want: []string{`GpudraUncorrectedECCOnGPUInUse{device="gpu-2",node="node-a"}`}},
+			want: []string{`GpudraUncorrectedECCOnGPUInUse{dra_device_name="gpu-2",node="node-a"}`}},
 		{name: "uncorrected ECC errors on a free GPU",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(5, 2)}},
 		{name: "uncorrected ECC errors counted before Prometheus started",
@@ -345,17 +348,17 @@ func TestRulesOverScrapes(t *testing.T) {
 		// Throttling.
 		{name: "thermal throttling for an hour",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 80 * time.Minute: thermal(false)},
-			want: []string{`GpudraGPUThrottled{device="gpu-2",node="node-a",reason="hw_thermal_slowdown"}`}},
+			want: []string{`GpudraGPUThrottled{dra_device_name="gpu-2",node="node-a",reason="hw_thermal_slowdown"}`}},
 		{name: "thermal throttling for six minutes",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 26 * time.Minute: thermal(false)}},
 
 		// Idle claims.
 		{name: "a claimed GPU idle for two hours (DRA)",
 			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
-			want:  []string{`GpudraClaimedGPUIdle{device="gpu-2",node="node-a"}`}},
+			want:  []string{`GpudraClaimedGPUIdle{dra_device_name="gpu-2",node="node-a"}`}},
 		{name: "a GPU a container holds idle for two hours (device plugin mode)",
 			setup: func(t *testing.T, r *run) { r.b.start(t, 4, pidServer, r.server, 0, 10<<30) },
-			want:  []string{`GpudraClaimedGPUIdle{device="gpu-4",node="node-b"}`}},
+			want:  []string{`GpudraClaimedGPUIdle{dra_device_name="gpu-4",node="node-b"}`}},
 		{name: "a claimed GPU idle for 50 minutes, then busy",
 			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
 			at: map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) {
@@ -501,4 +504,56 @@ func keys(m map[string]float64) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// docQueries are the queries of the first promql block of the section
+// of docs/metrics.md with that heading: each starts after a comment line
+// and runs to the next comment or the block's end.
+func docQueries(t *testing.T, heading string) []string {
+	t.Helper()
+	doc := string(readFile(t, metricsDoc))
+	_, section, ok := strings.Cut(doc, "\n"+heading+"\n")
+	require.True(t, ok, "docs/metrics.md has %q", heading)
+	_, block, ok := strings.Cut(section, "```promql\n")
+	require.True(t, ok, "%s has a promql block", heading)
+	block, _, ok = strings.Cut(block, "```")
+	require.True(t, ok)
+	var out []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, strings.Join(cur, " "))
+			cur = nil
+		}
+	}
+	for _, l := range strings.Split(block, "\n") {
+		switch l = strings.TrimSpace(l); {
+		case strings.HasPrefix(l, "#"):
+			flush()
+		case l != "":
+			cur = append(cur, l)
+		}
+	}
+	flush()
+	return out
+}
+
+// checkDCGMDocQueries runs docs/metrics.md's queries written with
+// dcgm-exporter's labels over the healthy timeline: the memory of
+// team-a's trainer (its claim on node-a's gpu-2) and of team-b's server
+// (node-b's device plugin gave it gpu-4), and the utilization of the one
+// claim's GPU.
+func checkDCGMDocQueries(t *testing.T, ev evaluation) {
+	qs := docQueries(t, "### dcgm-exporter's label names")
+	require.Len(t, qs, 2, "%q", qs)
+	byPod := map[string]float64{}
+	for _, s := range ev.query(qs[0], timelineEnd) {
+		byPod[s.Metric.Get("namespace")+"/"+s.Metric.Get("pod")] = s.F
+	}
+	assert.Equal(t, map[string]float64{"team-a/train-0": 20 << 30, "team-b/infer-0": 10 << 30}, byPod, qs[0])
+	byClaim := map[string]float64{}
+	for _, s := range ev.query(qs[1], timelineEnd) {
+		byClaim[s.Metric.Get("dra_claim_namespace")+"/"+s.Metric.Get("dra_claim_name")] = s.F
+	}
+	assert.Equal(t, map[string]float64{"team-a/train": 0.6}, byClaim, qs[1])
 }

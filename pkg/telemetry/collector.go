@@ -24,11 +24,6 @@ import (
 // DefaultInterval is how often the sampler reads the devices.
 const DefaultInterval = 10 * time.Second
 
-var (
-	gpuLabels = []string{"gpu", "device", "node", "model"}
-	migLabels = []string{"gpu", "device", "node", "model", "profile"}
-)
-
 func desc(name, help string, labels []string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", name), help, append(append([]string(nil), labels...), extra...), nil)
 }
@@ -258,7 +253,7 @@ func send(ch chan<- prometheus.Metric, d *prometheus.Desc, t prometheus.ValueTyp
 }
 
 func (c *Collector) collectGPU(ch chan<- prometheus.Metric, s *nvdevice.TelemetrySample) {
-	l := []string{s.UUID, DeviceName(s), c.node, s.ProductName}
+	l := append(deviceValues(c.node, s.UUID, DeviceName(s)), s.ProductName)
 	with := func(extra ...string) []string { return append(append([]string(nil), l...), extra...) }
 	gauge := prometheus.GaugeValue
 	send(ch, descUtil, gauge, s.GPUUtilization, l...)
@@ -301,7 +296,7 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, s *nvdevice.Telemetr
 }
 
 func (c *Collector) collectMIG(ch chan<- prometheus.Metric, s *nvdevice.TelemetrySample) {
-	l := []string{s.ParentUUID, DeviceName(s), c.node, s.ProductName, s.MigProfile}
+	l := append(deviceValues(c.node, s.ParentUUID, DeviceName(s)), s.ProductName, s.MigProfile, s.UUID)
 	send(ch, descMigUsed, prometheus.GaugeValue, s.FramebufferUsedBytes, l...)
 	send(ch, descMigFree, prometheus.GaugeValue, s.FramebufferFreeBytes, l...)
 	send(ch, descMigTotal, prometheus.GaugeValue, s.FramebufferTotalBytes, l...)
