@@ -29,7 +29,7 @@ func TestScrapeTelemetryKeepsOneScrape(t *testing.T) {
 	assert.Contains(t, out.String(), "== telemetry:")
 	b, err := os.ReadFile(filepath.Join(dir, "telemetry.prom"))
 	require.NoError(t, err)
-	assert.Contains(t, string(b), `gpudra_gpu_power_limit_watts{device="gpu-0"`)
+	assert.Contains(t, string(b), `gpudra_gpu_power_limit_watts{dra_device_name="gpu-0"`)
 	assert.Contains(t, string(b), "gpudra_gpu_framebuffer_total_bytes")
 	assert.Contains(t, string(b), `gpudra_telemetry_up{node="`+GPUNode+`"} 1`)
 }
@@ -59,5 +59,5 @@ func TestScrapeTelemetryHasTheSecondPass(t *testing.T) {
 	assert.Equal(t, 2, r.reads)
 	b, err := os.ReadFile(filepath.Join(dir, "telemetry.prom"))
 	require.NoError(t, err)
-	assert.Contains(t, string(b), `gpudra_gpu_sm_active_ratio{device="gpu-0",gpu="GPU-a"`)
+	assert.Contains(t, string(b), `gpudra_gpu_sm_active_ratio{dra_device_name="gpu-0",dra_driver_name="gpu.gpudra.dev",dra_pool_name="nvml-gpu",gpu="GPU-a"`)
 }

@@ -112,7 +112,7 @@ func (s scrape) containerSeries(metric, namespace, pod, container string) map[st
 	out := map[string]sample{}
 	for _, m := range s.series[metric] {
 		if m.labels["namespace"] == namespace && m.labels["pod"] == pod && m.labels["container"] == container {
-			out[m.labels["device"]] = m
+			out[m.labels["dra_device_name"]] = m
 		}
 	}
 	return out
@@ -181,8 +181,8 @@ func mismatches(scrapes map[string]scrape, namespace string, want []wantContaine
 		}
 		check(containerSM, smDevices)
 		for _, d := range wantDevices {
-			if m, ok := all[podInfo][d]; ok && (m.value != 1 || m.labels["claim"] != w.claims[d]) {
-				out = append(out, fmt.Sprintf("%s: %s on %s = %v, claim %q, want 1 and claim %q", w, podInfo, d, m.value, m.labels["claim"], w.claims[d]))
+			if m, ok := all[podInfo][d]; ok && (m.value != 1 || m.labels["dra_claim_name"] != w.claims[d]) {
+				out = append(out, fmt.Sprintf("%s: %s on %s = %v, claim %q, want 1 and claim %q", w, podInfo, d, m.value, m.labels["dra_claim_name"], w.claims[d]))
 			}
 			if m, ok := all[containerMem][d]; ok && m.value != w.memory[d] {
 				out = append(out, fmt.Sprintf("%s: %s on %s = %v, want %v", w, containerMem, d, m.value, w.memory[d]))
@@ -351,7 +351,7 @@ func TestTelemetryPerPod(t *testing.T) {
 	// it): each pod's series is its own part of it.
 	sharedDev := sortedKeys(want[2].memory)[0]
 	for _, m := range scrapes[wholeNode].series["gpudra_gpu_framebuffer_used_bytes"] {
-		if m.labels["device"] == sharedDev {
+		if m.labels["dra_device_name"] == sharedDev {
 			assert.GreaterOrEqual(t, m.value, float64(24*gi), "the shared GPU's framebuffer used holds both pods' 8 + 16 GiB")
 		}
 	}

@@ -29,7 +29,7 @@ func scrapeAttribution(t *testing.T, node string) attribution {
 		a.info = append(a.info, m.labels)
 	}
 	for _, m := range s.series["gpudra_device_free"] {
-		a.free[m.labels["device"]] = m.value
+		a.free[m.labels["dra_device_name"]] = m.value
 	}
 	return a
 }
@@ -38,7 +38,7 @@ func scrapeAttribution(t *testing.T, node string) attribution {
 func (a attribution) inNamespace(ns string) []map[string]string {
 	var out []map[string]string
 	for _, l := range a.info {
-		if l["claim_namespace"] == ns {
+		if l["dra_claim_namespace"] == ns {
 			out = append(out, l)
 		}
 	}
@@ -73,10 +73,10 @@ func TestTelemetryAttributesClaims(t *testing.T) {
 	}, 10*time.Second, 200*time.Millisecond, "no claim_info series for the claim %s/%s", ns, claim.Name)
 	series := a.inNamespace(ns)
 	require.Len(t, series, 1, "one series for the one claim, none for the pod without a claim: %v", series)
-	assert.Equal(t, ns, series[0]["claim_namespace"])
-	assert.Equal(t, claim.Name, series[0]["claim_name"])
+	assert.Equal(t, ns, series[0]["dra_claim_namespace"])
+	assert.Equal(t, claim.Name, series[0]["dra_claim_name"])
 	assert.Equal(t, string(claim.UID), series[0]["claim_uid"])
-	assert.Equal(t, result.Device, series[0]["device"], "the series is on the device the claim was allocated")
+	assert.Equal(t, result.Device, series[0]["dra_device_name"], "the series is on the device the claim was allocated")
 	assert.Equal(t, node, series[0]["node"])
 	require.Len(t, a.free, 8, "gpudra_device_free for each of the node's GPUs: %v", a.free)
 	for dev, free := range a.free {

@@ -88,7 +88,7 @@ func TestXIDAlertOverDevclusterScrapes(t *testing.T) {
 				for _, lp := range s.GetLabel() {
 					l[lp.GetName()] = lp.GetValue()
 				}
-				m[l["device"]+"/"+l["xid"]] += s.GetCounter().GetValue()
+				m[l["dra_device_name"]+"/"+l["xid"]] += s.GetCounter().GetValue()
 			}
 		}
 		return m
@@ -115,7 +115,7 @@ func TestXIDAlertOverDevclusterScrapes(t *testing.T) {
 		return tl
 	}
 	fired := evaluate(t, timeline(afterScrape), 25*time.Minute).fired
-	want := `GpudraXIDOnGPUInUse{device="` + xidDevice + `",node="` + node + `",xid="` + xid + `"}`
+	want := `GpudraXIDOnGPUInUse{dra_device_name="` + xidDevice + `",node="` + node + `",xid="` + xid + `"}`
 	assert.True(t, fired[want], "want %s; fired: %v", want, keysOf(fired))
 
 	quiet := evaluate(t, timeline(beforeScrape), 25*time.Minute).fired

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
@@ -40,6 +41,8 @@ type node struct {
 	reg    *prometheus.Registry
 	kube   *kubelet
 	target map[string]string
+	// clock is the collector's: the timeline's time at each scrape.
+	clock *clocktesting.FakeClock
 
 	mu     sync.Mutex
 	claims []prepared.Claim // DRA mode: what the plugin prepared
@@ -52,8 +55,9 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 	t.Cleanup(func() { _ = m.Close() })
 	inv, err := m.Inventory(ctx)
 	require.NoError(t, err)
-	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: &reader{m: m}, kube: newKubelet(t)}
+	n := &node{name: name, dra: dra, m: m, gpus: inv.GPUs, rd: newReader(t, m), kube: newKubelet(t), clock: clocktesting.NewFakeClock(base)}
 	n.tel = telemetry.NewCollector(n.rd, name, scrapeInterval)
+	n.tel.SetClock(n.clock)
 	n.tel.SetAttribution(n.kube.cfg) // in both modes, as the plugin binary does
 	n.health = telemetry.NewHealthMetrics(name, inv.GPUs)
 	require.NoError(t, telemetry.FollowHealth(ctx, m, n.health, nvdevice.DefaultXIDPolicy))
@@ -74,6 +78,19 @@ func newNode(t *testing.T, ctx context.Context, name string, dra bool) *node {
 }
 
 func (n *node) gpu(i int) nvdevice.GPU { return n.gpus[i] }
+
+// sample runs the sampler's pass at the timeline's time at, as the
+// plugin's sampler would, and returns when it completed or hangs in the
+// reader (the next passes then return at once: one read at a time).
+func (n *node) sample(ctx context.Context, at time.Duration) {
+	n.clock.SetTime(base.Add(at))
+	done := make(chan struct{})
+	go func() { defer close(done); n.tel.Sample(ctx) }()
+	select {
+	case <-done:
+	case <-n.rd.hung:
+	}
+}
 
 // claim prepares a claim of ns/name on GPU i (DRA mode).
 func (n *node) claim(i int, ns, name string) {
@@ -249,7 +266,7 @@ func (sc scenario) run(t *testing.T) evaluation {
 			f(t, r)
 		}
 		for _, n := range []*node{r.a, r.b} {
-			n.tel.Sample(ctx)
+			n.sample(ctx, at)
 			s := scrape(t, n.reg, n.target)
 			if sc.adjust != nil {
 				sc.adjust(at, n.name, s)
@@ -285,15 +302,18 @@ func TestRulesOverScrapes(t *testing.T) {
 		return func(t *testing.T, r *run) { r.a.ecc(t, i, n) }
 	}
 	for _, sc := range []scenario{
-		{name: "healthy: nothing fires", check: checkHealthyRecords},
+		{name: "healthy: nothing fires", check: func(t *testing.T, ev evaluation) {
+			checkHealthyRecords(t, ev)
+			checkDCGMDocQueries(t, ev)
+		}},
 
 		// XIDs.
 		{name: "an application XID on a claimed GPU (DRA)",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="13"}`}},
 		{name: "a critical XID on a claimed GPU: it is unhealthy too",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 79) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="79"}`, `GpudraUnhealthyGPUInUse{device="gpu-2",node="node-a"}`},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="79"}`, `GpudraUnhealthyGPUInUse{dra_device_name="gpu-2",node="node-a"}`},
 			check: func(t *testing.T, ev evaluation) {
 				assert.Equal(t, 1.0, one(t, ev, "cluster:gpudra_gpus_unhealthy:count"))
 			}},
@@ -301,7 +321,7 @@ func TestRulesOverScrapes(t *testing.T) {
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 5, 79) }}},
 		{name: "an XID on a GPU a container holds (device plugin mode)",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 4, 13) }},
-			want: []string{`GpudraXIDOnGPUInUse{device="gpu-4",node="node-b",xid="13"}`}},
+			want: []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-4",node="node-b",xid="13"}`}},
 		{name: "an XID on a GPU no container holds (device plugin mode)",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.b.xid(t, 6, 13) }}},
 		{name: "XIDs counted before Prometheus started: their series appear at 3",
@@ -314,12 +334,12 @@ func TestRulesOverScrapes(t *testing.T) {
 		{name: "one more XID of a code counted before Prometheus started",
 			setup: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) },
 			at:    map[time.Duration]func(*testing.T, *run){40 * time.Minute: func(t *testing.T, r *run) { r.a.xid(t, 2, 13) }},
-			want:  []string{`GpudraXIDOnGPUInUse{device="gpu-2",node="node-a",xid="13"}`}},
+			want:  []string{`GpudraXIDOnGPUInUse{dra_device_name="gpu-2",node="node-a",xid="13"}`}},
 
 		// ECC.
 		{name: "uncorrected ECC errors on a claimed GPU",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(2, 2)},
-			want: []string{`GpudraUncorrectedECCOnGPUInUse{device="gpu-2",node="node-a"}`}},
+			want: []string{`GpudraUncorrectedECCOnGPUInUse{dra_device_name="gpu-2",node="node-a"}`}},
 		{name: "uncorrected ECC errors on a free GPU",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: ecc(5, 2)}},
 		{name: "uncorrected ECC errors counted before Prometheus started",
@@ -328,17 +348,17 @@ func TestRulesOverScrapes(t *testing.T) {
 		// Throttling.
 		{name: "thermal throttling for an hour",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 80 * time.Minute: thermal(false)},
-			want: []string{`GpudraGPUThrottled{device="gpu-2",node="node-a",reason="hw_thermal_slowdown"}`}},
+			want: []string{`GpudraGPUThrottled{dra_device_name="gpu-2",node="node-a",reason="hw_thermal_slowdown"}`}},
 		{name: "thermal throttling for six minutes",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: thermal(true), 26 * time.Minute: thermal(false)}},
 
 		// Idle claims.
 		{name: "a claimed GPU idle for two hours (DRA)",
 			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
-			want:  []string{`GpudraClaimedGPUIdle{device="gpu-2",node="node-a"}`}},
+			want:  []string{`GpudraClaimedGPUIdle{dra_device_name="gpu-2",node="node-a"}`}},
 		{name: "a GPU a container holds idle for two hours (device plugin mode)",
 			setup: func(t *testing.T, r *run) { r.b.start(t, 4, pidServer, r.server, 0, 10<<30) },
-			want:  []string{`GpudraClaimedGPUIdle{device="gpu-4",node="node-b"}`}},
+			want:  []string{`GpudraClaimedGPUIdle{dra_device_name="gpu-4",node="node-b"}`}},
 		{name: "a claimed GPU idle for 50 minutes, then busy",
 			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
 			at: map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) {
@@ -348,6 +368,27 @@ func TestRulesOverScrapes(t *testing.T) {
 		// Telemetry.
 		{name: "the GPUs cannot be read",
 			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.rd.set(true, "", nil) }},
+			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
+		{name: "a read hangs in the driver",
+			at:   map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) { r.a.rd.hang() }},
+			want: []string{`GpudraTelemetryStale{node="node-a"}`},
+			check: func(t *testing.T, ev evaluation) {
+				assert.Empty(t, ev.query(`gpudra_gpu_utilization_ratio{node="node-a"}`, timelineEnd), "no frozen figures")
+				assert.Len(t, ev.query(`gpudra_gpu_utilization_ratio{node="node-b"}`, timelineEnd), 8)
+			}},
+		{name: "a claimed GPU idle for 50 minutes, then its read hangs",
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
+			at:    map[time.Duration]func(*testing.T, *run){50 * time.Minute: func(t *testing.T, r *run) { r.a.rd.hang() }},
+			want:  []string{`GpudraTelemetryStale{node="node-a"}`}},
+		// The idle alert's own guard: figures a plugin still sends while
+		// it says they are not up are not judged.
+		{name: "a claimed GPU idle for two hours, its figures not up after 30 minutes",
+			setup: func(t *testing.T, r *run) { r.a.start(t, 2, pidTrainer, r.trainer, 0, 20<<30) },
+			adjust: func(at time.Duration, n string, s []sample) {
+				if n == "node-a" && at >= 30*time.Minute {
+					set(s, "gpudra_telemetry_up", nil, 0)
+				}
+			},
 			want: []string{`GpudraTelemetryDown{node="node-a"}`}},
 		{name: "the pod-resources API cannot be read",
 			at: map[time.Duration]func(*testing.T, *run){20 * time.Minute: func(t *testing.T, r *run) {
@@ -463,4 +504,56 @@ func keys(m map[string]float64) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// docQueries are the queries of the first promql block of the section
+// of docs/metrics.md with that heading: each starts after a comment line
+// and runs to the next comment or the block's end.
+func docQueries(t *testing.T, heading string) []string {
+	t.Helper()
+	doc := string(readFile(t, metricsDoc))
+	_, section, ok := strings.Cut(doc, "\n"+heading+"\n")
+	require.True(t, ok, "docs/metrics.md has %q", heading)
+	_, block, ok := strings.Cut(section, "```promql\n")
+	require.True(t, ok, "%s has a promql block", heading)
+	block, _, ok = strings.Cut(block, "```")
+	require.True(t, ok)
+	var out []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, strings.Join(cur, " "))
+			cur = nil
+		}
+	}
+	for _, l := range strings.Split(block, "\n") {
+		switch l = strings.TrimSpace(l); {
+		case strings.HasPrefix(l, "#"):
+			flush()
+		case l != "":
+			cur = append(cur, l)
+		}
+	}
+	flush()
+	return out
+}
+
+// checkDCGMDocQueries runs docs/metrics.md's queries written with
+// dcgm-exporter's labels over the healthy timeline: the memory of
+// team-a's trainer (its claim on node-a's gpu-2) and of team-b's server
+// (node-b's device plugin gave it gpu-4), and the utilization of the one
+// claim's GPU.
+func checkDCGMDocQueries(t *testing.T, ev evaluation) {
+	qs := docQueries(t, "### dcgm-exporter's label names")
+	require.Len(t, qs, 2, "%q", qs)
+	byPod := map[string]float64{}
+	for _, s := range ev.query(qs[0], timelineEnd) {
+		byPod[s.Metric.Get("namespace")+"/"+s.Metric.Get("pod")] = s.F
+	}
+	assert.Equal(t, map[string]float64{"team-a/train-0": 20 << 30, "team-b/infer-0": 10 << 30}, byPod, qs[0])
+	byClaim := map[string]float64{}
+	for _, s := range ev.query(qs[1], timelineEnd) {
+		byClaim[s.Metric.Get("dra_claim_namespace")+"/"+s.Metric.Get("dra_claim_name")] = s.F
+	}
+	assert.Equal(t, map[string]float64{"team-a/train": 0.6}, byClaim, qs[1])
 }

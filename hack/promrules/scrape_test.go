@@ -264,25 +264,48 @@ func groupOrder(t testing.TB) map[string]int {
 // reader is the simulator's telemetry with what the simulator cannot make
 // happen: a failed read, and per-GPU edits of a sample (a thermal throttle
 // reason), applied to what the simulator read. Load, processes, GPM and
-// ECC errors are the simulator's own (StartProcess, InjectECC).
+// ECC errors are the simulator's own (StartProcess, InjectECC); a read
+// that hangs is the simulator's telemetry hook.
 type reader struct {
 	m *sim.Machine
+	// hung has a value each time a read starts to hang; release ends
+	// every hang (at the test's end).
+	hung, release chan struct{}
 
-	mu    sync.Mutex
-	fail  bool
-	edits map[string]func(*nvdevice.TelemetrySample) // by GPU UUID
+	mu      sync.Mutex
+	fail    bool
+	hanging bool
+	edits   map[string]func(*nvdevice.TelemetrySample) // by GPU UUID
+}
+
+func newReader(t *testing.T, m *sim.Machine) *reader {
+	r := &reader{m: m, hung: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(func() { close(r.release) })
+	m.SetTelemetryHook(func(string) {
+		r.mu.Lock()
+		hanging := r.hanging
+		r.mu.Unlock()
+		if hanging {
+			r.hung <- struct{}{}
+			<-r.release
+		}
+	})
+	return r
 }
 
 func (r *reader) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.fail {
+	fail := r.fail
+	r.mu.Unlock()
+	if fail {
 		return nil, errors.New("NVML: driver not loaded (test)")
 	}
 	s, err := r.m.Telemetry(ctx)
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for i := range s {
 		if e := r.edits[s[i].UUID]; e != nil {
 			e(&s[i])
@@ -301,6 +324,13 @@ func (r *reader) set(fail bool, uuid string, edit func(*nvdevice.TelemetrySample
 		}
 		r.edits[uuid] = edit
 	}
+}
+
+// hang makes the next read hang in the driver, on the first GPU it reads.
+func (r *reader) hang() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hanging = true
 }
 
 // sumOf is the sum of a metric's series in g.

@@ -315,7 +315,7 @@ func (p *PrometheusUsage) Read(ctx context.Context, nodes []string) (map[string]
 	snaps := map[string]*top.Snapshot{}
 	devs := map[string]map[string]*top.Device{}
 	for _, s := range vec {
-		node, device := string(s.Metric["node"]), string(s.Metric["device"])
+		node, device := string(s.Metric["node"]), string(s.Metric["dra_device_name"])
 		field := promFields[string(s.Metric[model.MetricNameLabel])]
 		if node == "" || device == "" || field == nil || (len(want) > 0 && !want[node]) {
 			continue
@@ -326,7 +326,7 @@ func (p *PrometheusUsage) Read(ctx context.Context, nodes []string) (map[string]
 		}
 		d := devs[node][device]
 		if d == nil {
-			d = &top.Device{Name: device, Model: string(s.Metric["model"]), Profile: string(s.Metric["profile"])}
+			d = &top.Device{Name: device, Model: string(s.Metric["model"]), Profile: string(s.Metric["dra_mig_profile"])}
 			if strings.Contains(device, "-mig-") {
 				d.GPU = string(s.Metric["gpu"])
 			} else {
@@ -350,8 +350,8 @@ func (p *PrometheusUsage) Read(ctx context.Context, nodes []string) (map[string]
 // device, each claim once per device), and of them those a kernel ran on
 // (a GPU's utilization, or a MIG device's SM activity, above 0).
 const (
-	allocatedQuery = `count by (claim_namespace) (gpudra_device_claim_info)`
-	usedQuery      = `count by (claim_namespace) (gpudra_device_claim_info and on (node, gpu, device) ((gpudra_gpu_utilization_ratio > 0) or (gpudra_mig_sm_active_ratio > 0)))`
+	allocatedQuery = `count by (dra_claim_namespace) (gpudra_device_claim_info)`
+	usedQuery      = `count by (dra_claim_namespace) (gpudra_device_claim_info and on (node, gpu, dra_device_name) ((gpudra_gpu_utilization_ratio > 0) or (gpudra_mig_sm_active_ratio > 0)))`
 )
 
 // Range is the allocation per namespace over the last span, from
@@ -411,7 +411,7 @@ func (p *PrometheusUsage) Range(ctx context.Context, span time.Duration) (*Alloc
 	return out, nil
 }
 
-// matrix runs a range query, its series by the claim_namespace label.
+// matrix runs a range query, its series by the dra_claim_namespace label.
 func (p *PrometheusUsage) matrix(ctx context.Context, api promv1.API, q string, r promv1.Range) (map[string][]model.SamplePair, error) {
 	val, _, _, err := api.QueryRange(ctx, q, r)
 	if err != nil {
@@ -423,7 +423,7 @@ func (p *PrometheusUsage) matrix(ctx context.Context, api promv1.API, q string, 
 	}
 	out := map[string][]model.SamplePair{}
 	for _, s := range m {
-		out[string(s.Metric["claim_namespace"])] = s.Values
+		out[string(s.Metric["dra_claim_namespace"])] = s.Values
 	}
 	return out, nil
 }

@@ -202,10 +202,10 @@ func TestPrometheusUsage(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	ts := float64(at.Unix())
 	vector := fmt.Sprintf(`{"status":"success","data":{"resultType":"vector","result":[
-	 {"metric":{"__name__":"gpudra_gpu_utilization_ratio","node":"node-a","device":"gpu-0","gpu":"GPU-0","model":"NVIDIA H100 80GB HBM3"},"value":[%.3[1]f,"0"]},
-	 {"metric":{"__name__":"gpudra_gpu_framebuffer_used_bytes","node":"node-a","device":"gpu-0","gpu":"GPU-0","model":"NVIDIA H100 80GB HBM3"},"value":[%.3[1]f,"1073741824"]},
-	 {"metric":{"__name__":"gpudra_mig_sm_active_ratio","node":"node-a","device":"gpu-1-mig-3g-40gb-4","gpu":"GPU-1","profile":"3g.40gb"},"value":[%.3[1]f,"0.25"]},
-	 {"metric":{"__name__":"gpudra_gpu_power_watts","node":"node-b","device":"gpu-0","gpu":"GPU-B0"},"value":[%.3[1]f,"310.5"]}
+	 {"metric":{"__name__":"gpudra_gpu_utilization_ratio","node":"node-a","dra_device_name":"gpu-0","gpu":"GPU-0","model":"NVIDIA H100 80GB HBM3"},"value":[%.3[1]f,"0"]},
+	 {"metric":{"__name__":"gpudra_gpu_framebuffer_used_bytes","node":"node-a","dra_device_name":"gpu-0","gpu":"GPU-0","model":"NVIDIA H100 80GB HBM3"},"value":[%.3[1]f,"1073741824"]},
+	 {"metric":{"__name__":"gpudra_mig_sm_active_ratio","node":"node-a","dra_device_name":"gpu-1-mig-3g-40gb-4","gpu":"GPU-1","dra_mig_profile":"3g.40gb"},"value":[%.3[1]f,"0.25"]},
+	 {"metric":{"__name__":"gpudra_gpu_power_watts","node":"node-b","dra_device_name":"gpu-0","gpu":"GPU-B0"},"value":[%.3[1]f,"310.5"]}
 	]}}`, ts)
 	var queries []string
 	srv := promServer(t, func(q string) string { queries = append(queries, q); return vector }, nil)
@@ -250,11 +250,11 @@ func TestPrometheusRange(t *testing.T) {
 	srv := promServer(t, nil, func(q string) string {
 		ranges = append(ranges, q)
 		if strings.Contains(q, "utilization") {
-			return matrix(fmt.Sprintf(`{"metric":{"claim_namespace":"team-a"},"values":[[%.3f,"1"]]}`, t1))
+			return matrix(fmt.Sprintf(`{"metric":{"dra_claim_namespace":"team-a"},"values":[[%.3f,"1"]]}`, t1))
 		}
 		return matrix(
-			fmt.Sprintf(`{"metric":{"claim_namespace":"team-b"},"values":[[%.3f,"2"],[%.3f,"3"]]}`, t0, t1),
-			fmt.Sprintf(`{"metric":{"claim_namespace":"team-a"},"values":[[%.3f,"4"]]}`, t1))
+			fmt.Sprintf(`{"metric":{"dra_claim_namespace":"team-b"},"values":[[%.3f,"2"],[%.3f,"3"]]}`, t0, t1),
+			fmt.Sprintf(`{"metric":{"dra_claim_namespace":"team-a"},"values":[[%.3f,"4"]]}`, t1))
 	})
 	p := &PrometheusUsage{URL: srv.URL, Now: func() time.Time { return at }}
 	a, err := p.Range(context.Background(), 6*time.Hour)
@@ -272,7 +272,7 @@ func TestPrometheusRange(t *testing.T) {
 		if strings.Contains(q, "utilization") {
 			return matrix()
 		}
-		return matrix(fmt.Sprintf(`{"metric":{"claim_namespace":"team-a"},"values":[[%.3f,"4"]]}`, t1))
+		return matrix(fmt.Sprintf(`{"metric":{"dra_claim_namespace":"team-a"},"values":[[%.3f,"4"]]}`, t1))
 	})
 	a, err = (&PrometheusUsage{URL: noUse.URL, Now: func() time.Time { return at }}).Range(context.Background(), time.Hour)
 	require.NoError(t, err)

@@ -45,14 +45,13 @@ func (c *Collector) SetAttribution(cfg AttributionConfig) {
 }
 
 var (
-	containerLabels = []string{"gpu", "device", "node", "namespace", "pod", "container"}
-	descPodInfo     = desc("device_pod_info", "1 for every container that the kubelet's pod-resources API lists on the device, in both modes (claim: the ResourceClaim's name in DRA mode, empty in device plugin mode). Admin-access claims are no use of a device and are left out.",
-		containerLabels, "claim")
+	descPodInfo = desc("device_pod_info", "1 for every container that the kubelet's pod-resources API lists on the device, in both modes (dra_claim_name and dra_claim_namespace: the ResourceClaim's in DRA mode, empty in device plugin mode). Admin-access claims are no use of a device and are left out.",
+		containerLabels, labelClaimNS, labelClaimName)
 	descContainerMem = desc("container_gpu_memory_used_bytes", "Framebuffer memory held on the device by the container's processes, summed (one series per container that holds the device; left out for a pass in which a process on the device could not be attributed).", containerLabels)
 	descContainerSM  = desc("container_gpu_sm_utilization_ratio", "The container's processes' shares of the device's SMs over the last sample period, summed (NVML's per-process utilization; none on MIG devices, where NVML samples none).", containerLabels)
 	descContainerPrc = desc("container_gpu_processes", "Compute processes of the container on the device.", containerLabels)
-	descUnattrMem    = desc("unattributed_gpu_memory_used_bytes", "Framebuffer memory held on the device by processes in no container that holds it: host processes, or another container's.", attrLabels)
-	descUnattrPrc    = desc("unattributed_gpu_processes", "Compute processes on the device in no container that holds it: host processes, or another container's.", attrLabels)
+	descUnattrMem    = desc("unattributed_gpu_memory_used_bytes", "Framebuffer memory held on the device by processes in no container that holds it: host processes, or another container's.", heldLabels)
+	descUnattrPrc    = desc("unattributed_gpu_processes", "Compute processes on the device in no container that holds it: host processes, or another container's.", heldLabels)
 	descAttribUp     = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_attribution_up"),
 		"1 when the last sampling pass read the kubelet's pod-resources API, 0 when it could not (the pod and container series are then missing).", []string{"node"}, nil)
 	descUnresolved = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_unresolved_processes"),
@@ -77,7 +76,7 @@ type attribution struct {
 
 // deviceAttribution is one device's holders and figures.
 type deviceAttribution struct {
-	GPU, Device string
+	heldDevice
 	// Holders are the containers the pod-resources API lists on the
 	// device, with their claim (one each per claim).
 	Holders []podHold
@@ -200,7 +199,7 @@ func attribute(in attribInput) *attribution {
 	unresolvedPIDs := map[int]bool{}
 	for i := range in.Samples {
 		s := &in.Samples[i]
-		d := deviceAttribution{GPU: s.GPUUUID(), Device: DeviceName(s), Holders: holders[s.UUID], Known: true}
+		d := deviceAttribution{heldDevice: heldDeviceOf(s), Holders: holders[s.UUID], Known: true}
 		own := containersOf(d.Holders)
 		// A process of a container that holds the parent GPU (a whole GPU
 		// in MIG mode, as the device plugin's "none" MIG strategy gives
@@ -370,10 +369,14 @@ func (c *Collector) collectAttribution(ch chan<- prometheus.Metric, configured b
 	ch <- prometheus.MustNewConstMetric(descUnresolved, gauge, float64(a.Unresolved), c.node)
 	for _, d := range a.Devices {
 		for _, h := range d.Holders {
-			ch <- prometheus.MustNewConstMetric(descPodInfo, gauge, 1, d.GPU, d.Device, c.node, h.Namespace, h.Pod, h.Container, h.Claim)
+			claimNS := ""
+			if h.Claim != "" {
+				claimNS = h.Namespace // a pod's claims are in its namespace
+			}
+			ch <- prometheus.MustNewConstMetric(descPodInfo, gauge, 1, d.values(c.node, h.Namespace, h.Pod, h.Container, claimNS, h.Claim)...)
 		}
 		for _, u := range d.Containers {
-			l := []string{d.GPU, d.Device, c.node, u.Namespace, u.Pod, u.Container}
+			l := d.values(c.node, u.Namespace, u.Pod, u.Container)
 			if u.MemoryOK {
 				ch <- prometheus.MustNewConstMetric(descContainerMem, gauge, u.Memory, l...)
 			}
@@ -384,9 +387,9 @@ func (c *Collector) collectAttribution(ch chan<- prometheus.Metric, configured b
 		}
 		if u := d.Unattributed; u != nil {
 			if u.MemoryOK {
-				ch <- prometheus.MustNewConstMetric(descUnattrMem, gauge, u.Memory, d.GPU, d.Device, c.node)
+				ch <- prometheus.MustNewConstMetric(descUnattrMem, gauge, u.Memory, d.values(c.node)...)
 			}
-			ch <- prometheus.MustNewConstMetric(descUnattrPrc, gauge, float64(u.Processes), d.GPU, d.Device, c.node)
+			ch <- prometheus.MustNewConstMetric(descUnattrPrc, gauge, float64(u.Processes), d.values(c.node)...)
 		}
 	}
 }

@@ -13,10 +13,9 @@ import (
 type ClaimsFunc func() []prepared.Claim
 
 var (
-	attrLabels    = []string{"gpu", "device", "node"}
-	descClaimInfo = desc("device_claim_info", "1 for each claim prepared on a device (DRA mode): one series per claim, several on a shared device. Join it to a device series on gpu, device and node.",
-		attrLabels, "claim_namespace", "claim_name", "claim_uid")
-	descFree = desc("device_free", "1 when no prepared claim holds the device (DRA mode), 0 when one does; a whole GPU is not free while a claim holds one of its MIG devices or shares.", attrLabels)
+	descClaimInfo = desc("device_claim_info", "1 for each claim prepared on a device (DRA mode): one series per claim, several on a shared device. Join it to a device series on gpu, dra_device_name and node.",
+		heldLabels, labelClaimNS, labelClaimName, labelClaimUID)
+	descFree = desc("device_free", "1 when no prepared claim holds the device (DRA mode), 0 when one does; a whole GPU is not free while a claim holds one of its MIG devices or shares.", heldLabels)
 )
 
 // SetClaims attributes the devices to the claims f returns, from the next
@@ -59,17 +58,14 @@ func holdersOf(claims []prepared.Claim) holders {
 // collectClaims sends the sample's device's claim info series and whether
 // it is free.
 func (c *Collector) collectClaims(ch chan<- prometheus.Metric, h holders, s *nvdevice.TelemetrySample) {
-	name, gpu := DeviceName(s), s.UUID
-	if s.IsMIG() {
-		gpu = s.ParentUUID
-	}
-	held := h.byDevice[name]
+	d := heldDeviceOf(s)
+	held := h.byDevice[d.Device]
 	for _, cl := range held {
-		ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1, gpu, name, c.node, cl.Namespace, cl.Name, cl.UID)
+		ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1, d.values(c.node, cl.Namespace, cl.Name, cl.UID)...)
 	}
 	free := 1.0
 	if len(held) > 0 || (!s.IsMIG() && h.gpus[s.UUID]) {
 		free = 0
 	}
-	ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, gpu, name, c.node)
+	ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, d.values(c.node)...)
 }

@@ -22,11 +22,19 @@ func TestClaimAttribution(t *testing.T) {
 		return prepared.Claim{UID: uid, Namespace: "ns", Name: name, State: prepared.PrepareCompleted,
 			Devices: []prepared.Device{{Pool: "n1", Device: device, UUID: gpu, GPUUUID: gpu}}}
 	}
+	// The DRA names of the device, as dcgm-exporter labels them.
+	dra := func(device string) string {
+		migL := `dra_mig_device_uuid="",dra_mig_profile=""`
+		if device == mig {
+			migL = `dra_mig_device_uuid="MIG-b",dra_mig_profile="1g.10gb+me"`
+		}
+		return `dra_device_name="` + device + `",dra_driver_name="gpu.gpudra.dev",` + migL + `,dra_pool_name="n1"`
+	}
 	info := func(gpu, device, name, uid string) string {
-		return `gpudra_device_claim_info{claim_name="` + name + `",claim_namespace="ns",claim_uid="` + uid + `",device="` + device + `",gpu="` + gpu + `",node="n1"} 1`
+		return `gpudra_device_claim_info{claim_uid="` + uid + `",dra_claim_name="` + name + `",dra_claim_namespace="ns",` + dra(device) + `,gpu="` + gpu + `",node="n1"} 1`
 	}
 	free := func(gpu, device, v string) string {
-		return `gpudra_device_free{device="` + device + `",gpu="` + gpu + `",node="n1"} ` + v
+		return `gpudra_device_free{` + dra(device) + `,gpu="` + gpu + `",node="n1"} ` + v
 	}
 	shared := whole("u2", "b", "gpu-4", "GPU-c")
 	shared.Devices = append(shared.Devices, shared.Devices[0]) // two shares of gpu-4 in one claim

@@ -2,7 +2,9 @@
 // read through NVML) on the kubelet plugin's /metrics, in both of its modes.
 // A sampler goroutine reads the devices once per interval (Run); a scrape
 // only sends the last sample, so that no scrape, however many scrapers
-// there are, ever reads NVML or waits for it.
+// there are, ever reads NVML or waits for it. A sample that grew old, or a
+// read that hangs, is not sent: telemetry_up says 0 and the sample's age
+// says how old it is (stale).
 package telemetry
 
 import (
@@ -22,11 +24,6 @@ import (
 // DefaultInterval is how often the sampler reads the devices.
 const DefaultInterval = 10 * time.Second
 
-var (
-	gpuLabels = []string{"gpu", "device", "node", "model"}
-	migLabels = []string{"gpu", "device", "node", "model", "profile"}
-)
-
 func desc(name, help string, labels []string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", name), help, append(append([]string(nil), labels...), extra...), nil)
 }
@@ -34,11 +31,13 @@ func desc(name, help string, labels []string, extra ...string) *prometheus.Desc 
 // The metrics. docs/metrics.md maps each to its DCGM field.
 var (
 	descUp = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_up"),
-		"1 when the last telemetry read of the node's devices succeeded, 0 when it failed or none has completed yet (the device series are then missing).", []string{"node"}, nil)
+		"1 when the last telemetry read of the node's devices succeeded and is fresh, 0 when it failed, none has completed yet, it is older than three sampling intervals, or the read under way has taken longer than one (the device series are then missing).", []string{"node"}, nil)
 	descSampleDur = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_sample_duration_seconds"),
 		"How long the last telemetry read of the node's devices took.", []string{"node"}, nil)
 	descSampleTS = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_last_sample_timestamp_seconds"),
 		"When the last telemetry read of the node's devices completed, in seconds since the Unix epoch.", []string{"node"}, nil)
+	descSampleAge = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "telemetry_last_sample_age_seconds"),
+		"How long ago, at the scrape, the last telemetry read of the node's devices completed: it grows while a read hangs.", []string{"node"}, nil)
 	descUtil      = desc("gpu_utilization_ratio", "Fraction of the last sample period in which a kernel ran on the GPU (0 to 1).", gpuLabels)
 	descMemUtil   = desc("gpu_memory_utilization_ratio", "Fraction of the last sample period in which device memory was read or written (0 to 1).", gpuLabels)
 	descFBUsed    = desc("gpu_framebuffer_used_bytes", "Framebuffer memory used.", gpuLabels)
@@ -83,7 +82,8 @@ type Collector struct {
 	took     time.Duration
 	samples  []nvdevice.TelemetrySample
 	ok       bool
-	sampling bool // a read is under way (Sample is not reentrant)
+	sampling bool      // a read is under way (Sample is not reentrant)
+	started  time.Time // when the read under way started
 	claims   ClaimsFunc
 	// Process attribution (attribution.go): its config, nil while off,
 	// and the last pass's result.
@@ -102,11 +102,29 @@ func NewCollector(r nvdevice.TelemetryReader, node string, interval time.Duratio
 	return &Collector{reader: r, node: node, interval: interval, clock: clock.RealClock{}}
 }
 
+// Stale reports: a sample older than staleAfter intervals, or a read under
+// way for longer than hungAfter intervals, is not sent.
+const (
+	staleAfter = 3
+	hungAfter  = 1
+)
+
+// SetClock makes the collector tell time, and tick, by clk: for tests and
+// simulations that run on a clock of their own. Call it before Run.
+func (c *Collector) SetClock(clk clock.WithTicker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock = clk
+}
+
 // Run samples at once and then every interval until ctx is done. A read
 // that takes longer than the interval delays the next one: there is never
 // more than one read in flight.
 func (c *Collector) Run(ctx context.Context) {
-	t := c.clock.NewTicker(c.interval)
+	c.mu.Lock()
+	clk := c.clock
+	c.mu.Unlock()
+	t := clk.NewTicker(c.interval)
 	defer t.Stop()
 	for {
 		c.Sample(ctx)
@@ -128,11 +146,13 @@ func (c *Collector) Sample(ctx context.Context) {
 		return
 	}
 	c.sampling = true
+	clk := c.clock
+	start := clk.Now()
+	c.started = start
 	attribCfg, claims := c.attribCfg, c.claims
 	c.mu.Unlock()
-	start := c.clock.Now()
 	samples, err := c.reader.Telemetry(ctx)
-	end := c.clock.Now()
+	end := clk.Now()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
 		samples = nil // telemetry_up says why the device series are missing
@@ -150,7 +170,7 @@ func (c *Collector) Sample(ctx context.Context) {
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descSampleDur, descSampleTS, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
+	for _, d := range []*prometheus.Desc{descUp, descSampleDur, descSampleTS, descSampleAge, descUtil, descMemUtil, descFBUsed, descFBFree, descFBTotal, descPower, descPowerLim,
 		descTemp, descSMClock, descReasons, descReason, descECC, descRemapped, descRemapPend, descRemapFail, descPCIe,
 		descSMActive, descSMOcc, descTensor, descDRAM, descNVLink,
 		descMigUsed, descMigFree, descMigTotal, descMigSMAct, descMigSMOcc, descMigTensor, descMigDRAM,
@@ -162,27 +182,35 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect sends the last sample's supported readings of every device. It
-// never reads the devices.
+// Collect sends the last sample's supported readings of every device,
+// unless the sample is not fresh (fresh). It never reads the devices.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	samples, ok, sampled, at, took, claims := c.samples, c.ok, c.sampled, c.at, c.took, c.claims
+	sampling, started, now := c.sampling, c.started, c.clock.Now()
 	attribOn, attrib := c.attribCfg != nil, c.attrib
 	c.mu.Unlock()
+	up := ok && c.fresh(now, at, sampling, started)
+	if !up {
+		// What a stale pass read, of the devices or of the kubelet, is
+		// not sent: alerts would judge it as now.
+		samples, attrib = nil, nil
+	}
 	c.collectAttribution(ch, attribOn, attrib)
 	var h *holders
 	if claims != nil && len(samples) > 0 {
 		hs := holdersOf(claims())
 		h = &hs
 	}
-	up := 0.0
-	if ok {
-		up = 1
+	upValue := 0.0
+	if up {
+		upValue = 1
 	}
-	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up, c.node)
+	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, upValue, c.node)
 	if sampled {
 		ch <- prometheus.MustNewConstMetric(descSampleDur, prometheus.GaugeValue, took.Seconds(), c.node)
 		ch <- prometheus.MustNewConstMetric(descSampleTS, prometheus.GaugeValue, float64(at.UnixNano())/1e9, c.node)
+		ch <- prometheus.MustNewConstMetric(descSampleAge, prometheus.GaugeValue, max(0, now.Sub(at).Seconds()), c.node)
 	}
 	for i := range samples {
 		s := &samples[i]
@@ -195,6 +223,17 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			c.collectClaims(ch, *h, s)
 		}
 	}
+}
+
+// fresh says whether, at now, the last sample (completed at at) may still
+// be sent: it is no older than staleAfter intervals, and no read under way
+// (since started) has taken longer than hungAfter intervals. A read that
+// hangs in the driver otherwise leaves its last figures up for ever.
+func (c *Collector) fresh(now, at time.Time, sampling bool, started time.Time) bool {
+	if now.Sub(at) > staleAfter*c.interval {
+		return false
+	}
+	return !sampling || now.Sub(started) <= hungAfter*c.interval
 }
 
 // DeviceName is the name the plugin publishes the sample's device under
@@ -214,7 +253,7 @@ func send(ch chan<- prometheus.Metric, d *prometheus.Desc, t prometheus.ValueTyp
 }
 
 func (c *Collector) collectGPU(ch chan<- prometheus.Metric, s *nvdevice.TelemetrySample) {
-	l := []string{s.UUID, DeviceName(s), c.node, s.ProductName}
+	l := append(deviceValues(c.node, s.UUID, DeviceName(s)), s.ProductName)
 	with := func(extra ...string) []string { return append(append([]string(nil), l...), extra...) }
 	gauge := prometheus.GaugeValue
 	send(ch, descUtil, gauge, s.GPUUtilization, l...)
@@ -257,7 +296,7 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, s *nvdevice.Telemetr
 }
 
 func (c *Collector) collectMIG(ch chan<- prometheus.Metric, s *nvdevice.TelemetrySample) {
-	l := []string{s.ParentUUID, DeviceName(s), c.node, s.ProductName, s.MigProfile}
+	l := append(deviceValues(c.node, s.ParentUUID, DeviceName(s)), s.ProductName, s.MigProfile, s.UUID)
 	send(ch, descMigUsed, prometheus.GaugeValue, s.FramebufferUsedBytes, l...)
 	send(ch, descMigFree, prometheus.GaugeValue, s.FramebufferFreeBytes, l...)
 	send(ch, descMigTotal, prometheus.GaugeValue, s.FramebufferTotalBytes, l...)

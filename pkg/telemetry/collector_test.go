@@ -65,8 +65,8 @@ func sampled(r nvdevice.TelemetryReader, node string) *Collector {
 }
 
 const (
-	gpuL = `device="gpu-3",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
-	migL = `device="gpu-3-mig-1g-10gb-me-6",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1",profile="1g.10gb+me"`
+	gpuL = `dra_device_name="gpu-3",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
+	migL = `dra_device_name="gpu-3-mig-1g-10gb-me-6",dra_driver_name="gpu.gpudra.dev",dra_mig_device_uuid="MIG-b",dra_mig_profile="1g.10gb+me",dra_pool_name="n1",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"`
 )
 
 func TestExposition(t *testing.T) {
@@ -90,16 +90,16 @@ func TestExposition(t *testing.T) {
 		{"remapped rows", "gpudra_gpu_remapped_rows", `gpudra_gpu_remapped_rows{` + gpuL + `,state="correctable"} 5` + "\n" +
 			`gpudra_gpu_remapped_rows{` + gpuL + `,state="uncorrectable"} 0`},
 		{"remap pending", "gpudra_gpu_row_remap_pending", `gpudra_gpu_row_remap_pending{` + gpuL + `} 1`},
-		{"PCIe", "gpudra_gpu_pcie_bytes_per_second", `gpudra_gpu_pcie_bytes_per_second{device="gpu-3",direction="rx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 2048` + "\n" +
-			`gpudra_gpu_pcie_bytes_per_second{device="gpu-3",direction="tx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 1024`},
+		{"PCIe", "gpudra_gpu_pcie_bytes_per_second", `gpudra_gpu_pcie_bytes_per_second{direction="rx",` + gpuL + `} 2048` + "\n" +
+			`gpudra_gpu_pcie_bytes_per_second{direction="tx",` + gpuL + `} 1024`},
 		{"MIG framebuffer, named as published", "gpudra_mig_framebuffer_total_bytes",
-			`gpudra_mig_framebuffer_total_bytes{device="gpu-3-mig-1g-10gb-me-6",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1",profile="1g.10gb+me"} 1.0468982784e+10`},
+			`gpudra_mig_framebuffer_total_bytes{dra_device_name="gpu-3-mig-1g-10gb-me-6",dra_driver_name="gpu.gpudra.dev",dra_mig_device_uuid="MIG-b",dra_mig_profile="1g.10gb+me",dra_pool_name="n1",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 1.0468982784e+10`},
 		{"SM active (GPM)", "gpudra_gpu_sm_active_ratio", `gpudra_gpu_sm_active_ratio{` + gpuL + `} 0.75`},
 		{"SM occupancy", "gpudra_gpu_sm_occupancy_ratio", `gpudra_gpu_sm_occupancy_ratio{` + gpuL + `} 0.5`},
 		{"tensor active", "gpudra_gpu_tensor_active_ratio", `gpudra_gpu_tensor_active_ratio{` + gpuL + `} 0.25`},
 		{"an unsupported GPM figure has no series", "gpudra_gpu_dram_active_ratio", ``},
-		{"NVLink", "gpudra_gpu_nvlink_bytes_per_second", `gpudra_gpu_nvlink_bytes_per_second{device="gpu-3",direction="rx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 2e+09` + "\n" +
-			`gpudra_gpu_nvlink_bytes_per_second{device="gpu-3",direction="tx",gpu="GPU-a",model="NVIDIA H100 80GB HBM3",node="n1"} 1e+09`},
+		{"NVLink", "gpudra_gpu_nvlink_bytes_per_second", `gpudra_gpu_nvlink_bytes_per_second{direction="rx",` + gpuL + `} 2e+09` + "\n" +
+			`gpudra_gpu_nvlink_bytes_per_second{direction="tx",` + gpuL + `} 1e+09`},
 		{"MIG SM active, the MIG label set", "gpudra_mig_sm_active_ratio", `gpudra_mig_sm_active_ratio{` + migL + `} 0.5`},
 		{"MIG SM occupancy", "gpudra_mig_sm_occupancy_ratio", `gpudra_mig_sm_occupancy_ratio{` + migL + `} 0.25`},
 		{"MIG DRAM active", "gpudra_mig_dram_active_ratio", `gpudra_mig_dram_active_ratio{` + migL + `} 0.125`},
@@ -163,7 +163,7 @@ func TestFailedReadIsReportedNotFatal(t *testing.T) {
 		return strings.TrimPrefix(stripHelp(string(got)), "# HELP gpudra_telemetry_up x\n# TYPE gpudra_telemetry_up gauge\n")
 	}
 	assert.Equal(t, `gpudra_telemetry_up{node="n1"} 0`+"\n", up())
-	assert.Equal(t, 3, testutil.CollectAndCount(c), "up, the sample's duration and time: no device series after a failed read")
+	assert.Equal(t, 4, testutil.CollectAndCount(c), "up, the sample's duration, time and age: no device series after a failed read")
 
 	r.mu.Lock()
 	r.err, r.samples = nil, []nvdevice.TelemetrySample{gpuSample}

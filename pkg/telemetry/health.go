@@ -92,9 +92,10 @@ func (h *HealthMetrics) Collect(ch chan<- prometheus.Metric) {
 		if g.unhealthy {
 			healthy = 0
 		}
-		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, uuid, g.device, h.node, g.model)
+		l := append(deviceValues(h.node, uuid, g.device), g.model)
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, l...)
 		for _, xid := range slices.Sorted(maps.Keys(g.xids)) {
-			ch <- prometheus.MustNewConstMetric(descXIDs, prometheus.CounterValue, float64(g.xids[xid]), uuid, g.device, h.node, g.model, strconv.FormatUint(xid, 10))
+			ch <- prometheus.MustNewConstMetric(descXIDs, prometheus.CounterValue, float64(g.xids[xid]), append(slices.Clone(l), strconv.FormatUint(xid, 10))...)
 		}
 	}
 }

@@ -48,7 +48,7 @@ func TestInjectedXIDs(t *testing.T) {
 			for _, xid := range tc.xids {
 				require.NoError(t, m.InjectXID(g.UUID, "", xid))
 			}
-			labels := `{device="gpu-2",gpu="` + g.UUID + `",model="` + g.ProductName + `",node="n1"`
+			labels := `{dra_device_name="gpu-2",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="` + g.UUID + `",model="` + g.ProductName + `",node="n1"`
 			var want []string
 			for _, l := range splitLines(tc.wantCounts) {
 				want = append(want, `gpudra_gpu_xid_errors_total`+labels+`,`+l)
@@ -75,12 +75,12 @@ func TestSetUnhealthy(t *testing.T) {
 		unhealthy [][]string // successive calls
 		want      string
 	}{
-		{"none", nil, `gpudra_gpu_healthy{device="gpu-0",gpu="GPU-a",model="H",node="n1"} 1` + "\n" +
-			`gpudra_gpu_healthy{device="gpu-1",gpu="GPU-b",model="H",node="n1"} 1`},
-		{"one", [][]string{{"GPU-b"}}, `gpudra_gpu_healthy{device="gpu-0",gpu="GPU-a",model="H",node="n1"} 1` + "\n" +
-			`gpudra_gpu_healthy{device="gpu-1",gpu="GPU-b",model="H",node="n1"} 0`},
-		{"recovered", [][]string{{"GPU-a", "GPU-b"}, {"GPU-a"}}, `gpudra_gpu_healthy{device="gpu-0",gpu="GPU-a",model="H",node="n1"} 0` + "\n" +
-			`gpudra_gpu_healthy{device="gpu-1",gpu="GPU-b",model="H",node="n1"} 1`},
+		{"none", nil, `gpudra_gpu_healthy{dra_device_name="gpu-0",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-a",model="H",node="n1"} 1` + "\n" +
+			`gpudra_gpu_healthy{dra_device_name="gpu-1",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-b",model="H",node="n1"} 1`},
+		{"one", [][]string{{"GPU-b"}}, `gpudra_gpu_healthy{dra_device_name="gpu-0",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-a",model="H",node="n1"} 1` + "\n" +
+			`gpudra_gpu_healthy{dra_device_name="gpu-1",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-b",model="H",node="n1"} 0`},
+		{"recovered", [][]string{{"GPU-a", "GPU-b"}, {"GPU-a"}}, `gpudra_gpu_healthy{dra_device_name="gpu-0",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-a",model="H",node="n1"} 0` + "\n" +
+			`gpudra_gpu_healthy{dra_device_name="gpu-1",dra_driver_name="gpu.gpudra.dev",dra_pool_name="n1",gpu="GPU-b",model="H",node="n1"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := NewHealthMetrics("n1", gpus)

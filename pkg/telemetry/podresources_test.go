@@ -157,9 +157,13 @@ func TestAttributionThroughTheKubelet(t *testing.T) {
 	// watch holds gpu-4 with admin access: no use of it.
 	adminClaim := prepared.Claim{Namespace: "ml", Name: "watch", Devices: []prepared.Device{{Pool: "n1", Device: "gpu-4", AdminAccess: true}}}
 
-	// Gather sorts the labels.
-	gpu3 := "device=gpu-3,gpu=GPU-a"
-	mig4 := "device=gpu-5-mig-3g-40gb-4,gpu=GPU-m"
+	// Gather sorts the labels; a GPU's MIG labels are empty.
+	dra := func(device, migUUID, profile string) string {
+		return "dra_device_name=" + device + ",dra_driver_name=gpu.gpudra.dev,dra_mig_device_uuid=" + migUUID + ",dra_mig_profile=" + profile + ",dra_pool_name=n1"
+	}
+	gpu3 := dra("gpu-3", "", "") + ",gpu=GPU-a"
+	gpu4 := dra("gpu-4", "", "") + ",gpu=GPU-c"
+	mig4 := dra("gpu-5-mig-3g-40gb-4", "MIG-x", "3g.40gb") + ",gpu=GPU-m"
 	ctr := func(dev, pod string) string {
 		return "container=worker," + dev + ",namespace=ml,node=n1,pod=" + pod
 	}
@@ -176,15 +180,19 @@ func TestAttributionThroughTheKubelet(t *testing.T) {
 		"gpudra_container_gpu_sm_utilization_ratio{" + ctr(gpu3, "train-1") + "} 0.5",
 		"gpudra_telemetry_attribution_up{node=n1} 1",
 		"gpudra_telemetry_unresolved_processes{node=n1} 0",
-		"gpudra_unattributed_gpu_memory_used_bytes{device=gpu-3,gpu=GPU-a,node=n1} 6.7108864e+07",
-		"gpudra_unattributed_gpu_memory_used_bytes{device=gpu-4,gpu=GPU-c,node=n1} 0",
+		"gpudra_unattributed_gpu_memory_used_bytes{" + gpu3 + ",node=n1} 6.7108864e+07",
+		"gpudra_unattributed_gpu_memory_used_bytes{" + gpu4 + ",node=n1} 0",
 		"gpudra_unattributed_gpu_memory_used_bytes{" + mig4 + ",node=n1} 0",
-		"gpudra_unattributed_gpu_processes{device=gpu-3,gpu=GPU-a,node=n1} 1",
-		"gpudra_unattributed_gpu_processes{device=gpu-4,gpu=GPU-c,node=n1} 0",
+		"gpudra_unattributed_gpu_processes{" + gpu3 + ",node=n1} 1",
+		"gpudra_unattributed_gpu_processes{" + gpu4 + ",node=n1} 0",
 		"gpudra_unattributed_gpu_processes{" + mig4 + ",node=n1} 0",
 	}
 	info := func(dev, pod, claim string) string {
-		return "gpudra_device_pod_info{claim=" + claim + ",container=worker," + dev + ",namespace=ml,node=n1,pod=" + pod + "} 1"
+		claimNS := ""
+		if claim != "" {
+			claimNS = "ml"
+		}
+		return "gpudra_device_pod_info{container=worker,dra_claim_name=" + claim + ",dra_claim_namespace=" + claimNS + "," + dev + ",namespace=ml,node=n1,pod=" + pod + "} 1"
 	}
 	for _, tc := range []struct {
 		name   string

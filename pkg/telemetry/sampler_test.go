@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice"
+	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // series is the metric's series lines (no HELP, no TYPE).
@@ -209,4 +212,97 @@ func countLines(s, suffix string) int {
 		}
 	}
 	return n
+}
+
+// A read that hangs in the driver (the simulator's telemetry hook blocks
+// on one GPU) makes telemetry_up 0 once it has taken longer than one
+// interval, and the sample's age grows; the frozen figures are not sent.
+// When the read completes, the new sample is fresh again.
+func TestHungReadIsNotUp(t *testing.T) {
+	const interval = 10 * time.Second
+	m, err := sim.NewBuiltin("dgx-h100-nomig", "n1")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	var hang atomic.Bool // the reading of GPU 3 hangs until release
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	m.SetTelemetryHook(func(gpu string) {
+		if gpu == inv.GPUs[3].UUID {
+			entered <- struct{}{}
+			if hang.Load() {
+				<-release
+			}
+		}
+	})
+	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	c := NewCollector(m, "n1", interval)
+	c.SetClock(fc)
+	c.SetClaims(func() []prepared.Claim { return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-entered // the first pass, not hung
+	require.Eventually(t, fc.HasWaiters, 5*time.Second, time.Millisecond, "the sampler waits on its ticker")
+
+	check := func(what, up, age string, devices int) {
+		t.Helper()
+		assert.Equal(t, `gpudra_telemetry_up{node="n1"} `+up, series(t, c, "gpudra_telemetry_up"), what)
+		assert.Equal(t, `gpudra_telemetry_last_sample_age_seconds{node="n1"} `+age, series(t, c, "gpudra_telemetry_last_sample_age_seconds"), what)
+		assert.Equal(t, devices, testutil.CollectAndCount(c, "gpudra_gpu_power_watts"), "%s: power series", what)
+		assert.Equal(t, devices, testutil.CollectAndCount(c, "gpudra_device_free"), "%s: device_free series", what)
+	}
+	check("after the first pass", "1", "0", 8)
+
+	hang.Store(true)
+	fc.Step(interval) // the second pass starts, and hangs on GPU 3
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no second pass")
+	}
+	check("a read under way", "1", "10", 8)
+	fc.Step(interval)
+	check("a read under way for one interval", "1", "20", 8)
+	fc.Step(time.Millisecond)
+	check("a read hung for longer than one interval", "0", "20.001", 0)
+	fc.Step(time.Minute)
+	check("a read hung for over a minute", "0", "80.001", 0)
+
+	hang.Store(false)
+	close(release)
+	require.Eventually(t, func() bool { return series(t, c, "gpudra_telemetry_up") == `gpudra_telemetry_up{node="n1"} 1` },
+		5*time.Second, time.Millisecond, "the hung read completes")
+	check("the hung read completed", "1", "0", 8)
+}
+
+// A sample older than three intervals is stale, even with no read under
+// way (the sampler stopped).
+func TestStaleSampleIsNotUp(t *testing.T) {
+	const interval = 10 * time.Second
+	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	c := NewCollector(&fakeReader{samples: []nvdevice.TelemetrySample{gpuSample}}, "n1", interval)
+	c.SetClock(fc)
+	c.Sample(context.Background())
+	for _, step := range []struct {
+		advance time.Duration
+		up, age string
+	}{
+		{0, "1", "0"},
+		{3 * interval, "1", "30"},
+		{time.Millisecond, "0", "30.001"},
+		{time.Hour, "0", "3630.001"},
+	} {
+		fc.Step(step.advance)
+		assert.Equal(t, `gpudra_telemetry_up{node="n1"} `+step.up, series(t, c, "gpudra_telemetry_up"), "age %s", step.age)
+		assert.Equal(t, `gpudra_telemetry_last_sample_age_seconds{node="n1"} `+step.age, series(t, c, "gpudra_telemetry_last_sample_age_seconds"))
+		want := 0
+		if step.up == "1" {
+			want = 1
+		}
+		assert.Equal(t, want, testutil.CollectAndCount(c, "gpudra_gpu_utilization_ratio"), "age %s: the utilization series", step.age)
+	}
+	c.Sample(context.Background())
+	assert.Equal(t, `gpudra_telemetry_up{node="n1"} 1`, series(t, c, "gpudra_telemetry_up"), "a new sample is fresh")
 }

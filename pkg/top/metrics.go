@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/slicebuilder"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 // ParseMetrics parses a /metrics scrape in the Prometheus text format.
@@ -29,6 +30,7 @@ func ParseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
 // attribution off): the devices are shown without processes then.
 const (
 	mUp              = "gpudra_telemetry_up"
+	mSampleAge       = "gpudra_telemetry_last_sample_age_seconds"
 	mAttributionUp   = "gpudra_telemetry_attribution_up"
 	mUnresolved      = "gpudra_telemetry_unresolved_processes"
 	mUtil            = "gpudra_gpu_utilization_ratio"
@@ -58,7 +60,7 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 	// device returns the series' device, made on first sight; nil for a
 	// series without one.
 	device := func(l map[string]string) *Device {
-		name := l["device"]
+		name := l[lDevice]
 		if name == "" {
 			return nil
 		}
@@ -73,8 +75,8 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 		switch {
 		case strings.Contains(name, "-mig-"):
 			d.GPU = l["gpu"] // a MIG device's series name its GPU
-			if l["profile"] != "" {
-				d.Profile = l["profile"]
+			if l[lMigProfile] != "" {
+				d.Profile = l[lMigProfile]
 			}
 		default:
 			d.UUID = l["gpu"]
@@ -117,7 +119,7 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 	})
 	each(mClaimInfo, func(l map[string]string, _ float64) {
 		if d := device(l); d != nil {
-			holder(d, l["claim_namespace"]+"/"+l["claim_name"])
+			holder(d, l[lClaimNS]+"/"+l[lClaimName])
 		}
 	})
 	each(mPodInfo, func(l map[string]string, _ float64) {
@@ -126,8 +128,8 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 			return
 		}
 		claim := ""
-		if l["claim"] != "" {
-			claim = l["namespace"] + "/" + l["claim"] // a pod's claims are in its namespace
+		if l[lClaimName] != "" {
+			claim = l[lClaimNS] + "/" + l[lClaimName]
 		}
 		h := holder(d, claim)
 		h.Pods = append(h.Pods, l["namespace"]+"/"+l["pod"]+"/"+l["container"])
@@ -192,9 +194,16 @@ func FromMetrics(fams map[string]*dto.MetricFamily, source string, at time.Time)
 	s.Devices = sortDevices(devs)
 
 	// Notes: what the scrape says it could not read.
+	age := -1.0
+	each(mSampleAge, func(_ map[string]string, v float64) { age = v })
 	each(mUp, func(_ map[string]string, v float64) {
-		if v != 1 {
-			s.Notes = append(s.Notes, "the plugin's last telemetry read failed: the device figures are missing")
+		switch {
+		case v == 1:
+		case age < 0:
+			s.Notes = append(s.Notes, "the plugin's telemetry is down (no read completed yet, or the last failed): the device figures are missing")
+		default:
+			s.Notes = append(s.Notes, fmt.Sprintf("the plugin's telemetry is down (the last read, %s ago, failed, or a read hangs): the device figures are missing",
+				time.Duration(age*float64(time.Second)).Round(time.Second)))
 		}
 	})
 	switch {
@@ -223,10 +232,32 @@ func holder(d *Device, claim string) *Holder {
 	return &d.Holders[len(d.Holders)-1]
 }
 
+// The label names top reads that are dcgm-exporter's (docs/metrics.md).
+const (
+	lDevice     = "dra_device_name"
+	lMigProfile = "dra_mig_profile"
+	lClaimName  = "dra_claim_name"
+	lClaimNS    = "dra_claim_namespace"
+)
+
+// renamed are the names a plugin from before the dcgm-exporter names gave
+// the same labels, by today's name.
+var renamed = map[string]string{lDevice: "device", lMigProfile: "profile", lClaimName: "claim_name", lClaimNS: "claim_namespace"}
+
+// labels are the series' labels, under today's names also when the plugin
+// is older (its device_pod_info's claim is in the pod's namespace).
 func labels(m *dto.Metric) map[string]string {
 	out := make(map[string]string, len(m.GetLabel()))
 	for _, l := range m.GetLabel() {
 		out[l.GetName()] = l.GetValue()
+	}
+	for now, before := range renamed {
+		if v, ok := out[before]; ok && out[now] == "" {
+			out[now] = v
+		}
+	}
+	if claim := out["claim"]; claim != "" && out[lClaimName] == "" {
+		out[lClaimName], out[lClaimNS] = claim, out["namespace"]
 	}
 	return out
 }

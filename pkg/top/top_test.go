@@ -176,21 +176,29 @@ gpudra_unattributed_gpu_processes{device="gpu-1-mig-1g-10gb-6",gpu="GPU-1",node=
 				`gpudra_device_pod_info{claim="",container="main",device="gpu-0",gpu="GPU-0",namespace="ns",node="n1",pod="p1"} 1` + "\ngpudra_telemetry_attribution_up{node=\"n1\"} 1\n",
 			read: true, holders: []Holder{{Pods: []string{"ns/p1/main"}}}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			fams, err := ParseMetrics(strings.NewReader(tc.scrape))
-			require.NoError(t, err)
-			s := FromMetrics(fams, "http://n1:9477/metrics", at)
-			require.Len(t, s.Devices, 2)
-			d := s.Devices[0]
-			assert.Equal(t, "gpu-0", d.Name)
-			assert.Equal(t, "GPU-0", d.UUID)
-			assert.Equal(t, tc.read, d.ProcessesRead)
-			assert.Equal(t, tc.holders, d.Holders)
-			assert.Equal(t, tc.processes, d.Processes)
-			assert.Empty(t, s.Devices[1].Processes, "no process outside the MIG device's containers: no row")
-			assert.Equal(t, "GPU-1", s.Devices[1].GPU)
-			assert.Equal(t, tc.notes, s.Notes)
-		})
+		// Today's plugins name the labels as dcgm-exporter does; a plugin
+		// from before gave them names of its own, which top still reads.
+		today := strings.NewReplacer(`device="`, `dra_device_name="`, `claim_name="`, `dra_claim_name="`,
+			`claim_namespace="`, `dra_claim_namespace="`, `profile="`, `dra_mig_profile="`,
+			`{claim="a",`, `{dra_claim_name="a",dra_claim_namespace="ns",`, `{claim="",`, `{`).Replace(tc.scrape)
+		require.NotContains(t, today, `device="`)
+		for names, scrape := range map[string]string{"dcgm-exporter's label names": today, "a plugin from before them": tc.scrape} {
+			t.Run(tc.name+", "+names, func(t *testing.T) {
+				fams, err := ParseMetrics(strings.NewReader(scrape))
+				require.NoError(t, err)
+				s := FromMetrics(fams, "http://n1:9477/metrics", at)
+				require.Len(t, s.Devices, 2)
+				d := s.Devices[0]
+				assert.Equal(t, "gpu-0", d.Name)
+				assert.Equal(t, "GPU-0", d.UUID)
+				assert.Equal(t, tc.read, d.ProcessesRead)
+				assert.Equal(t, tc.holders, d.Holders)
+				assert.Equal(t, tc.processes, d.Processes)
+				assert.Empty(t, s.Devices[1].Processes, "no process outside the MIG device's containers: no row")
+				assert.Equal(t, "GPU-1", s.Devices[1].GPU)
+				assert.Equal(t, tc.notes, s.Notes)
+			})
+		}
 	}
 }
 
@@ -320,6 +328,25 @@ func TestJSON(t *testing.T) {
 			var back Snapshot
 			require.NoError(t, json.Unmarshal(b.Bytes(), &back))
 			assert.Equal(t, tc.s.Devices, back.Devices, "programs read back what was shown")
+		})
+	}
+}
+
+func TestFromMetricsTelemetryDown(t *testing.T) {
+	for _, tc := range []struct {
+		name, scrape string
+		want         []string
+	}{
+		{"up", `gpudra_telemetry_up{node="n1"} 1` + "\n" + `gpudra_telemetry_last_sample_age_seconds{node="n1"} 4` + "\n", nil},
+		{"no read completed yet", `gpudra_telemetry_up{node="n1"} 0` + "\n",
+			[]string{"the plugin's telemetry is down (no read completed yet, or the last failed): the device figures are missing"}},
+		{"a read hangs", `gpudra_telemetry_up{node="n1"} 0` + "\n" + `gpudra_telemetry_last_sample_age_seconds{node="n1"} 80.4` + "\n",
+			[]string{"the plugin's telemetry is down (the last read, 1m20s ago, failed, or a read hangs): the device figures are missing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fams, err := ParseMetrics(strings.NewReader(tc.scrape + `gpudra_telemetry_attribution_up{node="n1"} 1` + "\n"))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, FromMetrics(fams, "n1", at).Notes)
 		})
 	}
 }

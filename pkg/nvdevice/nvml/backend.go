@@ -19,16 +19,30 @@ import (
 // Backend is the real GPU model. NVML is initialised once in New and shut
 // down in Close; every call into NVML happens between the two: the methods
 // run under the lifecycle lock, and Close waits for the health event loop to
-// stop before it shuts NVML down (go-nvml dlcloses the library at shutdown, so
-// a late call would crash the process).
+// stop and for a telemetry pass under way to end before it shuts NVML down
+// (go-nvml dlcloses the library at shutdown, so a late call would crash the
+// process).
+//
+// A telemetry pass holds the lifecycle lock only while it reads one GPU's
+// inventory entry, never across its readings (telemetry.go): a prepare
+// waits for at most one GPU's entry, not for a pass, and a reading that
+// hangs holds up no prepare. NVML is thread-safe; the lock keeps the
+// backend's own changes (MIG create and delete) from interleaving.
 type Backend struct {
 	lib    nvml.Interface
 	devlib device.Interface // go-nvlib, for MIG profile names
 	sysfs  string           // root of /sys, for NUMA node and PCIe root look-ups
 	health *nvdevice.HealthBroadcaster
 
-	mu       sync.Mutex
-	closed   bool
+	// passMu is held for a whole telemetry pass, and by Close before mu:
+	// one pass at a time, and NVML stays up until the pass ends. It
+	// guards pass.
+	passMu sync.Mutex
+
+	mu     sync.Mutex
+	closed bool
+	// symMu guards symbols: a pass reads them outside mu.
+	symMu    sync.Mutex
 	symbols  map[string]bool
 	stopLoop context.CancelFunc // stops the health event loop
 	loopDone chan struct{}      // closed when the event loop has returned
@@ -40,8 +54,8 @@ type Backend struct {
 	// opts are what New was given: Host reads its ProcRoot and
 	// ComputePolicy.
 	opts Options
-	// pass is what one telemetry pass keeps for the next (gpm.go); now
-	// is the clock process utilization is read since.
+	// pass is what one telemetry pass keeps for the next (gpm.go), under
+	// passMu; now is the clock process utilization is read since.
 	pass passState
 	now  func() time.Time
 }
@@ -87,9 +101,12 @@ func (b *Backend) Host(context.Context) (nvdevice.Host, error) {
 	return hostOf(b.opts)
 }
 
-// Close stops the health event loop, ends every watcher and shuts NVML down.
-// It is safe to call twice.
+// Close stops the health event loop, ends every watcher and shuts NVML down,
+// once the telemetry pass under way (if any) has ended. It is safe to call
+// twice.
 func (b *Backend) Close() error {
+	b.passMu.Lock()
+	defer b.passMu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -119,8 +136,10 @@ func (b *Backend) locked(f func() error) error {
 
 // hasSymbol says whether the loaded libnvidia-ml has a function. Calls that
 // newer drivers added are guarded with it: calling a missing symbol kills the
-// process. The caller holds b.mu.
+// process. The caller holds b.mu or b.passMu (NVML is up).
 func (b *Backend) hasSymbol(name string) bool {
+	b.symMu.Lock()
+	defer b.symMu.Unlock()
 	has, ok := b.symbols[name]
 	if !ok {
 		has = b.lib.Extensions().LookupSymbol(name) == nil

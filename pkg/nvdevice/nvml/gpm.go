@@ -12,7 +12,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 )
 
-// passState is what Telemetry keeps from one pass to the next, under b.mu:
+// passState is what Telemetry keeps from one pass to the next, under b.passMu:
 // GPM figures and per-process utilization are over the interval between
 // two passes, so each pass needs what the previous one read.
 type passState struct {
@@ -40,7 +40,7 @@ func newPassState() passState {
 // endPass frees the GPM samples and forgets the process-utilization times
 // of the devices this pass did not see (gone, or no longer readable), so
 // that a device that comes back starts over rather than computing figures
-// over the time it was away. The caller holds b.mu.
+// over the time it was away. The caller holds b.passMu.
 func (b *Backend) endPass() {
 	for uuid, s := range b.pass.gpmPrev {
 		if !b.pass.seen[uuid] {
@@ -62,7 +62,7 @@ func (b *Backend) endPass() {
 }
 
 // freePassState frees every GPM sample; Close calls it before NVML shuts
-// down. The caller holds b.mu.
+// down. The caller holds b.passMu (and b.mu).
 func (b *Backend) freePassState() {
 	for uuid, s := range b.pass.gpmPrev {
 		b.lib.GpmSampleFree(s)

@@ -4,6 +4,7 @@ package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -20,78 +21,136 @@ var _ nvdevice.TelemetryReader = (*Backend)(nil)
 // (R535); older drivers have only nvmlDeviceGetCurrentClocksThrottleReasons.
 const symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 
-// Telemetry reads the inventory (which GPUs and MIG devices exist, and their
-// names' parts), then every reading of each. A reading NVML refuses (not
-// supported, no permission, a GPU that fails one call) is left unsupported
-// and logged at V(4): one field never fails the scrape. GPM figures and
-// per-process SM utilization are over the time since the previous call
-// (the sampler's previous pass): the first call has no GPM figures.
+// Telemetry reads each GPU's inventory entry (which GPU it is, its MIG
+// devices and their names' parts), then every reading of it and of its MIG
+// devices. A reading NVML refuses (not supported, no permission, a GPU that
+// fails one call) is left unsupported and logged at V(4): one field never
+// fails the scrape. GPM figures and per-process SM utilization are over the
+// time since the previous call (the sampler's previous pass): the first
+// call has no GPM figures.
+//
+// The backend's lock is held for one GPU's inventory entry at a time, and
+// never across readings: a prepare (a MIG change, an inventory read) waits
+// for at most one GPU's entry, however slow the pass, and a reading that
+// hangs in the driver holds up no prepare. A MIG device destroyed between
+// its entry and its readings has its readings left unsupported.
 func (b *Backend) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
-	var out []nvdevice.TelemetrySample
+	b.passMu.Lock()
+	defer b.passMu.Unlock()
+	var count int
 	err := b.locked(func() error {
-		inv, err := b.readInventory(ctx)
-		if err != nil {
-			return fmt.Errorf("read the devices to sample: %w", err)
-		}
-		logger := klog.FromContext(ctx)
-		for i := range inv.GPUs {
-			g := &inv.GPUs[i]
-			dev, ret := b.lib.DeviceGetHandleByUUID(g.UUID)
-			if err := check(ret, "get handle of GPU %s", g.UUID); err != nil {
-				logger.V(4).Info("GPU left out of telemetry", "gpu", g.UUID, "err", err)
-				continue
-			}
-			b.pass.seen[g.UUID] = true
-			glog := logger.WithValues("gpu", g.UUID)
-			s := nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName}
-			b.readGPUTelemetry(glog, dev, &s)
-			gpm := b.gpmSupported(glog, g.UUID, dev)
-			if gpm {
-				metrics := gpmActivity
-				if hasActiveNVLink(g) {
-					// A GPU without links has no NVLink figure, not 0 B/s.
-					metrics = append(slices.Clip(metrics), gpmNVLink...)
-				}
-				b.readGPM(glog, g.UUID, dev.GpmSampleGet, metrics, &s)
-			}
-			if g.MIG.Enabled {
-				// NVML lists a MIG-mode GPU's processes per MIG device:
-				// none are the whole GPU's.
-				s.ProcessesRead = true
-			} else {
-				b.readProcesses(glog, g.UUID, dev, true, &s)
-			}
-			out = append(out, s)
-			if len(g.MIG.Devices) == 0 {
-				continue
-			}
-			handles := migHandles(glog, dev)
-			for _, m := range g.MIG.Devices {
-				if m.UUID == "" {
-					continue // a GPU instance without a spanning compute instance is no device
-				}
-				b.pass.seen[m.UUID] = true
-				mlog := logger.WithValues("gpu", g.UUID, "mig", m.UUID)
-				ms := nvdevice.TelemetrySample{
-					UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
-					MigProfile: m.Profile, MigStart: m.Placement.Start,
-				}
-				if h, ok := handles[m.UUID]; ok {
-					readMemory(mlog, h, &ms)
-					b.readProcesses(mlog, m.UUID, h, false, &ms)
-				}
-				if gpm {
-					gi := m.GPUInstanceID
-					get := func(s nvml.GpmSample) nvml.Return { return dev.GpmMigSampleGet(gi, s) }
-					b.readGPM(mlog, m.UUID, get, gpmActivity, &ms)
-				}
-				out = append(out, ms)
-			}
-		}
-		b.endPass()
-		return nil
+		var ret nvml.Return
+		count, ret = b.lib.DeviceGetCount()
+		return check(ret, "count GPUs")
 	})
-	return out, err
+	if err != nil {
+		return nil, fmt.Errorf("read the devices to sample: %w", err)
+	}
+	var out []nvdevice.TelemetrySample
+	for i := range count {
+		if err := ctx.Err(); err != nil {
+			clear(b.pass.seen)
+			return nil, err
+		}
+		var g *gpuEntry
+		err := b.locked(func() error {
+			var err error
+			g, err = b.gpuToSample(ctx, i)
+			return err
+		})
+		if err != nil {
+			clear(b.pass.seen) // the next pass starts over
+			return nil, fmt.Errorf("read the devices to sample: %w", err)
+		}
+		if g != nil {
+			out = append(out, b.sampleGPU(ctx, g)...)
+		}
+	}
+	b.endPass()
+	return out, nil
+}
+
+// gpuEntry is what a pass needs of a GPU's inventory entry, and its handle.
+type gpuEntry struct {
+	nvdevice.GPU
+	dev nvml.Device
+}
+
+// gpuToSample reads the inventory entry of the GPU at index i as Inventory
+// does; nil for a GPU that is lost (logged) or not a compute GPU. The
+// caller holds b.mu.
+func (b *Backend) gpuToSample(ctx context.Context, i int) (*gpuEntry, error) {
+	dev, ret := b.lib.DeviceGetHandleByIndex(i)
+	err := check(ret, "get handle of GPU %d", i)
+	var g nvdevice.GPU
+	if err == nil {
+		g, _, err = b.readGPU(ctx, i, dev)
+	}
+	if errors.Is(err, nvdevice.ErrGPULost) {
+		klog.FromContext(ctx).V(4).Info("GPU left out of telemetry", "index", i, "err", err)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if skippedProducts[g.ProductName] {
+		return nil, nil
+	}
+	return &gpuEntry{GPU: g, dev: dev}, nil
+}
+
+// sampleGPU takes every reading of the GPU and of its MIG devices. The
+// caller holds b.passMu, not b.mu.
+func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry) []nvdevice.TelemetrySample {
+	logger := klog.FromContext(ctx)
+	dev := g.dev
+	b.pass.seen[g.UUID] = true
+	glog := logger.WithValues("gpu", g.UUID)
+	s := nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName}
+	b.readGPUTelemetry(glog, dev, &s)
+	gpm := b.gpmSupported(glog, g.UUID, dev)
+	if gpm {
+		metrics := gpmActivity
+		if hasActiveNVLink(&g.GPU) {
+			// A GPU without links has no NVLink figure, not 0 B/s.
+			metrics = append(slices.Clip(metrics), gpmNVLink...)
+		}
+		b.readGPM(glog, g.UUID, dev.GpmSampleGet, metrics, &s)
+	}
+	if g.MIG.Enabled {
+		// NVML lists a MIG-mode GPU's processes per MIG device: none are
+		// the whole GPU's.
+		s.ProcessesRead = true
+	} else {
+		b.readProcesses(glog, g.UUID, dev, true, &s)
+	}
+	out := []nvdevice.TelemetrySample{s}
+	if len(g.MIG.Devices) == 0 {
+		return out
+	}
+	handles := migHandles(glog, dev)
+	for _, m := range g.MIG.Devices {
+		if m.UUID == "" {
+			continue // a GPU instance without a spanning compute instance is no device
+		}
+		b.pass.seen[m.UUID] = true
+		mlog := logger.WithValues("gpu", g.UUID, "mig", m.UUID)
+		ms := nvdevice.TelemetrySample{
+			UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
+			MigProfile: m.Profile, MigStart: m.Placement.Start,
+		}
+		if h, ok := handles[m.UUID]; ok {
+			readMemory(mlog, h, &ms)
+			b.readProcesses(mlog, m.UUID, h, false, &ms)
+		}
+		if gpm {
+			gi := m.GPUInstanceID
+			get := func(s nvml.GpmSample) nvml.Return { return dev.GpmMigSampleGet(gi, s) }
+			b.readGPM(mlog, m.UUID, get, gpmActivity, &ms)
+		}
+		out = append(out, ms)
+	}
+	return out
 }
 
 // field logs a refused reading and says whether the call succeeded.

@@ -4,7 +4,9 @@ package nvml
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
@@ -161,4 +163,79 @@ func TestTelemetryOfMigDevices(t *testing.T) {
 		assert.False(t, s.GPUUtilization.Supported, "%s: plain NVML has no utilization per MIG device", tc.uuid)
 		assert.False(t, s.PowerWatts.Supported, tc.uuid)
 	}
+}
+
+// hangPower makes the GPU's power reading hang, as a driver call can, until
+// release is closed; entered is closed when the first read starts hanging.
+func hangPower(g *fakeGPU) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g.GetPowerUsageFunc = func() (uint32, nvml.Return) {
+		once.Do(func() { close(entered) })
+		<-release
+		return 512345, nvml.SUCCESS
+	}
+	return entered, release
+}
+
+// within runs f and says whether it returned before the timeout.
+func within(timeout time.Duration, f func()) bool {
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
+
+func TestPrepareDoesNotWaitForTelemetry(t *testing.T) {
+	gpus := board(2, nvml.DEVICE_MIG_ENABLE)
+	for _, g := range gpus {
+		withTelemetry(g, telemetryFake{})
+	}
+	entered, release := hangPower(gpus[1])
+	b := testBackend(t, fakeLib(gpus))
+	ctx := context.Background()
+	passDone := make(chan []nvdevice.TelemetrySample)
+	go func() {
+		s, err := b.Telemetry(ctx)
+		assert.NoError(t, err)
+		passDone <- s
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pass never read GPU-1's power")
+	}
+	// The pass is under way, hung in a reading of GPU-1: what a prepare
+	// calls completes.
+	assert.True(t, within(5*time.Second, func() {
+		inv, err := b.Inventory(ctx)
+		assert.NoError(t, err)
+		assert.Len(t, inv.GPUs, 2)
+	}), "an inventory read waited for the telemetry pass")
+	assert.True(t, within(5*time.Second, func() {
+		_, err := b.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: "GPU-1", Profile: "3g.40gb", Start: 4})
+		assert.NoError(t, err)
+	}), "a MIG device's creation waited for the telemetry pass")
+	select {
+	case <-passDone:
+		t.Fatal("the pass ended while a reading hung")
+	default:
+	}
+	closed := make(chan struct{})
+	go func() { defer close(closed); assert.NoError(t, b.Close()) }()
+	select {
+	case <-closed:
+		t.Fatal("Close shut NVML down under a reading")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	s := <-passDone
+	assert.Len(t, s, 2, "both GPUs sampled")
+	<-closed
+	_, err := b.Telemetry(ctx)
+	assert.ErrorIs(t, err, errClosed)
 }

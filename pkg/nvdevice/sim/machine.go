@@ -37,6 +37,9 @@ type Machine struct {
 	failGIDestroy error
 	// readFaults are injected Inventory failures (readfaults.go).
 	readFaults readFaults
+	// telemetryHook stands for each GPU's telemetry readings
+	// (readfaults.go).
+	telemetryHook func(gpuUUID string)
 	// driverRoot is the fake driver root DriverFiles reads (driverroot.go).
 	driverRoot string
 	// feed is what was last read of the driver root's ProcessFeedFile.

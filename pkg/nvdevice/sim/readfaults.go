@@ -49,3 +49,24 @@ func (m *Machine) InventoryFailures() int {
 	defer m.mu.Unlock()
 	return m.readFaults.returned
 }
+
+// SetTelemetryHook sets a function that Telemetry calls for each GPU, with
+// its UUID, where the NVML backend takes the GPU's readings: without the
+// machine's lock held. A hook that sleeps is a slow reading; one that
+// blocks is a reading hung in the driver. nil removes it.
+func (m *Machine) SetTelemetryHook(hook func(gpuUUID string)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.telemetryHook = hook
+}
+
+// readingsOf calls the telemetry hook, if any, for the GPU. The lock must
+// not be held: the hook may block, and may call the machine.
+func (m *Machine) readingsOf(gpuUUID string) {
+	m.mu.Lock()
+	hook := m.telemetryHook
+	m.mu.Unlock()
+	if hook != nil {
+		hook(gpuUUID)
+	}
+}

@@ -79,21 +79,50 @@ func (m *Machine) setLoadLocked(uuid string, load float64) {
 // GPU instance's GPM figures, nothing else; a GPU in MIG mode has no
 // utilization, GPM figures or processes of its own, and its framebuffer
 // used counts its MIG devices'.
+//
+// It locks as the NVML backend does: the machine's lock is held for one
+// GPU at a time, never across the GPU's readings (SetTelemetryHook stands
+// for them), so that a slow or hung reading holds up no MIG change or
+// inventory read.
 func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
 	m.readProcessFeed()
 	inv, err := m.Inventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var out []nvdevice.TelemetrySample
-	for _, g := range inv.GPUs {
-		s, migs := m.gpuTelemetry(powerModels[m.spec.modelOf(g.Index)], &g)
-		out = append(out, s)
-		out = append(out, migs...)
+	for _, listed := range inv.GPUs {
+		m.readingsOf(listed.UUID)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s, ok := m.sampleGPU(listed.UUID)
+		out = append(out, s...)
+		if !ok {
+			return nil, fmt.Errorf("read the devices to sample: simulated machine %q is closed", m.spec.Name)
+		}
 	}
 	return out, nil
+}
+
+// sampleGPU is the samples of the GPU and its MIG devices as they are now
+// (a MIG device made or destroyed since the GPU was listed counts), none
+// for a GPU that fell off the bus since; false once the machine is closed.
+func (m *Machine) sampleGPU(uuid string) ([]nvdevice.TelemetrySample, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, false
+	}
+	for i := range m.inv.GPUs {
+		g := &m.inv.GPUs[i]
+		if g.UUID != uuid || m.lost[uuid] {
+			continue
+		}
+		s, migs := m.gpuTelemetry(powerModels[m.spec.modelOf(g.Index)], g)
+		return append([]nvdevice.TelemetrySample{s}, migs...), true
+	}
+	return nil, true
 }
 
 // gpuTelemetry is a GPU's sample and its MIG devices'. The caller holds

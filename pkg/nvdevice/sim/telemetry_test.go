@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -90,4 +91,59 @@ func TestLostGPUHasNoTelemetry(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	assert.Equal(t, gpus[1].UUID, got[0].UUID)
+}
+
+// A reading that hangs in the driver holds up neither a MIG change nor an
+// inventory read: the machine's lock is taken one GPU at a time and never
+// across the readings, as the NVML backend takes its own.
+func TestHungTelemetryReadingHoldsUpNoPrepare(t *testing.T) {
+	m, err := NewBuiltin("dgx-h100", "n")
+	require.NoError(t, err)
+	gpus := inventory(t, m).GPUs
+	hung := gpus[3].UUID
+	entered, release := make(chan struct{}), make(chan struct{})
+	m.SetTelemetryHook(func(gpu string) {
+		if gpu == hung {
+			close(entered)
+			<-release
+		}
+	})
+	ctx := context.Background()
+	passDone := make(chan []nvdevice.TelemetrySample)
+	go func() {
+		s, err := m.Telemetry(ctx)
+		assert.NoError(t, err)
+		passDone <- s
+	}()
+	<-entered
+	prepared := make(chan error)
+	go func() {
+		if _, err := m.Inventory(ctx); err != nil {
+			prepared <- err
+			return
+		}
+		_, err := m.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: gpus[5].UUID, Profile: "1g.10gb", Start: 0})
+		prepared <- err
+	}()
+	select {
+	case err := <-prepared:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the inventory read and the MIG device's creation waited for the telemetry pass")
+	}
+	select {
+	case <-passDone:
+		t.Fatal("the pass ended while a reading hung")
+	default:
+	}
+	close(release)
+	s := <-passDone
+	var migs int
+	for _, d := range s {
+		if d.IsMIG() {
+			migs++
+			assert.Equal(t, gpus[5].UUID, d.ParentUUID)
+		}
+	}
+	assert.Equal(t, 1, migs, "the pass samples the MIG device made on a GPU it had not sampled yet")
 }
