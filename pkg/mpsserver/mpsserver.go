@@ -34,6 +34,28 @@ const (
 	ShmSubdir  = "shm"  // /dev/shm of the server and of its clients
 )
 
+// PrepareDirs makes a server's pipe, log and shm directories open to every
+// user, sticky, as /tmp and /dev/shm are: the control daemon runs as root,
+// but it starts each MPS server as the user of the client it serves
+// (setuid), and that server writes its log, its files in the pipe directory
+// and its shared memory there. Owned by root with mode 0755 they refused
+// every client that does not run as root: its server got EACCES and exited,
+// and the client failed (the field's report: an strace of the daemon under
+// Bottlerocket, bottlerocket-os/bottlerocket#4673). Sticky: a user's server
+// removes no other user's files.
+func PrepareDirs(dir string) error {
+	for _, d := range []string{PipeSubdir, LogSubdir, ShmSubdir} {
+		p := filepath.Join(dir, d)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return fmt.Errorf("MPS server directory: %w", err)
+		}
+		if err := os.Chmod(p, os.ModeSticky|0o777); err != nil {
+			return fmt.Errorf("MPS server directory: %w", err)
+		}
+	}
+	return nil
+}
+
 // Config is one MPS server.
 type Config struct {
 	// Tools runs the control daemon from the driver root, through the
@@ -131,10 +153,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	logger := klog.FromContext(ctx).WithValues("devices", cfg.Devices)
-	for _, d := range []string{PipeSubdir, LogSubdir} {
-		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
-			return err
-		}
+	if err := PrepareDirs(cfg.Dir); err != nil {
+		return err
 	}
 	// Not ctx: the daemon is stopped by "quit", not by a signal.
 	cmd, err := cfg.Tools.Command(context.Background(), cfg.binary(), "-f")

@@ -2,7 +2,9 @@ package mpsserver
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -102,4 +104,53 @@ func TestDaemonExitIsAnError(t *testing.T) {
 	err := Run(context.Background(), Config{ControlBinary: exits, Dir: t.TempDir(), Devices: []string{"GPU-a"}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the MPS control daemon exited: exit status 3")
+}
+
+// TestServerOfANonRootClientCanWrite: the real control daemon (root) starts
+// each MPS server as the user of the client it serves, and that server
+// writes its log, its files in the pipe directory and its shared memory
+// (bottlerocket-os/bottlerocket#4673: a server of uid 1000 got EACCES and
+// the client failed). The stand-in daemon here does what that server does,
+// as uid 65534; each write must succeed.
+func TestServerOfANonRootClientCanWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the stand-in daemon starts its server as another user")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs setpriv (util-linux)")
+	}
+	// The server pod's mount point is reached through directories any user
+	// may enter (the runtime makes them 0755).
+	top := t.TempDir()
+	for _, d := range []string{filepath.Dir(top), top} {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+	dir := filepath.Join(top, "server")
+	results := filepath.Join(t.TempDir(), "results")
+	daemon := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	script := fmt.Sprintf(`#!/bin/sh
+server() {
+  %s --reuid=65534 --regid=65534 --clear-groups sh -c '
+    for f in "$CUDA_MPS_LOG_DIRECTORY/server.log" "$CUDA_MPS_PIPE_DIRECTORY/server-65534" "$1/shm/cuda.shm.65534"; do
+      if echo x >> "$f" 2>/dev/null; then echo "ok $f"; else echo "refused $f"; fi
+    done' server %q
+}
+server > %q
+exit 3
+`, setpriv, dir, results)
+	require.NoError(t, os.WriteFile(daemon, []byte(script), 0o755))
+	require.Error(t, Run(context.Background(), Config{ControlBinary: daemon, Dir: dir, Devices: []string{"GPU-a"}}), "the stand-in exits")
+	out, err := os.ReadFile(results)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, lines, 3, "%s", out)
+	for _, l := range lines {
+		assert.True(t, strings.HasPrefix(l, "ok "), "the server of uid 65534 was refused: %s", l)
+	}
+	for _, d := range []string{PipeSubdir, LogSubdir, ShmSubdir} {
+		fi, err := os.Stat(filepath.Join(dir, d))
+		require.NoError(t, err)
+		assert.Equal(t, os.ModeDir|os.ModeSticky|0o777, fi.Mode(), "%s: sticky, open to every user", d)
+	}
 }
