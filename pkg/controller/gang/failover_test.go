@@ -73,15 +73,12 @@ func (h *roundHarness) addDomainNode(t *testing.T, domains map[string]string) {
 	require.NoError(t, h.c.nodes.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n0", Labels: map[string]string{"kubernetes.io/hostname": "n0"}}}))
 }
 
-// TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt: point 1. A held
-// reservation of two claims, one consumed by a running pod; the repair took
-// the other back, and the reservation is Queued again. Before, each round
-// called it half written, took nothing back (the claim in use was skipped,
-// silently) and kicked the next round at once, for ever: the lost claim was
-// never allocated again though a GPU was free. Now the claim in use stays,
-// the lost one is planned around it, in its NVLink domain, and a round that
-// changes nothing asks for no other.
-func TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt(t *testing.T) {
+// queuedReservationInUse is a harness holding reservation r, Queued again,
+// of two one-GPU claims in one NVLink domain: r-0, written by the
+// controller, on gpu-a0 and used by the running pod, and r-1, taken back;
+// node n0 has the GPUs of domains.
+func queuedReservationInUse(t *testing.T, domains map[string]string) *roundHarness {
+	t.Helper()
 	r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
 		ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", UID: "uid-r", CreationTimestamp: metav1.NewTime(t0.Add(-time.Hour))},
 		Spec: gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 1, SameNVLinkDomain: true,
@@ -95,10 +92,23 @@ func TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt(t *testing.T) {
 	writtenFor(used, "GpuReservation/ns/r", t0.Add(-time.Hour))
 	reservedFor(used, running)
 	h := newRoundHarness(t, running, used, lost)
+	h.addDomainNode(t, domains)
+	h.withReservations(t, r)
+	return h
+}
+
+// TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt: point 1. A held
+// reservation of two claims, one consumed by a running pod; the repair took
+// the other back, and the reservation is Queued again. Before, each round
+// called it half written, took nothing back (the claim in use was skipped,
+// silently) and kicked the next round at once, for ever: the lost claim was
+// never allocated again though a GPU was free. Now the claim in use stays,
+// the lost one is planned around it, in its NVLink domain, and a round that
+// changes nothing asks for no other.
+func TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt(t *testing.T) {
 	// gpu-b0 sorts first: planned without the domain, the lost claim
 	// could land there, away from the one in use.
-	h.addDomainNode(t, map[string]string{"gpu-a0": "A", "gpu-a1": "A", "gpu-b0": "B"})
-	h.withReservations(t, r)
+	h := queuedReservationInUse(t, map[string]string{"gpu-a0": "A", "gpu-a1": "A", "gpu-b0": "B"})
 
 	require.NoError(t, h.round(t))
 	got := h.getClaim(t, "r-1")
@@ -119,20 +129,7 @@ func TestRequeuedReservationWithAClaimInUseIsPlannedAroundIt(t *testing.T) {
 // reservation with no free GPU in its domain waits, says so, and no round
 // asks for the next.
 func TestQueuedReservationInUseWaitsQuietly(t *testing.T) {
-	r := &gpudrav1.GpuReservation{TypeMeta: metav1.TypeMeta{APIVersion: gpudrav1.APIVersion, Kind: gpudrav1.KindGpuReservation},
-		ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", UID: "uid-r", CreationTimestamp: metav1.NewTime(t0.Add(-time.Hour))},
-		Spec: gpudrav1.GpuReservationSpec{DeviceClassName: "gpu.gpudra.dev", Claims: 2, Count: 1, SameNVLinkDomain: true,
-			TTL: metav1.Duration{Duration: time.Hour}},
-		Status: gpudrav1.GpuReservationStatus{Phase: gpudrav1.ReservationQueued, Reason: gpudrav1.ReasonWaitingForDevices}}
-	claims := reservationClaims(r, func(string, string) *resourceapi.ResourceClaim { return nil })
-	running := boundTo(withUID(ungated(plain("running", "", "", "r-0"))), "n0")
-	used, lost := claims[0], claims[1]
-	used.UID, lost.UID = "uid-r-0", "uid-r-1"
-	used.Status.Allocation = allocatedClaim("r-0", "gpu-a0").Status.Allocation
-	reservedFor(used, running)
-	h := newRoundHarness(t, running, used, lost)
-	h.addDomainNode(t, map[string]string{"gpu-a0": "A", "gpu-b0": "B"})
-	h.withReservations(t, r)
+	h := queuedReservationInUse(t, map[string]string{"gpu-a0": "A", "gpu-b0": "B"})
 	for range 3 {
 		require.NoError(t, h.round(t))
 		assert.False(t, h.kicked(), "no round asks for the next: nothing changed")
