@@ -104,7 +104,7 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 				holders = nil
 				for _, s := range m["gpudra_device_pod_info"] {
 					if s.labels["namespace"] == "shared-claim" && s.value == 1 {
-						holders = append(holders, s.labels["device"]+" "+s.labels["pod"]+"/"+s.labels["container"]+" claim="+s.labels["claim"])
+						holders = append(holders, s.labels["dra_device_name"]+" "+s.labels["pod"]+"/"+s.labels["container"]+" claim="+s.labels["dra_claim_name"])
 					}
 				}
 				up := m["gpudra_telemetry_attribution_up"]
@@ -128,7 +128,7 @@ func TestRealNodeRunsTheExamples(t *testing.T) {
 				used = map[string]float64{}
 				for _, s := range m["gpudra_container_gpu_memory_used_bytes"] {
 					if s.labels["namespace"] == "shared-claim" {
-						used[s.labels["device"]+" "+s.labels["pod"]+"/"+s.labels["container"]] = s.value
+						used[s.labels["dra_device_name"]+" "+s.labels["pod"]+"/"+s.labels["container"]] = s.value
 					}
 				}
 				unresolved := m["gpudra_telemetry_unresolved_processes"]
