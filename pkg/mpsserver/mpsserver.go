@@ -42,14 +42,24 @@ const (
 // every client that does not run as root: its server got EACCES and exited,
 // and the client failed (the field's report: an strace of the daemon under
 // Bottlerocket, bottlerocket-os/bottlerocket#4673). Sticky: a user's server
-// removes no other user's files.
+// removes no other user's files. This is the server pod's (Run, as root);
+// the plugin's own processes (sharing.ProcessServers: gpudra local, where a
+// group shares the directories, and no server pods) keep theirs.
 func PrepareDirs(dir string) error {
+	const want = os.ModeSticky | 0o777
 	for _, d := range []string{PipeSubdir, LogSubdir, ShmSubdir} {
 		p := filepath.Join(dir, d)
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return fmt.Errorf("MPS server directory: %w", err)
 		}
-		if err := os.Chmod(p, os.ModeSticky|0o777); err != nil {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("MPS server directory: %w", err)
+		}
+		if fi.Mode()&want == want {
+			continue
+		}
+		if err := os.Chmod(p, fi.Mode()&(os.ModeSetgid|os.ModeSetuid)|want); err != nil {
 			return fmt.Errorf("MPS server directory: %w", err)
 		}
 	}

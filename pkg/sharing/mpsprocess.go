@@ -48,8 +48,10 @@ func (p *ProcessServers) Ensure(ctx context.Context, s MPSServer) (bool, error) 
 	if _, ok := p.running(ctx, s.Dir); ok {
 		return false, nil
 	}
-	if err := mpsserver.PrepareDirs(s.Dir); err != nil {
-		return false, err
+	for _, d := range []string{mpsserver.PipeSubdir, mpsserver.LogSubdir} {
+		if err := os.MkdirAll(filepath.Join(s.Dir, d), 0o755); err != nil {
+			return false, err
+		}
 	}
 	b, err := json.Marshal(s.Devices)
 	if err != nil {
