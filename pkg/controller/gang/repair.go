@@ -308,13 +308,12 @@ func (c *Controller) repairDoubleAllocations(ctx context.Context, snap *snapshot
 			unrepaired(why)
 		}
 		for _, f := range dec.takeBack {
-			if reserved := f.use == useReserved; reserved {
-				// Cheap first: within its grace by the informer's copy, it
-				// is looked at again later without asking the API server.
-				if at, ok := allocatedAt(f.claim); ok && c.opts.Now().Sub(at) < reservedUnboundGrace {
-					c.noteAllocation(nil, f.claim)
-					continue
-				}
+			// Cheap first: reserved and within its grace by the informer's
+			// copy, it is looked at again later without asking the API
+			// server.
+			if at, ok := allocatedAt(f.claim); f.use == useReserved && ok && c.opts.Now().Sub(at) < reservedUnboundGrace {
+				c.noteAllocation(nil, f.claim)
+				continue
 			}
 			took, err := takeBackClaim(ctx, c.opts.Client, f.claim, c.opts.Now())
 			switch {
