@@ -223,7 +223,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	dyn := dynamicinformer.NewDynamicSharedInformerFactory(c.opts.Dynamic, 0)
 	podInf := typed.Core().V1().Pods().Informer()
 	claimInf := typed.Resource().V1().ResourceClaims().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode, pendingIndex: pendingWithClaims}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode, pendingIndex: pendingWithClaims,
+		schedulingGroupIndex: namedPodGroup}); err != nil {
 		return fmt.Errorf("gang controller: pod index: %w", err)
 	}
 	if err := claimInf.AddIndexers(cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices}); err != nil {

@@ -187,7 +187,8 @@ func TestNewLeaderTakesBackAHalfWrittenGang(t *testing.T) {
 
 // TestBlockedHandOffWritesNothing: point 3. An object of the gang's name
 // blocks its hand-off (a PodGroup of an earlier gang still Terminating, a
-// Workload not gpudra's). The gang waits and says why, with nothing
+// Workload not gpudra's, a pod of no gang that names its PodGroup and would
+// join it, made before the gang's pods, when the webhook could not tell). The gang waits and says why, with nothing
 // written: before, every round wrote its shared claims behind a fence,
 // failed the hand-off, and took them back the next.
 func TestBlockedHandOffWritesNothing(t *testing.T) {
@@ -202,6 +203,12 @@ func TestBlockedHandOffWritesNothing(t *testing.T) {
 				Finalizers: []string{"x"}, Labels: map[string]string{gpudrav1.LabelGang: "g"}}}},
 		{name: "a Workload that is not gpudra's", want: "is not gpudra's",
 			blocker: &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ns"}}},
+		{name: "a pod of no gang that names the gang's PodGroup", want: "pod ns/intruder names PodGroup g in spec.schedulingGroup but is not a member",
+			blocker: func() *corev1.Pod {
+				p := withUID(ungated(pod("intruder", nil, nil)))
+				p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("g")}
+				return p
+			}()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -38,7 +38,8 @@ func newRoundHarness(t *testing.T, objs ...runtime.Object) *roundHarness {
 	client := fake.NewClientset(objs...)
 	c, err := New(Options{Client: client, Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Now: func() time.Time { return t0 }})
 	require.NoError(t, err)
-	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode, pendingIndex: pendingWithClaims})
+	c.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{gangMemberIndex: memberGang, nominatedIndex: nominatedNode, pendingIndex: pendingWithClaims,
+		schedulingGroupIndex: namedPodGroup})
 	c.claims = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{reservationIndex: claimReservation, deviceIndex: claimDevices})
 	c.slices, c.classes, c.nodes = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
 	c.reservations, c.queues = cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)

@@ -279,7 +279,50 @@ func (c *Controller) handOffBlocked(g *Gang) string {
 		}
 	}
 	if pg := c.podGroup(g.Namespace, g.Name); pg != nil {
-		return blockedBy("PodGroup", pg, g)
+		if why := blockedBy("PodGroup", pg, g); why != "" {
+			return why
+		}
+	}
+	return intruder(g, c.podsNaming(g.Namespace, g.Name))
+}
+
+// schedulingGroupIndex indexes pods not ended by the PodGroup their
+// spec.schedulingGroup names ("<namespace>/<PodGroup>").
+const schedulingGroupIndex = "schedulingGroup"
+
+func namedPodGroup(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil || !member(p) {
+		return nil, nil
+	}
+	return []string{p.Namespace + "/" + *p.Spec.SchedulingGroup.PodGroupName}, nil
+}
+
+// podsNaming are the pods that name the PodGroup (nil where the informer
+// has no such index).
+func (c *Controller) podsNaming(namespace, podGroup string) []*corev1.Pod {
+	objs, err := c.pods.ByIndex(schedulingGroupIndex, namespace+"/"+podGroup)
+	if err != nil {
+		return nil
+	}
+	out := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*corev1.Pod))
+	}
+	return out
+}
+
+// intruder says why a pod that names the gang's PodGroup but is not one of
+// its members keeps the gang from being handed over ("" when there is
+// none): kube-scheduler would count it in the gang's minCount and place it
+// on devices gpudra did not plan for it. The webhook refuses such a pod
+// once the gang's pods exist; one made before them is caught here.
+func intruder(g *Gang, naming []*corev1.Pod) string {
+	for _, p := range naming {
+		if name, _ := gangKey(p); name != g.Name {
+			return fmt.Sprintf("gang %s: pod %s/%s names PodGroup %s in spec.schedulingGroup but is not a member of the gang: handed over once it is gone "+
+				"(a pod may join only its own gang's PodGroup)", g.Key, p.Namespace, p.Name, g.Name)
+		}
 	}
 	return ""
 }
