@@ -12,13 +12,14 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/pkg/machinetype"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
 )
 
 func newSlicesCommand() *cobra.Command {
 	var b backendFlags
 	var output string
-	var fractional bool
+	var fractional, migMode bool
 	var migDevices string
 	cmd := &cobra.Command{
 		Use:   "slices",
@@ -26,25 +27,55 @@ func newSlicesCommand() *cobra.Command {
 		Long: `Print the ResourceSlices the kubelet plugin would publish for this node: full GPUs and,
 on GPUs in MIG mode, the MIG placements that --mig-devices publishes (as the plugin's flag)
 as partitionable devices consuming one shared counter set per GPU.
-The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -f -'.`,
+The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -f -'.
+
+--machine also takes a cloud machine type (p5.48xlarge, a3-highgpu-8g, Standard_ND96isr_H100_v5,
+p5e.48xlarge, p5en.48xlarge, a3-ultragpu-8g; MIG mode off unless --mig-mode) with --backend sim, and
+-o karpenter prints what a fresh node of the type (cloud or simulated) publishes as an autoscaler's
+templates (Karpenter's InstanceType.DynamicResources.ResourceSliceTemplates), whatever --backend says.
+A fresh node has no MIG device: under --mig-devices existing its GPUs in MIG mode publish nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(output, "yaml", "json", "table"); err != nil {
+			if err := checkOutput(output, "yaml", "json", "table", "karpenter"); err != nil {
 				return err
 			}
 			policy, err := slicebuilder.ParseMigPolicy(migDevices)
 			if err != nil {
 				return fmt.Errorf("--mig-devices: %w", err)
 			}
-			inv, err := b.inventory(cmd.Context())
-			if err != nil {
+			opts := slicebuilder.Options{FractionalGPUs: fractional, Mig: policy}
+			if output == "karpenter" {
+				typ, err := machinetype.Lookup(b.machine)
+				if err != nil {
+					return fmt.Errorf("--machine: %w", err)
+				}
+				tmpl, err := machinetype.TemplatesOf(cmd.Context(), typ, migMode, migDevices, opts)
+				if err != nil {
+					return err
+				}
+				out, err := yaml.Marshal(tmpl)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(out)
 				return err
 			}
-			res, err := slicebuilder.Build(inv, b.nodeName, slicebuilder.Options{FractionalGPUs: fractional, Mig: policy})
-			if err != nil {
-				return err
+			var objs []resourceapi.ResourceSlice
+			if typ, err := machinetype.Lookup(b.machine); err == nil && typ.Provider != "" && b.backend == "sim" {
+				if objs, err = machinetype.Slices(cmd.Context(), typ, migMode, b.nodeName, opts); err != nil {
+					return err
+				}
+			} else {
+				inv, err := b.inventory(cmd.Context())
+				if err != nil {
+					return err
+				}
+				res, err := slicebuilder.Build(inv, b.nodeName, opts)
+				if err != nil {
+					return err
+				}
+				objs = slicebuilder.ResourceSlices(res, b.nodeName)
 			}
-			objs := slicebuilder.ResourceSlices(res, b.nodeName)
 			if output == "table" {
 				return printSliceTable(cmd.OutOrStdout(), objs)
 			}
@@ -52,7 +83,8 @@ The YAML can be checked against a cluster with 'kubectl apply --dry-run=server -
 		},
 	}
 	b.register(cmd.Flags())
-	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (one document per slice), json (a List) or table")
+	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (one document per slice), json (a List), table, or karpenter (a fresh node's slices as an autoscaler's templates)")
+	cmd.Flags().BoolVar(&migMode, "mig-mode", false, "with a cloud machine type: its GPUs in MIG mode (the clouds deliver them with MIG mode off)")
 	cmd.Flags().StringVar(&migDevices, "mig-devices", slicebuilder.MigPolicyExisting, "as the plugin does with --mig-devices (and its default): existing, profiles=<profile>,..., or all")
 	cmd.Flags().BoolVar(&fractional, "fractional-gpus", false, "as the plugin does with --fractional-gpus: whole GPUs with MIG off shared through consumable capacity")
 	return cmd
