@@ -56,16 +56,29 @@ const conditionWorkers = 4
 // number of pods: a newer condition replaces an unwritten older one.
 type conditionWriter struct {
 	client kubernetes.Interface
+	// write applies a patch to a pod (setGangCondition; tests slow it).
+	write func(ctx context.Context, p *corev1.Pod, patch []byte) error
 
 	mu      sync.Mutex
 	async   bool
 	pending map[types.NamespacedName][]byte
 	order   []types.NamespacedName
+	// writing are the pods a worker is writing now: a newer condition of
+	// such a pod waits until that write returns, so that the older one can
+	// never land last (two workers' patches of one pod race in the API
+	// server; the pod kept the older, and the round, which reports a
+	// change only once, never wrote it again).
+	writing map[types.NamespacedName]bool
 	wake    chan struct{}
 }
 
 func newConditionWriter(client kubernetes.Interface) *conditionWriter {
-	return &conditionWriter{client: client, pending: map[types.NamespacedName][]byte{}, wake: make(chan struct{}, 1)}
+	w := &conditionWriter{client: client, pending: map[types.NamespacedName][]byte{}, writing: map[types.NamespacedName]bool{},
+		wake: make(chan struct{}, 1)}
+	w.write = func(ctx context.Context, p *corev1.Pod, patch []byte) error {
+		return setGangCondition(ctx, w.client, p, patch)
+	}
+	return w
 }
 
 // set writes patch (a gangConditionPatch) to the pod: queued once run has
@@ -74,7 +87,7 @@ func (w *conditionWriter) set(ctx context.Context, p *corev1.Pod, patch []byte) 
 	w.mu.Lock()
 	if !w.async {
 		w.mu.Unlock()
-		return setGangCondition(ctx, w.client, p, patch)
+		return w.write(ctx, p, patch)
 	}
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	if _, queued := w.pending[key]; !queued {
@@ -109,10 +122,11 @@ func (w *conditionWriter) run(ctx context.Context, workers int) {
 				}
 				pod := &corev1.Pod{}
 				pod.Namespace, pod.Name = key.Namespace, key.Name
-				if err := setGangCondition(ctx, w.client, pod, patch); err != nil && ctx.Err() == nil {
+				if err := w.write(ctx, pod, patch); err != nil && ctx.Err() == nil {
 					// The next round sets it again if it still matters.
 					klog.FromContext(ctx).V(2).Info("Set gang condition", "pod", key, "err", err)
 				}
+				w.done(key)
 				// Others may be queued: let the next worker look too.
 				select {
 				case w.wake <- struct{}{}:
@@ -125,16 +139,27 @@ func (w *conditionWriter) run(ctx context.Context, workers int) {
 	wg.Wait()
 }
 
-// next takes the oldest queued write.
+// next takes the oldest queued write of a pod no worker is writing, and
+// marks the pod as being written (done ends it).
 func (w *conditionWriter) next() (types.NamespacedName, []byte, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.order) == 0 {
-		return types.NamespacedName{}, nil, false
+	for i, key := range w.order {
+		if w.writing[key] {
+			continue
+		}
+		w.order = append(w.order[:i:i], w.order[i+1:]...)
+		patch := w.pending[key]
+		delete(w.pending, key)
+		w.writing[key] = true
+		return key, patch, true
 	}
-	key := w.order[0]
-	w.order = w.order[1:]
-	patch := w.pending[key]
-	delete(w.pending, key)
-	return key, patch, true
+	return types.NamespacedName{}, nil, false
+}
+
+// done ends a pod's write; a newer condition queued meanwhile is next.
+func (w *conditionWriter) done(key types.NamespacedName) {
+	w.mu.Lock()
+	delete(w.writing, key)
+	w.mu.Unlock()
 }

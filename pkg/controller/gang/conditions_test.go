@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,4 +53,50 @@ func TestConditionWriterKeepsTheLatest(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	cancel()
 	assert.Equal(t, int32(2), patches.Load(), "one write per pod")
+}
+
+// TestConditionWriterNeverLandsAnOlderCondition: a pod's condition changes
+// while a worker is still writing the older one (the API server is slow
+// for it). Another worker must not write the newer one beside it: the two
+// patches race, and the older could land last, for good (the round reports
+// a change once). Seen in the e2e suite: a gang stayed WaitingForPods on its
+// pods while its Events said WaitingForDevices.
+func TestConditionWriterNeverLandsAnOlderCondition(t *testing.T) {
+	a := plain("a", "g", "2")
+	w := newConditionWriter(fake.NewClientset(a))
+	// The API server, as two workers' patches of one pod reach it: without
+	// a lock between them. The older write is slow.
+	var mu sync.Mutex
+	var landed []string
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	w.write = func(_ context.Context, _ *corev1.Pod, patch []byte) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		landed = append(landed, string(patch))
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.run(ctx, 2)
+	require.Eventually(t, func() bool { w.mu.Lock(); defer w.mu.Unlock(); return w.async }, 5*time.Second, 5*time.Millisecond)
+	older, newer := gangConditionPatch(corev1.ConditionFalse, "WaitingForPods", "m"), gangConditionPatch(corev1.ConditionFalse, "WaitingForDevices", "m")
+	require.NoError(t, w.set(ctx, a, older))
+	<-entered
+	require.NoError(t, w.set(ctx, a, newer))
+	time.Sleep(200 * time.Millisecond) // another worker is free meanwhile
+	close(release)
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.order) == 0 && len(w.writing) == 0
+	}, 5*time.Second, 5*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, landed, 2)
+	assert.Equal(t, string(newer), landed[1], "the newer condition lands last")
 }
