@@ -96,18 +96,8 @@ func TestLeaderChangeMidGangAndRepair(t *testing.T) {
 		// A claim given the same device, as kube-scheduler did in
 		// kubernetes#140053, allocated before it and used by nobody: by age
 		// alone it would keep the device.
-		theirs, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "theirs", Finalizers: []string{resourceapi.Finalizer}}, Spec: mine.Spec}, metav1.CreateOptions{})
-		require.NoError(t, err)
-		theirs.Status.Allocation = mine.Status.Allocation.DeepCopy()
-		theirs.Status.Allocation.AllocationTimestamp = ptr(metav1.NewTime(mine.Status.Allocation.AllocationTimestamp.Add(-2 * time.Minute)))
-		_, err = cluster.Client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, theirs, metav1.UpdateOptions{})
-		require.NoError(t, err)
-
-		require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			cl, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "theirs", metav1.GetOptions{})
-			return err == nil && cl.Status.Allocation == nil, nil
-		}), "the new leader takes the other claim back")
+		allocatedLike(t, ns, "theirs", mine, 2*time.Minute)
+		waitTakenBack(t, ns, "theirs", "the new leader takes the other claim back")
 		kept, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, mine.Name, metav1.GetOptions{})
 		require.NoError(t, err)
 		require.NotNil(t, kept.Status.Allocation, "the released gang keeps its plan")

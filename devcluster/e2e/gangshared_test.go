@@ -162,6 +162,32 @@ func TestWorkloadPathSharedClaimsNeverDoubleAllocated(t *testing.T) {
 	}
 }
 
+// allocatedLike creates claim name with like's spec and gives it like's
+// allocation, as kube-scheduler did when it gave one device to two claims;
+// age, when not 0, makes the allocation that much older than like's.
+func allocatedLike(t *testing.T, ns, name string, like *resourceapi.ResourceClaim, age time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: []string{resourceapi.Finalizer}}, Spec: like.Spec}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	cl.Status.Allocation = like.Status.Allocation.DeepCopy()
+	if age != 0 {
+		cl.Status.Allocation.AllocationTimestamp = ptr(metav1.NewTime(like.Status.Allocation.AllocationTimestamp.Add(-age)))
+	}
+	_, err = cluster.Client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+// waitTakenBack waits until the claim's allocation is gone.
+func waitTakenBack(t *testing.T, ns, name, msg string) {
+	t.Helper()
+	require.NoError(t, wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		cl, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && cl.Status.Allocation == nil, nil
+	}), msg)
+}
+
 // TestDoubleAllocationRepairedOnAnyPath: a claim that holds a device
 // another claim's running pod uses, and that no pod uses (what
 // kube-scheduler left behind in issue 35's item 0), is taken back by the
@@ -179,19 +205,8 @@ func TestDoubleAllocationRepairedOnAnyPath(t *testing.T) {
 	require.NoError(t, err)
 
 	// A second claim given the same device, as the scheduler did.
-	stale, err := cluster.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "stale", Finalizers: []string{resourceapi.Finalizer}},
-		Spec:       held.Spec,
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	stale.Status.Allocation = held.Status.Allocation.DeepCopy()
-	_, err = cluster.Client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, stale, metav1.UpdateOptions{})
-	require.NoError(t, err)
-
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		cl, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "stale", metav1.GetOptions{})
-		return err == nil && cl.Status.Allocation == nil, nil
-	}), "the allocation nobody uses is taken back")
+	allocatedLike(t, ns, "stale", held, 0)
+	waitTakenBack(t, ns, "stale", "the allocation nobody uses is taken back")
 	cl, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, held.Name, metav1.GetOptions{})
 	require.NoError(t, err)
 	require.NotNil(t, cl.Status.Allocation, "the running pod's stays")

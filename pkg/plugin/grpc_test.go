@@ -64,6 +64,13 @@ func startPlugin(t testing.TB, e *env, claims ...*resourceapi.ResourceClaim) (*t
 
 func startPluginWithMetrics(t testing.TB, e *env, metrics *Metrics, claims ...*resourceapi.ResourceClaim) (*testKubelet, *fake.Clientset, *Plugin) {
 	t.Helper()
+	return startPluginWith(t, e, func(cfg *Config) { cfg.Metrics = metrics }, claims...)
+}
+
+// startPluginWith is startPlugin with the plugin's Config changed by
+// configure first.
+func startPluginWith(t testing.TB, e *env, configure func(*Config), claims ...*resourceapi.ResourceClaim) (*testKubelet, *fake.Clientset, *Plugin) {
+	t.Helper()
 	// Unix socket paths are limited to 108 bytes: keep them short.
 	sockets, err := os.MkdirTemp("", "gpudra")
 	require.NoError(t, err)
@@ -75,11 +82,13 @@ func startPluginWithMetrics(t testing.TB, e *env, metrics *Metrics, claims ...*r
 	client := fakeClient(objs...)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { cancel(nil) })
-	p, err := Start(ctx, Config{
+	cfg := Config{
 		NodeName: pool, Backend: e.machine, Client: client,
 		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: e.cdiDir,
-		BootID: "boot-1", Metrics: metrics,
-	}, cancel)
+		BootID: "boot-1",
+	}
+	configure(&cfg)
+	p, err := Start(ctx, cfg, cancel)
 	require.NoError(t, err)
 	t.Cleanup(p.Stop)
 	return registerPlugin(t, filepath.Join(sockets, "reg")), client, p

@@ -35,17 +35,7 @@ func TestHealthReportsAndTaints(t *testing.T) {
 
 	next := func() map[string]kubeletplugin.DeviceHealth {
 		t.Helper()
-		select {
-		case r := <-reports:
-			out := map[string]kubeletplugin.DeviceHealth{}
-			for _, h := range r.Devices {
-				out[h.DeviceName] = h
-			}
-			return out
-		case <-time.After(5 * time.Second):
-			t.Fatal("no health report")
-			return nil
-		}
+		return nextHealthReport(t, reports, "no health report")
 	}
 	first := next()
 	require.Len(t, first, 2*26+6, "the first report covers every device: 2 GPUs in MIG mode with 25 placements each, 6 without")
@@ -316,5 +306,22 @@ func TestHealthFileAtStart(t *testing.T) {
 			}
 			assert.Empty(t, taints)
 		})
+	}
+}
+
+// nextHealthReport waits up to 5 s for the next report on the health stream,
+// by device; without one the test fails with why.
+func nextHealthReport(t *testing.T, reports <-chan kubeletplugin.DeviceHealthReport, why string) map[string]kubeletplugin.DeviceHealth {
+	t.Helper()
+	select {
+	case r := <-reports:
+		out := map[string]kubeletplugin.DeviceHealth{}
+		for _, h := range r.Devices {
+			out[h.DeviceName] = h
+		}
+		return out
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+		return nil
 	}
 }

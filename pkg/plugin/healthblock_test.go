@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -31,17 +30,7 @@ func TestHealthStreamWhileAPrepareBlocks(t *testing.T) {
 	go func() { _ = d.WatchHealthStatus(ctx, reports) }()
 	next := func() map[string]kubeletplugin.DeviceHealth {
 		t.Helper()
-		select {
-		case r := <-reports:
-			out := map[string]kubeletplugin.DeviceHealth{}
-			for _, h := range r.Devices {
-				out[h.DeviceName] = h
-			}
-			return out
-		case <-time.After(5 * time.Second):
-			t.Fatal("no health report within 5 s while a prepare blocks")
-			return nil
-		}
+		return nextHealthReport(t, reports, "no health report within 5 s while a prepare blocks")
 	}
 	require.Equal(t, kubeletplugin.HealthStatusHealthy, next()["gpu-3"].Health)
 

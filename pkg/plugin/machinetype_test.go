@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,10 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpudra/gpudra/pkg/machinetype"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
@@ -55,7 +52,9 @@ func TestMachineTypeSlicesAreWhatAFreshNodePublishes(t *testing.T) {
 			require.NoError(t, err)
 			m, err := sim.New(spec, pool)
 			require.NoError(t, err)
-			client := startFreshPlugin(t, m, policy)
+			e := &env{t: t, machine: m, dir: t.TempDir()}
+			e.cdiDir = filepath.Join(e.dir, "cdi")
+			_, client, _ := startPluginWith(t, e, func(cfg *Config) { cfg.MigDevices = policy })
 
 			var got []resourceapi.ResourceSliceSpec
 			require.Eventually(t, func() bool {
@@ -81,27 +80,6 @@ func TestMachineTypeSlicesAreWhatAFreshNodePublishes(t *testing.T) {
 			assert.Equal(t, tt.devices, n, "devices published")
 		})
 	}
-}
-
-// startFreshPlugin starts the real plugin on a fresh node of machine m,
-// with the MIG policy given, and returns the fake API it publishes to.
-func startFreshPlugin(t *testing.T, m *sim.Machine, policy slicebuilder.MigPolicy) *fake.Clientset {
-	t.Helper()
-	sockets, err := os.MkdirTemp("", "gpudra")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(sockets) })
-	client := fakeClient(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: pool, UID: "node-uid"}})
-	ctx, cancel := context.WithCancelCause(context.Background())
-	t.Cleanup(func() { cancel(nil) })
-	p, err := Start(ctx, Config{
-		NodeName: pool, Backend: m, Client: client, MigDevices: policy,
-		RegistrarDir: filepath.Join(sockets, "reg"), PluginDataDir: filepath.Join(sockets, "data"), CDIDir: filepath.Join(t.TempDir(), "cdi"),
-		BootID: "boot-1",
-	}, cancel)
-	require.NoError(t, err)
-	t.Cleanup(p.Stop)
-	registerPlugin(t, filepath.Join(sockets, "reg"))
-	return client
 }
 
 // normalized orders slices by their first device or counter set, and
