@@ -33,6 +33,12 @@ MPS_SERVER := $(abspath $(BIN))/gpudra-mps-server
 # fixture built with gcc, not cgo).
 CUDA_CHECK := $(abspath $(BIN))/gpudra-cuda-check
 FAKE_LIBCUDA := $(abspath $(BIN))/fakecuda/libcuda.so
+# Karpenter v1.15's controllers with devcluster's cloud provider compiled in
+# (devcluster/karpenter, a module of its own on Karpenter's Kubernetes
+# libraries). Karpenter's module needs go 1.26.9: the go command fetches
+# that toolchain from the module proxy for this build only.
+KARPENTER := $(abspath $(BIN))/devcluster-karpenter
+KARPENTER_GO := GOTOOLCHAIN=go1.26.9 CGO_ENABLED=0 $(GO)
 # make gpu-smoke-bundle (docs/gpu-smoke.md): everything gpu-smoke needs on a
 # GPU node without Go; BUNDLE_CGO=0 leaves NVML out (--simulated only), as
 # the e2e suite builds it without a second, cgo build of Kubernetes.
@@ -41,7 +47,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: karpenter all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -93,12 +99,13 @@ test-fuzz:
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 E2E_MODULES := devcluster bench gpusmoke
-E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) KARPENTER=$(KARPENTER) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
-test-e2e: devcluster helm probe $(RUNC)
+test-e2e: devcluster helm probe $(RUNC) karpenter
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
-	@for m in $(E2E_MODULES); do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
+	@for m in $(E2E_MODULES) devcluster/cloudapi; do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
+	cd devcluster/karpenter && $(KARPENTER_GO) vet ./... && $(KARPENTER_GO) test -count=1 ./...
 	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)
 ifeq ($(RUN),)
 	cd devcluster && $(E2E_ENV) $(GO) test -count=1 -timeout 45m ./...
@@ -254,6 +261,10 @@ demo-real-node: devcluster helm probe $(RUNC) real-node
 	@$(MAKE) --no-print-directory image IMAGE_ARCHES=$(GOHOSTARCH)
 	$(BIN)/devcluster --real-node $(REAL_NODE_BIN) --real-node-image $$(ls $(IMAGE_DIR)/gpudra-*-$(GOHOSTARCH).tar | head -1) \
 		--examples examples --runc $(RUNC) --probe $(PROBE) --mps-server $(MPS_SERVER) $(DEMO_FLAGS)
+
+karpenter:
+	@mkdir -p $(BIN)
+	cd devcluster/karpenter && $(KARPENTER_GO) build -o $(KARPENTER) ./cmd/devcluster-karpenter
 
 devcluster:
 	@mkdir -p $(BIN)

@@ -193,6 +193,8 @@ replace github.com/gpudra/gpudra => ../
 
 replace github.com/gpudra/gpudra/devcluster => ../devcluster
 
+replace github.com/gpudra/gpudra/devcluster/cloudapi => ../devcluster/cloudapi
+
 // k8s.io/kubernetes refers to its staging modules as v0.0.0; pin them to the
 // release the driver uses.
 replace (

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/controlplane"
@@ -130,6 +132,9 @@ type Cluster struct {
 	forbidden    forbiddenLog
 	// image runs the chart's pods in image mode; nil otherwise.
 	image *imagemode.Runner
+	// pluginOwner is the chart's kubelet plugin DaemonSet, the owner of
+	// every plugin pod devcluster runs (installPluginDaemonSet).
+	pluginOwner *metav1.OwnerReference
 
 	// clientCA issues real nodes' credentials (Options.RealNodes).
 	clientCA *controlplane.ClientCA
@@ -257,6 +262,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := c.installChartIdentities(c.ctx, opts.Chart); err != nil {
 		return c, err
 	}
+	if err := c.installPluginDaemonSet(c.ctx); err != nil {
+		return c, err
+	}
 	// gpudra-controller runs in every devcluster, as the chart installs it
 	// with its CRDs: every test and the demo go through its admission
 	// webhook.
@@ -376,6 +384,20 @@ func (c *Cluster) WriteNodeComponentKubeconfig(ctx context.Context, path, sa, no
 		return err
 	}
 	return writeKubeconfig(path, cfg, sa)
+}
+
+// WriteServiceAccountKubeconfig writes a kubeconfig with a token of the
+// ServiceAccount sa of namespace, for a component devcluster runs as its
+// own process (Karpenter): it is that ServiceAccount, under RBAC.
+func (c *Cluster) WriteServiceAccountKubeconfig(ctx context.Context, path, namespace, sa string) error {
+	tok, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(componentTokenLifetime.Seconds()))}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token for ServiceAccount %s/%s: %w", namespace, sa, err)
+	}
+	cfg := restclient.AnonymousClientConfig(c.RESTConfig)
+	cfg.BearerToken = tok.Status.Token
+	return writeKubeconfig(path, cfg, "system:serviceaccount:"+namespace+":"+sa)
 }
 
 func writeKubeconfig(path string, cfg *restclient.Config, userName string) error {

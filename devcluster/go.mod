@@ -8,6 +8,7 @@ require (
 	github.com/google/cadvisor/lib v0.60.5
 	github.com/google/go-containerregistry v0.22.1
 	github.com/gpudra/gpudra v0.0.0
+	github.com/gpudra/gpudra/devcluster/cloudapi v0.0.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/stretchr/testify v1.12.1
 	go.etcd.io/etcd/server/v3 v3.7.0
@@ -189,6 +190,8 @@ require (
 )
 
 replace github.com/gpudra/gpudra => ../
+
+replace github.com/gpudra/gpudra/devcluster/cloudapi => ./cloudapi
 
 // k8s.io/kubernetes refers to its staging modules as v0.0.0; pin them to the
 // release the driver uses.

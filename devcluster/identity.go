@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,6 +62,35 @@ func (c *Cluster) installChartIdentities(ctx context.Context, opts chart.Options
 			return fmt.Errorf("the chart has no ServiceAccount %s: %w", sa, err)
 		}
 	}
+	return nil
+}
+
+// installPluginDaemonSet creates the chart's kubelet plugin DaemonSet, as
+// rendered, and makes it the owner of the plugin pods devcluster runs on
+// each node. No DaemonSet controller runs here (devcluster plays it): the
+// object is there for what reads it on a real cluster. An autoscaler
+// counts a DaemonSet's pods as part of every node (Karpenter's
+// daemonset overhead) and never as a workload to move: a bare plugin pod
+// made every simulated node look busy to Karpenter, so that no GPU node
+// was ever empty.
+func (c *Cluster) installPluginDaemonSet(ctx context.Context) error {
+	objs, err := c.chartObjects("DaemonSet")
+	if err != nil {
+		return err
+	}
+	name := chart.Release + "-kubelet-plugin"
+	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() != name })
+	if len(objs) != 1 {
+		return fmt.Errorf("the rendered chart (%s) has no DaemonSet %s", c.renderedChart(), name)
+	}
+	if err := c.Apply(ctx, chart.PluginNamespace, objs); err != nil {
+		return fmt.Errorf("apply the chart's DaemonSet %s: %w", name, err)
+	}
+	ds, err := c.Client.AppsV1().DaemonSets(chart.PluginNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("the chart's DaemonSet %s: %w", name, err)
+	}
+	c.pluginOwner = metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))
 	return nil
 }
 

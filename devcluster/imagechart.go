@@ -131,7 +131,9 @@ func (c *Cluster) runPluginPod(ctx context.Context, n *nodeagent.Node) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.image.RunPod(ctx, podFromTemplate(t, nodeagent.MetricsPodName(n.Name), n.Name), n.Dir, nil)
+	pod := podFromTemplate(t, nodeagent.MetricsPodName(n.Name), n.Name)
+	pod.OwnerReferences = []metav1.OwnerReference{*c.pluginOwner}
+	_, err = c.image.RunPod(ctx, pod, n.Dir, nil)
 	return err
 }
 

@@ -3,8 +3,10 @@ package devcluster
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -45,7 +47,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts nodeagent.NodeOptions) (*nod
 	}
 	c.mu.Unlock()
 	n, err := nodeagent.Start(ctx, nodeagent.Env{Cluster: nodeHost{c}, Ctx: c.ctx, Dir: c.Dir, BootID: c.bootID, Admin: c.Client,
-		MPSControlBinary: c.mpsControl, Runtime: c.runtime, Image: c.image != nil, PodNetwork: c.podNetwork()}, opts)
+		MPSControlBinary: c.mpsControl, Runtime: c.runtime, Image: c.image != nil, PodNetwork: c.podNetwork(), PluginPodOwner: c.pluginOwner}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -55,6 +57,28 @@ func (c *Cluster) AddNode(ctx context.Context, opts nodeagent.NodeOptions) (*nod
 	c.mu.Unlock()
 	return n, nil
 }
+
+// RemoveNode shuts a node started by AddNode down (nodeagent.Node.Stop: a
+// terminated machine) and forgets it. The Node object and what the API
+// holds of its pods stay for whoever manages the node to remove, as on a
+// cluster whose machine went away.
+func (c *Cluster) RemoveNode(name string) error {
+	c.mu.Lock()
+	n, ok := c.nodes[name]
+	if ok {
+		delete(c.nodes, name)
+		c.order = slices.DeleteFunc(c.order, func(o string) bool { return o == name })
+	}
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("node %q: %w", name, ErrNoSuchNode)
+	}
+	n.Stop()
+	return nil
+}
+
+// ErrNoSuchNode: RemoveNode of a node devcluster does not run.
+var ErrNoSuchNode = errors.New("no such node")
 
 // imageModeNode refuses, before anything is made for the node, what image
 // mode cannot give one node: the chart has one DaemonSet, in DRA mode, and
@@ -101,10 +125,11 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptio
 		labels[k] = v
 	}
 	capacity := v1.ResourceList{
-		v1.ResourceCPU: resource.MustParse("224"), v1.ResourceMemory: resource.MustParse("2Ti"),
-		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse("30Ti"),
+		v1.ResourceCPU: resource.MustParse(nodeagent.NodeCPU), v1.ResourceMemory: resource.MustParse(nodeagent.NodeMemory),
+		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse(nodeagent.NodeEphemeralStorage),
 	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations}}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations},
+		Spec: v1.NodeSpec{ProviderID: opts.ProviderID}}
 	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", opts.Name, err)

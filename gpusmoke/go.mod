@@ -196,6 +196,8 @@ replace github.com/gpudra/gpudra => ../
 
 replace github.com/gpudra/gpudra/devcluster => ../devcluster
 
+replace github.com/gpudra/gpudra/devcluster/cloudapi => ../devcluster/cloudapi
+
 replace github.com/gpudra/gpudra/bench => ../bench
 
 // k8s.io/kubernetes refers to its staging modules as v0.0.0; pin them to the

@@ -111,7 +111,7 @@ func ProxyableHostIP() (string, error) {
 // self-signed certificate, /metrics only to those the API server
 // authenticates and RBAC lets get it, reviewed as the plugin's
 // ServiceAccount (pluginCfg), /healthz to anyone.
-func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, pods PodNetwork, pluginCfg *restclient.Config) error {
+func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, pods PodNetwork, pluginCfg *restclient.Config, owner *metav1.OwnerReference) error {
 	auth, err := metrics.NewKubernetesAuth(pluginCfg)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics pod: %w", n.Name, err)
@@ -145,6 +145,9 @@ func (n *Node) serveMetricsPod(ctx context.Context, admin kubernetes.Interface, 
 			LivenessProbe: &v1.Probe{ProbeHandler: v1.ProbeHandler{HTTPGet: &v1.HTTPGetAction{
 				Path: HealthPath, Port: intstr.FromString(MetricsPort), Scheme: v1.URISchemeHTTPS}}},
 		}}},
+	}
+	if owner != nil {
+		pod.OwnerReferences = []metav1.OwnerReference{*owner}
 	}
 	err = admin.CoreV1().Pods(chart.PluginNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	if err != nil && !apierrors.IsNotFound(err) {

@@ -56,6 +56,9 @@ type NodeOptions struct {
 	Annotations map[string]string
 	// Taints are set on the Node.
 	Taints []v1.Taint
+	// ProviderID is the Node's spec.providerID: the cloud's machine
+	// (devcluster/cloud) an autoscaler matches it with. Empty: none.
+	ProviderID string
 	// UnhealthyTaintEffect is the plugin's --unhealthy-taint-effect
 	// (default NoSchedule).
 	UnhealthyTaintEffect resourceapi.DeviceTaintEffect
@@ -93,6 +96,13 @@ type NodeOptions struct {
 	MigDevices *slicebuilder.MigPolicy
 }
 
+// A simulated node's capacity besides its GPUs: a DGX H100's.
+const (
+	NodeCPU              = "224"
+	NodeMemory           = "2Ti"
+	NodeEphemeralStorage = "30Ti"
+)
+
 // Node is a simulated GPU node: a Node object, the simulated machine, the
 // real gpudra kubelet plugin over it, and the devcluster kubelet.
 type Node struct {
@@ -107,7 +117,10 @@ type Node struct {
 	// Dir holds the node's registry, plugin, CDI and kubelet directories.
 	Dir string
 
-	ctx        context.Context
+	ctx context.Context
+	// stop ends the node's own context: its kubelet, pods and plugin
+	// (Stop), as a machine's shutdown does.
+	stop       context.CancelFunc
 	client     kubernetes.Interface
 	pluginCfg  plugin.Config
 	bootID     string
@@ -136,7 +149,7 @@ type Node struct {
 }
 
 // KubeletDone is closed once the node's kubelet has stopped (the
-// cluster's context ended).
+// cluster's context ended, or Stop).
 func (n *Node) KubeletDone() <-chan struct{} { return n.kubeletEnd }
 
 // RegistryDir is the kubelet's plugin registry, where plugins put their
@@ -217,6 +230,9 @@ type Env struct {
 	// PodNetwork gives the pods served in this process (the metrics pod)
 	// their address; nil: the machine's own (ProxyableHostIP).
 	PodNetwork PodNetwork
+	// PluginPodOwner owns the node's plugin pod (the metrics pod): the
+	// chart's DaemonSet; nil: none.
+	PluginPodOwner *metav1.OwnerReference
 }
 
 // PodNetwork is where devcluster's in-process pods listen
@@ -260,8 +276,12 @@ func Start(ctx context.Context, env Env, opts NodeOptions) (*Node, error) {
 	}
 
 	// The kubelet first, as on a real node: the plugin registers with it.
+	// Everything of the node lives in a context of its own, so that the
+	// node can go away alone (Stop: a cloud's machine terminated).
+	runCtx, stop := context.WithCancel(env.Ctx)
+	n.stop = stop
 	logger := klog.LoggerWithValues(klog.FromContext(env.Ctx), "node", opts.Name)
-	nodeCtx := klog.NewContext(env.Ctx, logger)
+	nodeCtx := klog.NewContext(runCtx, logger)
 	kubeletClient, err := env.Cluster.KubeletClient(opts.Name)
 	if err != nil {
 		return nil, err
@@ -347,7 +367,7 @@ func Start(ctx context.Context, env Env, opts NodeOptions) (*Node, error) {
 		// Without it only the dashboard's usage through the pods proxy is
 		// missing (TestPluginMetricsThroughTheAPIServerProxy says so): not a
 		// reason to refuse the node, on a machine with no global address.
-		if err := n.serveMetricsPod(ctx, env.Admin, env.PodNetwork, pluginCfg); err != nil {
+		if err := n.serveMetricsPod(ctx, env.Admin, env.PodNetwork, pluginCfg, env.PluginPodOwner); err != nil {
 			klog.FromContext(ctx).Error(err, "No metrics pod: the node's telemetry is not reachable through the API server's pods proxy", "node", n.Name)
 		}
 		if err := n.StartPlugin(); err != nil {
@@ -435,4 +455,25 @@ func FractionalNode(name, machine string) NodeOptions {
 	return NodeOptions{Name: name, Machine: machine, FractionalGPUs: true,
 		Labels: map[string]string{"gpu.gpudra.dev/fractional": "true"},
 		Taints: []v1.Taint{{Key: "gpu.gpudra.dev/fractional", Value: "true", Effect: v1.TaintEffectNoSchedule}}}
+}
+
+// Stop shuts the node down as a terminated machine goes: its plugin, then
+// its kubelet, which stops the node's containers and processes. The Node
+// object, its pods and claims stay in the API, for whoever manages the
+// node (an autoscaler, an admin) to remove. It waits up to 30 s for the
+// kubelet; a second Stop does nothing more.
+func (n *Node) Stop() {
+	n.StopPlugin()
+	if n.stop == nil {
+		return
+	}
+	n.stop()
+	if n.kubeletEnd == nil {
+		return
+	}
+	select {
+	case <-n.kubeletEnd:
+	case <-time.After(30 * time.Second):
+		klog.FromContext(n.ctx).Info("The node's kubelet did not stop within 30 s", "node", n.Name)
+	}
 }

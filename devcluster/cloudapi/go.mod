@@ -1,0 +1,3 @@
+module github.com/gpudra/gpudra/devcluster/cloudapi
+
+go 1.26.0
