@@ -228,7 +228,7 @@ func New(opts Options) (*Controller, error) {
 	celCache := cel.NewCache(100, cel.Features{})
 	return &Controller{
 		autoscaler: autoscaler,
-		opts: opts, metrics: m,
+		opts:       opts, metrics: m,
 		committer:  &committer{client: opts.Client, settle: opts.FenceSettle},
 		conditions: newConditionWriter(opts.Client),
 		cel:        celCache,
