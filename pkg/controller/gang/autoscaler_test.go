@@ -435,3 +435,27 @@ func TestDemandNames(t *testing.T) {
 	assert.Equal(t, "gpudra-demand-pod-a", demandName("pod-a"))
 	assert.NotEqual(t, demandName("pod-a.b-c"), demandName("pod-a-b.c"))
 }
+
+// TestUnsatisfiableForLackOfDevicesPublishesDemand: a pool scaled to zero
+// has no GPU node, so a gang would not fit even on the empty cluster
+// (Unsatisfiable), yet more nodes are exactly what it needs: its demand is
+// published. A gang Unsatisfiable for a policy (its pods' priorities
+// differ, on the Workload API path) gets none: no node would start it.
+func TestUnsatisfiableForLackOfDevicesPublishesDemand(t *testing.T) {
+	t.Run("no GPU node", func(t *testing.T) {
+		h := newRoundHarness(t, withUID(plain("a", "g", "1", "ca")), oneGPUClaim("ca"))
+		require.NoError(t, h.c.classes.Add(&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu.gpudra.dev"}}))
+		d := withDemand(t, h)
+		require.NoError(t, d.round(t))
+		assert.Equal(t, gpudrav1.ReasonUnsatisfiable, gangConditionOf(h.pod(t, "a")).Reason)
+		assert.Equal(t, []string{"gpudra-demand-pod-a"}, d.bufferNames(t))
+	})
+	t.Run("mixed priorities", func(t *testing.T) {
+		h := newWorkloadHarness(t, withPriority(grouped(plain("a0", "g", "2", "ca0")), "high", 1000), grouped(plain("a1", "g", "2", "ca1")),
+			oneGPUClaim("ca0"), oneGPUClaim("ca1"), busyGPUs())
+		d := withDemand(t, h)
+		require.NoError(t, d.round(t))
+		assert.Equal(t, gpudrav1.ReasonUnsatisfiable, gangConditionOf(h.pod(t, "a0")).Reason)
+		assert.Empty(t, d.bufferNames(t))
+	})
+}
