@@ -459,3 +459,24 @@ func TestUnsatisfiableForLackOfDevicesPublishesDemand(t *testing.T) {
 		assert.Empty(t, d.bufferNames(t))
 	})
 }
+
+// TestDemandInformers: the real informers, started once buffers are
+// served, show the labelled demand objects and nothing else.
+func TestDemandInformers(t *testing.T) {
+	p := withUID(plain("a", "g", "1"))
+	buf, tmpl := staleDemand(p)
+	other := &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: "users-own", Namespace: "ns"}}
+	h := newRoundHarness(t, tmpl, other, oneGPUClaim("plain"))
+	d := withDemand(t, h, buf)
+	pub := newDemandPublisher(Options{Client: h.client, Dynamic: d.buffers, Discovery: d.disc, Now: h.c.opts.Now}, h.c.metrics)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.Eventually(t, func() bool { return pub.active(ctx) }, 10*time.Second, 10*time.Millisecond)
+	defer pub.stores.stop()
+	var got []string
+	for _, o := range pub.existing() {
+		got = append(got, o.resource+"/"+o.name)
+	}
+	slices.Sort(got)
+	assert.Equal(t, []string{"capacitybuffers/gpudra-demand-pod-a", "podtemplates/gpudra-demand-pod-a"}, got)
+}
