@@ -33,6 +33,9 @@
 //     allocated twice, half-written plans);
 //   - the Workload API hand-off: workload.go;
 //   - Grove's schema: grove.go;
+//   - autoscaler.go and autoscalerwrite.go: the demand of items waiting
+//     for devices, published for an autoscaler as CapacityBuffers, and
+//     taken back before an item is admitted;
 //   - recent.go (the controller's own writes the informers may not show
 //     yet), classcount.go and counters.go (per-class device counts, shared
 //     counters), metrics.go, transform.go (what the informers keep), off.go
