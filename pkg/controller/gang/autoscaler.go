@@ -92,8 +92,9 @@ func demandName(what string) string {
 
 // gangDemand is the demand of a gang waiting for devices: one unit per pod.
 // The pod's spec becomes the template (without what ties it to gpudra's
-// hand-off: the scheduling gate, the node, the scheduling group; and
-// without its priority, which the autoscaler sets for virtual pods), each
+// hand-off: the scheduling gate, the node, the scheduling group; without
+// its priority, which the autoscaler sets for virtual pods, and without
+// ephemeral containers, which a PodTemplate may not have), each
 // of its claims named by resourceClaimName:
 //   - a claim the pod names, as it is;
 //   - a claim made from a template (the gate path): the claim the claim
@@ -118,6 +119,7 @@ func gangDemand(g *Gang, template func(namespace, name string) *resourceapi.Reso
 		u := &demandUnit{}
 		spec := p.Spec.DeepCopy()
 		spec.SchedulingGates, spec.NodeName, spec.SchedulingGroup, spec.Priority = nil, "", nil, nil
+		spec.EphemeralContainers = nil
 		made := map[string]*string{}
 		for _, st := range p.Status.ResourceClaimStatuses {
 			made[st.Name] = st.ResourceClaimName

@@ -171,6 +171,7 @@ func busyGPUs() *resourceapi.ResourceClaim {
 // and owned by the pod. A second round changes nothing.
 func TestWaitingGangPublishesOneBufferPerPod(t *testing.T) {
 	a := withUID(fromTemplate(plain("a", "train", "2"), ptr.To("a-gpu-x7")))
+	a.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox"}}}
 	b := withUID(plain("b", "train", "2", "cb"))
 	h := newRoundHarness(t, a, b, oneGPUClaim("a-gpu-x7"), oneGPUClaim("cb"), busyGPUs())
 	h.addTwoGPUNode(t)
@@ -190,6 +191,7 @@ func TestWaitingGangPublishesOneBufferPerPod(t *testing.T) {
 
 	ta := d.template(t, "gpudra-demand-pod-a")
 	assert.Empty(t, ta.Template.Spec.SchedulingGates)
+	assert.Empty(t, ta.Template.Spec.EphemeralContainers, "a PodTemplate may have none")
 	assert.Equal(t, []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("a-gpu-x7")}}, ta.Template.Spec.ResourceClaims,
 		"the claim made from the template, by name: a virtual pod has no status")
 	assert.Equal(t, a.Labels, ta.Template.Labels)
