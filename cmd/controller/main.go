@@ -36,7 +36,7 @@ type options struct {
 	webhookDNSNames, nodePoolLabels                                     []string
 	webhookIPs                                                          []net.IP
 	manageCerts, gangs                                                  bool
-	gangStrategy, gangMode                                              string
+	gangStrategy, gangMode, autoscalerDemand                            string
 	fenceSettle                                                         time.Duration
 	qps                                                                 float64
 	burst                                                               int
@@ -84,6 +84,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("gang-mode", "GANG_MODE")
 	fs.StringVar(&o.gangStrategy, "gang-strategy", string(allocator.FewestNVLinkDomains), "how gangs and reservations choose nodes: FewestNVLinkDomains, Binpack or Spread")
 	env("gang-strategy", "GANG_STRATEGY")
+	fs.StringVar(&o.autoscalerDemand, "autoscaler-demand", gang.AutoscalerDemandCapacityBuffers, "how gangs and reservations waiting for devices are shown to an autoscaler (Karpenter, Cluster Autoscaler): capacitybuffers (autoscaling.x-k8s.io/v1beta1 CapacityBuffers, where the API server serves them) or off")
+	env("autoscaler-demand", "AUTOSCALER_DEMAND")
 	fs.DurationVar(&o.fenceSettle, "fence-settle", time.Second, "how long a device fence is given to reach the scheduler before the controller writes an allocation")
 	env("fence-settle", "FENCE_SETTLE")
 	fs.StringSliceVar(&o.nodePoolLabels, "node-pool-labels", gang.DefaultNodePoolLabels, "node label keys naming a node's pool, tried in order, for gpudra_class_devices' and gpudra_class_demand_devices' node_pool (a node with none of them: \"\"); empty: no pools")
@@ -124,6 +126,11 @@ func (o *options) config() (controller.Config, error) {
 	default:
 		return controller.Config{}, fmt.Errorf("--gang-mode=%q: want auto, workload, gates or off", o.gangMode)
 	}
+	switch o.autoscalerDemand {
+	case gang.AutoscalerDemandCapacityBuffers, gang.AutoscalerDemandOff:
+	default:
+		return controller.Config{}, fmt.Errorf("--autoscaler-demand=%q: want capacitybuffers or off", o.autoscalerDemand)
+	}
 	svc := o.webhookService + "." + o.namespace + ".svc"
 	dns := append([]string{svc, svc + ".cluster.local"}, o.webhookDNSNames...)
 	return controller.Config{Namespace: o.namespace, Identity: id, LeaseName: o.leaseName,
@@ -132,7 +139,7 @@ func (o *options) config() (controller.Config, error) {
 		WebhookConfiguration: o.webhookConfig, ManageCertificates: o.manageCerts,
 		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace,
 		Gangs: o.gangs, GangMode: o.gangMode, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle,
-		NodePoolLabels: nodePoolLabels(o.nodePoolLabels)}, nil
+		NodePoolLabels: nodePoolLabels(o.nodePoolLabels), AutoscalerDemand: o.autoscalerDemand}, nil
 }
 
 // nodePoolLabels drops empty keys: --node-pool-labels= (an empty list) is

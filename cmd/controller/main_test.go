@@ -56,6 +56,22 @@ func TestOptions(t *testing.T) {
 				assert.Empty(t, cfg.NodePoolLabels)
 			},
 		},
+		"autoscaler demand: capacitybuffers by default": {args: []string{"--namespace=a"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.Equal(t, gang.AutoscalerDemandCapacityBuffers, cfg.AutoscalerDemand)
+			},
+		},
+		"autoscaler demand off from the chart's environment": {env: map[string]string{"POD_NAMESPACE": "a", "AUTOSCALER_DEMAND": "off"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.Equal(t, gang.AutoscalerDemandOff, cfg.AutoscalerDemand)
+			},
+		},
+		"autoscaler demand: an unknown value": {args: []string{"--namespace=a", "--autoscaler-demand=pods"},
+			wantErr: `--autoscaler-demand="pods": want capacitybuffers or off`},
 		"no namespace": {wantErr: "--namespace (env POD_NAMESPACE) is required"},
 		"renew after the lease": {args: []string{"--namespace=a", "--leader-elect-renew-deadline=20s"},
 			wantErr: "--leader-elect-renew-deadline (20s) must be shorter than --leader-elect-lease-duration (15s)"},

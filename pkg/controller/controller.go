@@ -87,6 +87,11 @@ type Config struct {
 	// order, for the per-pool device counts and demand (nil: the gang
 	// controller's defaults).
 	NodePoolLabels []string
+	// AutoscalerDemand: the gang controller publishes the demand of gangs
+	// and reservations waiting for devices as CapacityBuffers
+	// (gang.AutoscalerDemandCapacityBuffers, the default, where they are
+	// served) or not (gang.AutoscalerDemandOff).
+	AutoscalerDemand string
 	// Registry receives the metrics; nil: a new one.
 	Registry *prometheus.Registry
 }
@@ -392,7 +397,8 @@ func newGangController(cfg Config, client kubernetes.Interface, recorder events.
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
-		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path, NodePoolLabels: cfg.NodePoolLabels})
+		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path, NodePoolLabels: cfg.NodePoolLabels,
+		AutoscalerDemand: cfg.AutoscalerDemand})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

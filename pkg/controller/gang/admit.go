@@ -11,6 +11,7 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/allocator"
+	"github.com/gpudra/gpudra/pkg/controller/queue"
 )
 
 // A round decides first (plan: does the item fit now, in queue order) and
@@ -47,6 +48,15 @@ func (c *Controller) admit(ctx context.Context, batch []*admission, snap *snapsh
 	var writes []*admission
 	var plans []commitPlan
 	for _, a := range batch {
+		// The autoscaler's buffers for the item go first: once its
+		// allocation is written or its PodGroup made, its demand is real
+		// pods, and a buffer left would keep spare nodes for it. An item
+		// whose buffers could not all be deleted waits for the next round.
+		if err := c.autoscaler.takeBack(ctx, a.it); err != nil {
+			errs = append(errs, fmt.Errorf("admit %s: %w", a.it.Key, err))
+			c.kick()
+			continue
+		}
 		if c.handsOff(a.it) {
 			if why := c.handOffBlocked(a.it.gang); why != "" {
 				// Waits, with nothing written (its plan still counts as
@@ -140,6 +150,11 @@ func (c *Controller) admitted(ctx context.Context, a *admission, now time.Time) 
 // (admitted before, or all its claims allocated): on the gate path their
 // gates are lifted; on the Workload API path its PodGroup is made.
 func (c *Controller) admitGang(ctx context.Context, g *Gang) error {
+	// Whatever demand it had goes before it is handed over (admit).
+	if err := c.autoscaler.takeBack(ctx, &item{kind: KindGang, gang: g, Item: queue.Item{Key: KindGang + "/" + g.Key, Namespace: g.Namespace}}); err != nil {
+		c.kick()
+		return fmt.Errorf("hand over gang %s: %w", g.Key, err)
+	}
 	if c.opts.Path == PathWorkload {
 		if err := c.handOff(ctx, g, ""); err != nil {
 			return err

@@ -33,6 +33,9 @@
 //     allocated twice, half-written plans);
 //   - the Workload API hand-off: workload.go;
 //   - Grove's schema: grove.go;
+//   - autoscaler.go and autoscalerwrite.go: the demand of items waiting
+//     for devices, published for an autoscaler as CapacityBuffers, and
+//     taken back before an item is admitted;
 //   - recent.go (the controller's own writes the informers may not show
 //     yet), classcount.go and counters.go (per-class device counts, shared
 //     counters), metrics.go, transform.go (what the informers keep), off.go
@@ -51,6 +54,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -106,6 +110,13 @@ type Options struct {
 	// order, for the per-pool device counts and demand; nil:
 	// DefaultNodePoolLabels, empty: none (every device in pool "").
 	NodePoolLabels []string
+	// AutoscalerDemand publishes the demand of items waiting for devices
+	// for an autoscaler (autoscaler.go): AutoscalerDemandCapacityBuffers
+	// (default; where the API server serves them) or AutoscalerDemandOff.
+	AutoscalerDemand string
+	// Discovery tells whether CapacityBuffers are served; nil: the
+	// client's.
+	Discovery discovery.DiscoveryInterface
 }
 
 // Controller runs on the leader only.
@@ -167,6 +178,12 @@ type Controller struct {
 	queuedDemand map[demandKey]float64
 	deviceSeries map[[3]string]bool
 	demandSeries map[demandKey]bool
+	// autoscaler publishes the demand of items waiting for devices as
+	// CapacityBuffers (nil: off); needDevices are the round's items whose
+	// devices do not fit now and that nothing else holds back (round
+	// goroutine only).
+	autoscaler  *demandPublisher
+	needDevices []*item
 }
 
 // New returns a controller; Run starts it.
@@ -196,13 +213,25 @@ func New(opts Options) (*Controller, error) {
 	default:
 		return nil, fmt.Errorf("gang controller: path %q: want %s or %s", opts.Path, PathGates, PathWorkload)
 	}
+	switch opts.AutoscalerDemand {
+	case "":
+		opts.AutoscalerDemand = AutoscalerDemandCapacityBuffers
+	case AutoscalerDemandCapacityBuffers, AutoscalerDemandOff:
+	default:
+		return nil, fmt.Errorf("gang controller: autoscaler demand %q: want %s or %s", opts.AutoscalerDemand, AutoscalerDemandCapacityBuffers, AutoscalerDemandOff)
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
 	}
+	var autoscaler *demandPublisher
+	if opts.AutoscalerDemand == AutoscalerDemandCapacityBuffers {
+		autoscaler = newDemandPublisher(opts, m)
+	}
 	celCache := cel.NewCache(100, cel.Features{})
 	return &Controller{
-		opts: opts, metrics: m,
+		autoscaler: autoscaler,
+		opts:       opts, metrics: m,
 		committer:  &committer{client: opts.Client, settle: opts.FenceSettle},
 		conditions: newConditionWriter(opts.Client),
 		cel:        celCache,

@@ -28,6 +28,10 @@ type metrics struct {
 	waitingDemand     *prometheus.GaugeVec
 	unsatisfiable     *prometheus.GaugeVec
 	demand            *prometheus.GaugeVec
+	// Autoscaler demand (autoscalerwrite.go).
+	demandBuffers           prometheus.Gauge
+	demandWriteFailures     *prometheus.CounterVec
+	demandDiscoveryFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -86,6 +90,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		unsatisfiable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpudra_queue_unsatisfiable", Help: "Waiting reservations and gangs that would not fit even on an empty cluster, by queue.",
 		}, []string{"queue"}),
+		demandBuffers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpudra_autoscaler_demand_buffers",
+			Help: "CapacityBuffers published for an autoscaler: one per pod of each gang, or claim of each reservation, that waits because its devices do not fit now.",
+		}),
+		demandWriteFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpudra_autoscaler_demand_write_failures_total",
+			Help: "Failed writes of autoscaler demand objects (CapacityBuffers, their PodTemplates and demand claims), by operation: create or delete.",
+		}, []string{"operation"}),
+		demandDiscoveryFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpudra_autoscaler_demand_discovery_failures_total",
+			Help: "API discovery calls that could not tell whether CapacityBuffers are served (the last answer was kept).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -109,6 +125,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.waitingDemand = register(reg, m.waitingDemand, &errs)
 	m.unsatisfiable = register(reg, m.unsatisfiable, &errs)
 	m.demand = register(reg, m.demand, &errs)
+	m.demandBuffers = register(reg, m.demandBuffers, &errs)
+	m.demandWriteFailures = register(reg, m.demandWriteFailures, &errs)
+	m.demandDiscoveryFailures = register(reg, m.demandDiscoveryFailures, &errs)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("register gang controller metrics: %w", err)
 	}

@@ -164,11 +164,12 @@ func (c *Controller) plan(ctx context.Context, it *item, snap *snapshot) (outcom
 	var nf *allocator.NotFitError
 	switch {
 	case errors.As(err, &nf):
-		// Would it fit on an empty cluster? If not, waiting cannot help.
-		if msg := c.unsatisfiable(ctx, it, snap); msg != "" {
-			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: msg}, nil, nil
+		// Would it fit on an empty cluster? If not, waiting cannot help,
+		// but more nodes can where the empty cluster lacked devices.
+		if v := c.verdict(ctx, it, snap); v.message != "" {
+			return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: v.message, needsDevices: v.short}, nil, nil
 		}
-		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err)}, nil, nil
+		return outcome{reason: gpudrav1.ReasonWaitingForDevices, message: fmt.Sprintf("waiting for %d free devices: %v", it.Devices, err), needsDevices: true}, nil, nil
 	case err != nil:
 		return outcome{reason: gpudrav1.ReasonUnsatisfiable, message: err.Error()}, nil, fmt.Errorf("plan %s: %w", it.Key, err)
 	}

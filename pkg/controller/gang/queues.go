@@ -53,6 +53,12 @@ type item struct {
 type outcome struct {
 	reason, message string
 	position        int
+	// needsDevices: the item waits because its devices do not fit in the
+	// cluster now, and more nodes could give them (Unsatisfiable for lack
+	// of devices included: a pool scaled to zero has none). Its demand is
+	// published for an autoscaler (autoscaler.go). Queue order, a plan
+	// error or a policy (mixed priorities) is not such a wait.
+	needsDevices bool
 }
 
 // planQueues orders each queue's items by its policy and plans them in
@@ -71,6 +77,7 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 	queued := map[demandKey]float64{}
 	var errs []error
 	var batch []*admission
+	c.needDevices = nil
 	for _, name := range sortedKeys(byQueue) {
 		policy := queue.PolicyFor(c.queue(name))
 		keyed := map[string]*item{}
@@ -100,6 +107,9 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 				}
 				if adm != nil {
 					batch = append(batch, adm)
+				}
+				if out.needsDevices {
+					c.needDevices = append(c.needDevices, it)
 				}
 				switch out.reason {
 				case gpudrav1.ReasonAllocated:
@@ -135,6 +145,13 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 // cluster's devices, so it is kept until the slices, classes or nodes
 // change: waiting items are asked every round.
 func (c *Controller) unsatisfiable(ctx context.Context, it *item, snap *snapshot) string {
+	return c.verdict(ctx, it, snap).message
+}
+
+// verdict is unsatisfiable's answer, with whether more devices could
+// help: the empty cluster lacked devices (a NotFitError), not one NVLink
+// domain for them or a valid request.
+func (c *Controller) verdict(ctx context.Context, it *item, snap *snapshot) verdict {
 	fp := snap.fingerprint()
 	c.mu.Lock()
 	v, ok := c.verdicts[it.Key]
@@ -142,25 +159,28 @@ func (c *Controller) unsatisfiable(ctx context.Context, it *item, snap *snapshot
 	// Kept a minute at most: a gang made again under its name with other
 	// node selectors asks for the same number of devices.
 	if ok && v.fingerprint == fp && v.devices == it.Devices && c.opts.Now().Sub(v.seen) < time.Minute {
-		return v.message
+		return v
 	}
 	var msg string
 	empty, err := allocator.Plan(ctx, snap.input(c.opts.Strategy, it.claims, it.groups, true))
+	var nf *allocator.NotFitError
+	short := errors.As(err, &nf)
 	switch {
 	case err != nil:
 		msg = fmt.Sprintf("%d devices cannot be allocated even on an empty cluster: %v", it.Devices, err)
 	case it.sameDomain && len(empty.NVLinkDomains) > 1:
 		msg = fmt.Sprintf("%d devices do not fit in one NVLink domain even on an empty cluster", it.Devices)
 	}
+	v = verdict{fingerprint: fp, devices: it.Devices, message: msg, short: short, seen: c.opts.Now()}
 	c.mu.Lock()
-	c.verdicts[it.Key] = verdict{fingerprint: fp, devices: it.Devices, message: msg, seen: c.opts.Now()}
-	for k, v := range c.verdicts {
-		if c.opts.Now().Sub(v.seen) > time.Minute {
+	c.verdicts[it.Key] = v
+	for k, old := range c.verdicts {
+		if c.opts.Now().Sub(old.seen) > time.Minute {
 			delete(c.verdicts, k)
 		}
 	}
 	c.mu.Unlock()
-	return msg
+	return v
 }
 
 // verdict is a remembered answer of unsatisfiable.
@@ -168,7 +188,9 @@ type verdict struct {
 	fingerprint uint64
 	devices     int64
 	message     string
-	seen        time.Time
+	// short: the empty cluster lacked devices (more nodes could help).
+	short bool
+	seen  time.Time
 }
 
 // requestClasses are the device classes a claim asks for.

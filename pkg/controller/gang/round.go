@@ -58,6 +58,7 @@ func (c *Controller) round(ctx context.Context) error {
 	errs = append(errs, gerrs...)
 
 	errs = append(errs, c.planQueues(ctx, items, snap, heldByNamespace, now))
+	errs = append(errs, c.publishDemand(ctx))
 	if c.opts.Path == PathWorkload {
 		c.checkHandedOff(ctx)
 	}
@@ -68,6 +69,16 @@ func (c *Controller) round(ctx context.Context) error {
 	c.lastRound = now
 	c.idle.Store(!busy && len(items) == 0 && c.settled(now))
 	return errors.Join(errs...)
+}
+
+// publishDemand publishes, for an autoscaler, the demand of the items that
+// wait for devices this round, and takes back the rest (autoscaler.go).
+func (c *Controller) publishDemand(ctx context.Context) error {
+	if c.autoscaler == nil {
+		return nil
+	}
+	wanted, errs := wantedDemand(c.needDevices, c.template)
+	return errors.Join(append(errs, c.autoscaler.publish(ctx, wanted))...)
 }
 
 // idleResync is how often an idle controller runs a round anyway.
