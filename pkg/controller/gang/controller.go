@@ -106,6 +106,9 @@ type Options struct {
 	// order, for the per-pool device counts and demand; nil:
 	// DefaultNodePoolLabels, empty: none (every device in pool "").
 	NodePoolLabels []string
+	// HandedOff, when set, is called after a gang is handed to
+	// kube-scheduler (HandedClaims changed), off the controller's lock.
+	HandedOff func()
 }
 
 // Controller runs on the leader only.
