@@ -35,7 +35,7 @@ type options struct {
 	webhookSecret, webhookConfig, webhookService                        string
 	webhookDNSNames, nodePoolLabels                                     []string
 	webhookIPs                                                          []net.IP
-	manageCerts, gangs                                                  bool
+	manageCerts, gangs, protectNodes                                    bool
 	gangStrategy, gangMode, autoscalerDemand                            string
 	fenceSettle                                                         time.Duration
 	qps                                                                 float64
@@ -90,6 +90,8 @@ func addFlags(fs *pflag.FlagSet) *options {
 	env("fence-settle", "FENCE_SETTLE")
 	fs.StringSliceVar(&o.nodePoolLabels, "node-pool-labels", gang.DefaultNodePoolLabels, "node label keys naming a node's pool, tried in order, for gpudra_class_devices' and gpudra_class_demand_devices' node_pool (a node with none of them: \"\"); empty: no pools")
 	env("node-pool-labels", "NODE_POOL_LABELS")
+	fs.BoolVar(&o.protectNodes, "protect-nodes-from-autoscalers", true, "annotate nodes that hold gpudra devices in use (allocated claims, held reservations, gangs being admitted) with karpenter.sh/do-not-disrupt and cluster-autoscaler.kubernetes.io/scale-down-disabled, and remove them once the node holds nothing; false: remove the ones gpudra set")
+	env("protect-nodes-from-autoscalers", "PROTECT_NODES_FROM_AUTOSCALERS")
 	fs.Float64Var(&o.qps, "kube-api-qps", 20, "API client QPS (kube-controller-manager's default)")
 	env("kube-api-qps", "KUBE_API_QPS")
 	fs.IntVar(&o.burst, "kube-api-burst", 30, "API client burst")
@@ -139,7 +141,7 @@ func (o *options) config() (controller.Config, error) {
 		WebhookConfiguration: o.webhookConfig, ManageCertificates: o.manageCerts,
 		WebhookDNSNames: dns, WebhookIPs: o.webhookIPs, GrovePendingGrace: o.grovePendingGrace,
 		Gangs: o.gangs, GangMode: o.gangMode, GangStrategy: allocator.Strategy(o.gangStrategy), FenceSettle: o.fenceSettle,
-		NodePoolLabels: nodePoolLabels(o.nodePoolLabels), AutoscalerDemand: o.autoscalerDemand}, nil
+		NodePoolLabels: nodePoolLabels(o.nodePoolLabels), AutoscalerDemand: o.autoscalerDemand, ProtectNodes: o.protectNodes}, nil
 }
 
 // nodePoolLabels drops empty keys: --node-pool-labels= (an empty list) is

@@ -72,6 +72,20 @@ func TestOptions(t *testing.T) {
 		},
 		"autoscaler demand: an unknown value": {args: []string{"--namespace=a", "--autoscaler-demand=pods"},
 			wantErr: `--autoscaler-demand="pods": want capacitybuffers or off`},
+		"nodes protected from autoscalers by default": {args: []string{"--namespace=a"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.True(t, cfg.ProtectNodes)
+			},
+		},
+		"nodes not protected, from the chart's environment": {env: map[string]string{"POD_NAMESPACE": "a", "PROTECT_NODES_FROM_AUTOSCALERS": "false"},
+			check: func(t *testing.T, o *options) {
+				cfg, err := o.config()
+				require.NoError(t, err)
+				assert.False(t, cfg.ProtectNodes)
+			},
+		},
 		"no namespace": {wantErr: "--namespace (env POD_NAMESPACE) is required"},
 		"renew after the lease": {args: []string{"--namespace=a", "--leader-elect-renew-deadline=20s"},
 			wantErr: "--leader-elect-renew-deadline (20s) must be shorter than --leader-elect-lease-duration (15s)"},

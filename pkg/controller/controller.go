@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
@@ -92,6 +93,14 @@ type Config struct {
 	// (gang.AutoscalerDemandCapacityBuffers, the default, where they are
 	// served) or not (gang.AutoscalerDemandOff).
 	AutoscalerDemand string
+	// ProtectNodes: the leader keeps autoscalers (Karpenter, Cluster
+	// Autoscaler) off nodes that hold gpudra devices in use, with node
+	// annotations (pkg/controller/nodehold). Off, it removes the marks it
+	// set before, once.
+	ProtectNodes bool
+	// Metadata, when set, is used instead of a metadata client made from
+	// RESTConfig (nodes, metadata only).
+	Metadata metadata.Interface
 	// Registry receives the metrics; nil: a new one.
 	Registry *prometheus.Registry
 }
@@ -267,9 +276,13 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 			cancel(fmt.Errorf("grove controller: %w", err))
 		}
 	})
+	plans := &gangPlans{}
+	if err := startNodeHold(ctx, &wg, cfg, client, plans, cancel); err != nil {
+		return err
+	}
 	if paths != nil {
 		wg.StartWithContext(ctx, func(ctx context.Context) {
-			if err := runGangs(ctx, cfg, client, recorder, paths); err != nil {
+			if err := runGangs(ctx, cfg, client, recorder, paths, plans); err != nil {
 				cancel(fmt.Errorf("gang controller: %w", err))
 			}
 		})
@@ -303,7 +316,7 @@ func runLeader(ctx context.Context, cfg Config, client kubernetes.Interface, rec
 // handing gangs over the path's way; with gangs off, a
 // release of every pod a stale view gated (now, and once more after every
 // replica has asked discovery again).
-func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, paths *gangPathWatcher) error {
+func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, recorder events.EventRecorder, paths *gangPathWatcher, plans *gangPlans) error {
 	logger := klog.FromContext(ctx)
 	for ctx.Err() == nil {
 		p, changed := paths.current()
@@ -316,10 +329,11 @@ func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, reco
 			case <-ctx.Done():
 			}
 		case GangPathGates, GangPathWorkload:
-			gc, err := newGangController(cfg, client, recorder, p)
+			gc, err := newGangController(cfg, client, recorder, p, plans.kick)
 			if err != nil {
 				return err
 			}
+			plans.set(gc)
 			sub, stop := context.WithCancel(ctx)
 			if p.Path == GangPathWorkload {
 				// Pods gated on the gate path before (or by a replica
@@ -345,6 +359,7 @@ func runGangs(ctx context.Context, cfg Config, client kubernetes.Interface, reco
 			}()
 			err = gc.Run(sub)
 			stop()
+			plans.set(nil)
 			// Stopped for a new path (caches that had not synced yet say
 			// so as an error): go on with that path.
 			if err != nil && ctx.Err() == nil && !isClosed(changed) {
@@ -388,7 +403,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // newGangController returns the gang and reservation controller.
-func newGangController(cfg Config, client kubernetes.Interface, recorder events.EventRecorder, p gangPath) (*gang.Controller, error) {
+func newGangController(cfg Config, client kubernetes.Interface, recorder events.EventRecorder, p gangPath, handedOff func()) (*gang.Controller, error) {
 	if cfg.RESTConfig == nil {
 		return nil, errors.New("gang and reservation controller: it needs a REST configuration for its dynamic client")
 	}
@@ -398,7 +413,7 @@ func newGangController(cfg Config, client kubernetes.Interface, recorder events.
 	}
 	return gang.New(gang.Options{Client: client, Dynamic: dyn, Recorder: recorder, Registerer: cfg.Registry,
 		Strategy: cfg.GangStrategy, FenceSettle: cfg.FenceSettle, Grove: p.Grove, Path: p.Path, NodePoolLabels: cfg.NodePoolLabels,
-		AutoscalerDemand: cfg.AutoscalerDemand})
+		AutoscalerDemand: cfg.AutoscalerDemand, HandedOff: handedOff})
 }
 
 // health serves /healthz (the process and, on the leader, its lease) and

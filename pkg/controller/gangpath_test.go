@@ -200,7 +200,7 @@ func TestUndecidedGangPathReleasesNothing(t *testing.T) {
 	require.Equal(t, "", p.Path, "nothing decided")
 	run, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	require.NoError(t, runGangs(run, Config{}, client, nil, w))
+	require.NoError(t, runGangs(run, Config{}, client, nil, w, &gangPlans{}))
 	got, err := client.CoreV1().Pods("team-a").Get(ctx, "worker-0", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Len(t, got.Spec.SchedulingGates, 1, "the gate stays")

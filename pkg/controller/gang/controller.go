@@ -117,6 +117,9 @@ type Options struct {
 	// Discovery tells whether CapacityBuffers are served; nil: the
 	// client's.
 	Discovery discovery.DiscoveryInterface
+	// HandedOff, when set, is called after a gang is handed to
+	// kube-scheduler (HandedClaims changed), off the controller's lock.
+	HandedOff func()
 }
 
 // Controller runs on the leader only.

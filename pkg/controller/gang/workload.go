@@ -436,8 +436,30 @@ func (c *Controller) rememberHanded(key string, g *Gang, result allocator.Result
 		h.claims = append(h.claims, cl)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.handed[key] = h
+	c.mu.Unlock()
+	if c.opts.HandedOff != nil {
+		c.opts.HandedOff()
+	}
+}
+
+// HandedClaims are the claims of the gangs handed to kube-scheduler whose
+// pods are not all bound yet (within handedTTL), each with the allocation
+// the controller planned: on the Workload API path, a gang being admitted
+// holds no allocated claim until kube-scheduler writes them, and these say
+// on which nodes it is expected. Safe to call from any goroutine; the
+// claims are the controller's own: read only.
+func (c *Controller) HandedClaims() []*resourceapi.ResourceClaim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Now()
+	var out []*resourceapi.ResourceClaim
+	for _, h := range c.handed {
+		if now.Sub(h.at) <= handedTTL {
+			out = append(out, h.claims...)
+		}
+	}
+	return out
 }
 
 // handedClaims are the planned claims of handed-off gangs whose pods are
