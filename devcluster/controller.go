@@ -200,7 +200,7 @@ func (c *Cluster) StartController(name string) (*Controller, error) {
 			LeaseName: ControllerLease, LeaseDuration: ControllerLeaseDuration, RenewDeadline: controllerRenewDeadline, RetryPeriod: controllerRetryPeriod,
 			WebhookListener: l, WebhookSecret: WebhookSecret, WebhookConfiguration: WebhookConfigurationName, ManageCertificates: true,
 			WebhookIPs: []net.IP{net.ParseIP("127.0.0.1")}, CertReloadPeriod: time.Second, GrovePendingGrace: GrovePendingGrace,
-			Gangs: true, GangMode: gangMode, FenceSettle: FenceSettle})
+			Gangs: true, GangMode: gangMode, FenceSettle: FenceSettle, ProtectNodes: true})
 	}()
 	go func() {
 		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {

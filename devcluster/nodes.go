@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
+	"github.com/gpudra/gpudra/devcluster/cloudapi"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/podnetwork"
 )
@@ -116,8 +117,11 @@ func (h nodeHost) RunPluginPod(ctx context.Context, n *nodeagent.Node) error {
 }
 
 func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptions) error {
+	// A zone and a region, as every cloud's node has: the API server
+	// copies them onto the pods created there (PodTopologyLabelsAdmission),
+	// MPS server pods included (docs/security.md).
 	labels := map[string]string{"kubernetes.io/hostname": opts.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-		"gpu.gpudra.dev/present": "true"}
+		"gpu.gpudra.dev/present": "true", v1.LabelTopologyZone: cloudapi.Zone, v1.LabelTopologyRegion: cloudapi.Region}
 	if opts.Mode == nodeagent.ModeDevicePlugin {
 		labels[nodeagent.DevicePluginModeLabel] = nodeagent.ModeDevicePlugin
 	}

@@ -26,8 +26,12 @@ const (
 	MachinesPath      = "/v1/machines"
 )
 
-// Zone is the one zone devcluster's cloud has.
-const Zone = "devcluster-a"
+// Zone and Region are the one zone and region of devcluster's cloud, and
+// of every devcluster node.
+const (
+	Zone   = "devcluster-a"
+	Region = "devcluster"
+)
 
 // Configuration is how a machine's GPUs are set up at boot: MIG mode, the
 // plugin's MIG publishing policy, fractional sharing. It is what a
