@@ -166,10 +166,15 @@ type Templates struct {
 }
 
 // TemplatesOf are the slices of Slices as an autoscaler's templates: no
-// node name, and none of NodeSpecificAttributes. migDevices is the policy
+// node name, and none of NodeSpecificAttributes. The pool is named after
+// the type, as if a node were: one type's devices are never another's.
+// Karpenter v1.15 caches a device's selector match by driver, pool and
+// device name, not by type: with one pool name for every type, the first
+// type's answer ("gpu-0 has 80 GB") was every type's, and a claim for an
+// H200's memory never fit the H200 type (docs/autoscaling.md). migDevices is the policy
 // as the plugin's flag spells it.
 func TemplatesOf(ctx context.Context, t Type, migMode bool, migDevices string, opts slicebuilder.Options) (Templates, error) {
-	objs, err := Slices(ctx, t, migMode, templateNode, opts)
+	objs, err := Slices(ctx, t, migMode, t.Name, opts)
 	if err != nil {
 		return Templates{}, err
 	}
@@ -187,9 +192,6 @@ func TemplatesOf(ctx context.Context, t Type, migMode bool, migDevices string, o
 	return out, nil
 }
 
-// templateNode names the node (and so the pool) of a template: a template
-// stands for every node of its type.
-const templateNode = "template"
 
 // Names are the names of the known types, sorted.
 func Names() []string {

@@ -2,9 +2,12 @@ package karpenter_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,7 +58,16 @@ func waitRunning(t *testing.T, ns, name string, timeout time.Duration) *v1.Pod {
 		pod = p
 		return p.Status.Phase == v1.PodRunning, nil
 	})
-	require.NoError(t, err, "pod %s/%s not running: %s\nNodeClaims: %s\nKarpenter's log:\n%s", ns, name, describe(pod), nodeClaimsSummary(t), karpenter.LogTail(6000))
+	if err != nil {
+		claims, _ := cluster.Client.ResourceV1().ResourceClaims(ns).List(context.Background(), metav1.ListOptions{})
+		var specs []string
+		for _, c := range claims.Items {
+			b, _ := json.Marshal(c.Spec)
+			specs = append(specs, c.Name+": "+string(b))
+		}
+		t.Fatalf("pod %s/%s not running: %s\nIts claims: %s\nNodeClaims: %s\nKarpenter's log:\n%s", ns, name, describe(pod),
+			strings.Join(specs, "; "), nodeClaimsSummary(t), karpenter.LogTail(6000))
+	}
 	return pod
 }
 
@@ -137,4 +149,65 @@ func waitNodeGone(t *testing.T, node string, timeout time.Duration) {
 		return cluster.Node(node) == nil, nil
 	})
 	require.NoError(t, err, "node %s still there; NodeClaims: %s\nKarpenter's log:\n%s", node, nodeClaimsSummary(t), karpenter.LogTail(4000))
+}
+
+// boughtTypes records the instance type of every NodeClaim Karpenter makes
+// from now until the test ends (its return value reads them), however
+// short-lived.
+func boughtTypes(t *testing.T) func() map[string]string {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]string{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			list, err := dyn(t).Resource(autoscaler.NodeClaims).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, nil
+			}
+			mu.Lock()
+			for _, nc := range list.Items {
+				if typ := nc.GetLabels()[v1.LabelInstanceTypeStable]; typ != "" {
+					seen[nc.GetName()] = typ
+				}
+			}
+			mu.Unlock()
+			return false, nil
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return func() map[string]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
+	}
+}
+
+// cleanUp deletes the namespace's pods, then every NodeClaim made since
+// before, and waits for their nodes to go.
+func cleanUp(t *testing.T, ns string, before map[string]bool) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, cluster.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}, metav1.ListOptions{}))
+	for _, nc := range nodeClaims(t) {
+		if before[nc.GetName()] {
+			continue
+		}
+		node, _, _ := unstructured.NestedString(nc.Object, "status", "nodeName")
+		if node == "" {
+			node = nc.GetName()
+		}
+		deleteNodeClaim(t, nc.GetName(), node)
+	}
+}
+
+// nodeClaimNames are the NodeClaims now, by name.
+func nodeClaimNames(t *testing.T) map[string]bool {
+	out := map[string]bool{}
+	for _, nc := range nodeClaims(t) {
+		out[nc.GetName()] = true
+	}
+	return out
 }

@@ -81,7 +81,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer karpenter.Stop()
-	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "autoscaling")); err != nil {
+	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "autoscaling", "nodeclasses.yaml"), filepath.Join(examples, "autoscaling", "nodepools.yaml")); err != nil {
 		fmt.Fprintln(os.Stderr, "examples/autoscaling:", err)
 		return 1
 	}

@@ -120,6 +120,16 @@ func gangDemand(g *Gang, template func(namespace, name string) *resourceapi.Reso
 		spec := p.Spec.DeepCopy()
 		spec.SchedulingGates, spec.NodeName, spec.SchedulingGroup, spec.Priority = nil, "", nil, nil
 		spec.EphemeralContainers = nil
+		// The informers keep a pod's containers' names and resources only
+		// (dropUnread): what sizes and places the virtual pod. A template
+		// must name an image; the virtual pod never runs it.
+		for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+			for i := range cs {
+				if cs[i].Image == "" {
+					cs[i].Image = demandPauseImage
+				}
+			}
+		}
 		made := map[string]*string{}
 		for _, st := range p.Status.ResourceClaimStatuses {
 			made[st.Name] = st.ResourceClaimName

@@ -172,6 +172,10 @@ func busyGPUs() *resourceapi.ResourceClaim {
 func TestWaitingGangPublishesOneBufferPerPod(t *testing.T) {
 	a := withUID(fromTemplate(plain("a", "train", "2"), ptr.To("a-gpu-x7")))
 	a.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox"}}}
+	a.Spec.Containers = []corev1.Container{{Name: "worker", Image: "cuda:12.8"}}
+	slim, err := dropUnread(a) // as the pod informer keeps it
+	require.NoError(t, err)
+	a = slim.(*corev1.Pod)
 	b := withUID(plain("b", "train", "2", "cb"))
 	h := newRoundHarness(t, a, b, oneGPUClaim("a-gpu-x7"), oneGPUClaim("cb"), busyGPUs())
 	h.addTwoGPUNode(t)
@@ -192,6 +196,10 @@ func TestWaitingGangPublishesOneBufferPerPod(t *testing.T) {
 	ta := d.template(t, "gpudra-demand-pod-a")
 	assert.Empty(t, ta.Template.Spec.SchedulingGates)
 	assert.Empty(t, ta.Template.Spec.EphemeralContainers, "a PodTemplate may have none")
+	require.NotEmpty(t, ta.Template.Spec.Containers)
+	for _, c := range ta.Template.Spec.Containers {
+		assert.NotEmpty(t, c.Image, "the API refuses a PodTemplate's container without an image (the informer's pods have none: dropUnread)")
+	}
 	assert.Equal(t, []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("a-gpu-x7")}}, ta.Template.Spec.ResourceClaims,
 		"the claim made from the template, by name: a virtual pod has no status")
 	assert.Equal(t, a.Labels, ta.Template.Labels)
