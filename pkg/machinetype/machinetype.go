@@ -192,7 +192,6 @@ func TemplatesOf(ctx context.Context, t Type, migMode bool, migDevices string, o
 	return out, nil
 }
 
-
 // Names are the names of the known types, sorted.
 func Names() []string {
 	var out []string
