@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/devcluster/autoscaler"
 )
@@ -210,4 +211,131 @@ func nodeClaimNames(t *testing.T) map[string]bool {
 		out[nc.GetName()] = true
 	}
 	return out
+}
+
+// timeline is when each step of a scale-up was first seen, polling the API
+// every 50 ms: the pods' creation, the first new NodeClaim, its Node, the
+// node's first ResourceSlice, the pods bound, the pods running.
+type timeline struct {
+	mu                                     sync.Mutex
+	start, nodeClaim, node, slice, running time.Time
+	bound                                  time.Time
+	// nodes and slices are first-seen times per new node.
+	nodes, slices map[string]time.Time
+}
+
+// watchScaleUp starts watching; call it just before creating the pods.
+func watchScaleUp(t *testing.T, ns string, pods []string) *timeline {
+	t.Helper()
+	before := nodeClaimNames(t)
+	tl := &timeline{start: time.Now(), nodes: map[string]time.Time{}, slices: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			now := time.Now()
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			if tl.nodeClaim.IsZero() {
+				if list, err := dyn(t).Resource(autoscaler.NodeClaims).List(ctx, metav1.ListOptions{}); err == nil {
+					for _, nc := range list.Items {
+						if !before[nc.GetName()] {
+							tl.nodeClaim = now
+						}
+					}
+				}
+			}
+			if nodes, err := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+				for _, n := range nodes.Items {
+					if _, seen := tl.nodes[n.Name]; !seen && !tl.nodeClaim.IsZero() && n.CreationTimestamp.After(tl.start.Add(-time.Second)) {
+						tl.nodes[n.Name] = now
+					}
+				}
+			}
+			if slices, err := cluster.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{}); err == nil {
+				for _, s := range slices.Items {
+					if n := ptr.Deref(s.Spec.NodeName, ""); n != "" {
+						if _, ours := tl.nodes[n]; ours {
+							if _, seen := tl.slices[n]; !seen {
+								tl.slices[n] = now
+							}
+						}
+					}
+				}
+			}
+			bound, running := 0, 0
+			for _, name := range pods {
+				p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					continue
+				}
+				if p.Spec.NodeName != "" {
+					bound++
+				}
+				if p.Status.Phase == v1.PodRunning {
+					running++
+				}
+			}
+			if bound == len(pods) && tl.bound.IsZero() {
+				tl.bound = now
+			}
+			if running == len(pods) && tl.running.IsZero() {
+				tl.running = now
+				return true, nil
+			}
+			return false, nil
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return tl
+}
+
+// split is the scale-up's steps, each from the end of the one before:
+// Karpenter's decision (pods created to NodeClaim), the machines' start
+// (to the last new Node), the plugin's first slice (to the last new node's
+// first ResourceSlice), Karpenter's initialization and the scheduler (to
+// all pods bound), the pods' prepare and start (to all running).
+func (tl *timeline) split(t *testing.T) string {
+	t.Helper()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	require.False(t, tl.running.IsZero(), "the pods ran")
+	last := func(m map[string]time.Time) time.Time {
+		var out time.Time
+		for _, v := range m {
+			if v.After(out) {
+				out = v
+			}
+		}
+		return out
+	}
+	tl.node, tl.slice = last(tl.nodes), last(tl.slices)
+	steps := []struct {
+		name     string
+		from, to time.Time
+	}{
+		{"Karpenter's decision", tl.start, tl.nodeClaim},
+		{"machine start (Node object)", tl.nodeClaim, tl.node},
+		{"plugin's first slice", tl.node, tl.slice},
+		{"initialization and binding", tl.slice, tl.bound},
+		{"prepare and start", tl.bound, tl.running},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pending to running %v, %d machine(s):", tl.running.Sub(tl.start).Round(10*time.Millisecond), len(tl.nodes))
+	for _, s := range steps {
+		fmt.Fprintf(&b, " %s %v;", s.name, s.to.Sub(s.from).Round(10*time.Millisecond))
+	}
+	return b.String()
+}
+
+// waitTimeline waits until the timeline saw the pods run.
+func waitTimeline(t *testing.T, tl *timeline) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		tl.mu.Lock()
+		defer tl.mu.Unlock()
+		return !tl.running.IsZero(), nil
+	})
+	require.NoError(t, err)
 }
