@@ -66,6 +66,8 @@ test: export GPUDRA_REQUIRE_BROWSER := 1
 # build under make test; elsewhere make test-e2e REAL_NODE_IMAGE=<absolute
 # path>, else its plugin test skips).
 test: export GPUDRA_REQUIRE_REAL_NODE := 1
+# ... and Karpenter's (devcluster/e2e/karpenter) without make karpenter's binary.
+test: export GPUDRA_REQUIRE_KARPENTER := 1
 REAL_NODE_IMAGE ?=
 test: REAL_NODE_IMAGE = $$(ls $(abspath $(BIN))/image-check-a/gpudra-*-$(GOHOSTARCH).tar | head -1)
 

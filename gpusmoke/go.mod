@@ -28,6 +28,7 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/google/cadvisor/lib v0.60.5 // indirect
 	github.com/google/go-containerregistry v0.22.1 // indirect
+	github.com/gpudra/gpudra/devcluster/cloudapi v0.0.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/moby/sys/devices v0.1.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
