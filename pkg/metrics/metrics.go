@@ -109,3 +109,20 @@ func ServeTLS(ctx context.Context, addr string, h http.Handler, tlsConfig *tls.C
 	}
 	return nil
 }
+
+// RegisterOrReuse registers c with reg, or returns the collector of the same
+// description registered before (a controller made again in the same
+// process, as a new leader's is); any other failure is appended to errs.
+func RegisterOrReuse[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing
+		}
+	}
+	if err != nil {
+		*errs = append(*errs, err)
+	}
+	return c
+}

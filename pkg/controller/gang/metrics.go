@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	gpumetrics "github.com/gpudra/gpudra/pkg/metrics"
 )
 
 // metrics of the gang and reservation controller. Gauges are set from each
@@ -109,42 +111,27 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// The leader starts a new controller when the gang path changes: the
 	// second one takes the collectors the first registered.
 	var errs []error
-	m.queueLength = register(reg, m.queueLength, &errs)
-	m.queueDevices = register(reg, m.queueDevices, &errs)
-	m.waitSeconds = register(reg, m.waitSeconds, &errs)
-	m.held = register(reg, m.held, &errs)
-	m.consumed = register(reg, m.consumed, &errs)
-	m.expired = register(reg, m.expired, &errs)
-	m.admitted = register(reg, m.admitted, &errs)
-	m.conflicts = register(reg, m.conflicts, &errs)
-	m.doubles = register(reg, m.doubles, &errs)
-	m.handOffsNotPlaced = register(reg, m.handOffsNotPlaced, &errs)
-	m.planSeconds = register(reg, m.planSeconds, &errs)
-	m.roundSeconds = register(reg, m.roundSeconds, &errs)
-	m.devices = register(reg, m.devices, &errs)
-	m.waitingDemand = register(reg, m.waitingDemand, &errs)
-	m.unsatisfiable = register(reg, m.unsatisfiable, &errs)
-	m.demand = register(reg, m.demand, &errs)
-	m.demandBuffers = register(reg, m.demandBuffers, &errs)
-	m.demandWriteFailures = register(reg, m.demandWriteFailures, &errs)
-	m.demandDiscoveryFailures = register(reg, m.demandDiscoveryFailures, &errs)
+	m.queueLength = gpumetrics.RegisterOrReuse(reg, m.queueLength, &errs)
+	m.queueDevices = gpumetrics.RegisterOrReuse(reg, m.queueDevices, &errs)
+	m.waitSeconds = gpumetrics.RegisterOrReuse(reg, m.waitSeconds, &errs)
+	m.held = gpumetrics.RegisterOrReuse(reg, m.held, &errs)
+	m.consumed = gpumetrics.RegisterOrReuse(reg, m.consumed, &errs)
+	m.expired = gpumetrics.RegisterOrReuse(reg, m.expired, &errs)
+	m.admitted = gpumetrics.RegisterOrReuse(reg, m.admitted, &errs)
+	m.conflicts = gpumetrics.RegisterOrReuse(reg, m.conflicts, &errs)
+	m.doubles = gpumetrics.RegisterOrReuse(reg, m.doubles, &errs)
+	m.handOffsNotPlaced = gpumetrics.RegisterOrReuse(reg, m.handOffsNotPlaced, &errs)
+	m.planSeconds = gpumetrics.RegisterOrReuse(reg, m.planSeconds, &errs)
+	m.roundSeconds = gpumetrics.RegisterOrReuse(reg, m.roundSeconds, &errs)
+	m.devices = gpumetrics.RegisterOrReuse(reg, m.devices, &errs)
+	m.waitingDemand = gpumetrics.RegisterOrReuse(reg, m.waitingDemand, &errs)
+	m.unsatisfiable = gpumetrics.RegisterOrReuse(reg, m.unsatisfiable, &errs)
+	m.demand = gpumetrics.RegisterOrReuse(reg, m.demand, &errs)
+	m.demandBuffers = gpumetrics.RegisterOrReuse(reg, m.demandBuffers, &errs)
+	m.demandWriteFailures = gpumetrics.RegisterOrReuse(reg, m.demandWriteFailures, &errs)
+	m.demandDiscoveryFailures = gpumetrics.RegisterOrReuse(reg, m.demandDiscoveryFailures, &errs)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("register gang controller metrics: %w", err)
 	}
 	return m, nil
-}
-
-// register registers c, or returns the same collector registered before.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing
-		}
-	}
-	if err != nil {
-		*errs = append(*errs, err)
-	}
-	return c
 }

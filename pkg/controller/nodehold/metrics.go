@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	gpumetrics "github.com/gpudra/gpudra/pkg/metrics"
 )
 
 type metrics struct {
@@ -32,26 +34,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	m.writes = register(reg, m.writes, &errs)
-	m.held = register(reg, m.held, &errs)
+	m.writes = gpumetrics.RegisterOrReuse(reg, m.writes, &errs)
+	m.held = gpumetrics.RegisterOrReuse(reg, m.held, &errs)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("node hold controller: metrics: %w", err)
 	}
 	return m, nil
-}
-
-// register registers c, or returns the same collector registered before
-// (a controller made again in the same process).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T, errs *[]error) T {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing
-		}
-	}
-	if err != nil {
-		*errs = append(*errs, err)
-	}
-	return c
 }
