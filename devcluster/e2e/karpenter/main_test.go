@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +91,14 @@ func run(m *testing.M) int {
 	// The cluster's directory goes at Stop: keep Karpenter's log with ours.
 	if b, err := os.ReadFile(karpenter.Log); err == nil {
 		_ = os.WriteFile(filepath.Join(logDir, "karpenter.log"), b, 0o600)
+		// Karpenter runs as its own ServiceAccount: a call its RBAC
+		// (devcluster/autoscaler/karpenter-rbac.yaml) lacks fails the suite.
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "is forbidden") {
+				fmt.Fprintln(os.Stderr, "FAIL: Karpenter made a call its RBAC forbids:", line)
+				code = 1
+			}
+		}
 	}
 	if calls := cluster.TakeForbidden(); len(calls) > 0 {
 		fmt.Fprintln(os.Stderr, "FAIL: gpudra components made calls the chart's RBAC or admission policies forbid:")
