@@ -151,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	go func() {
 		dashDone <- dashboard.RunCluster(dashCtx, dashboard.ClusterRunConfig{
 			ServeConfig: dashboard.ServeConfig{Address: "127.0.0.1:0", Listening: func(u string) { urls <- u }},
-			RESTConfig:  cluster.RESTConfig, Context: "devcluster",
+			RESTConfig:  cluster.RESTConfig, Context: "devcluster", NoUsage: true,
 		})
 	}()
 	defer func() {

@@ -32,7 +32,8 @@ with positions and reasons, and the devices allocated per namespace over time.
 It reads the cluster with your own kubeconfig: the page shows what your RBAC lets you read, and says
 what it may not read. Informers on this process feed it, so that any number of open pages cost the
 API server one watch per resource. Usage comes from the plugins' own /metrics through the API
-server's pods proxy (--plugin-namespace; needs pods/proxy there), or from --prometheus. Nothing is
+server's pods proxy (the plugin pods found by the chart's labels in any namespace, or in
+--plugin-namespace; needs pods/proxy there), or from --prometheus. Nothing is
 written to the cluster; the page takes only GET requests, and listens on 127.0.0.1 unless --address
 says otherwise.
 
@@ -79,7 +80,7 @@ a cookie; requests without it get 401 (scripts: "Authorization: Bearer <token>")
 	fs.BoolVarP(&allNamespaces, "all-namespaces", "A", false, "all namespaces (the default; overrides --namespace)")
 	fs.StringVar(&address, "address", DefaultDashboardAddress, "host:port to serve the page on (port 0: any free port)")
 	fs.StringVar(&prometheus, "prometheus", "", "a Prometheus that scrapes the gpudra plugins (http://prometheus:9090): usage and allocation over time from it")
-	fs.StringVar(&pluginNamespace, "plugin-namespace", "gpudra", "the namespace of gpudra's kubelet plugin pods, whose /metrics are read through the API server's proxy (without --prometheus); empty: no usage")
+	fs.StringVar(&pluginNamespace, "plugin-namespace", "", "the namespace of gpudra's kubelet plugin pods, whose /metrics are read through the API server's proxy (without --prometheus); default: found by the chart's labels in any namespace (where you may list pods in every namespace)")
 	fs.DurationVar(&usageInterval, "usage-interval", 5*time.Second, "time between usage reads")
 	return cmd
 }

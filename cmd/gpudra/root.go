@@ -13,6 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/nvml"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	submitcli "github.com/gpudra/gpudra/pkg/submit/cli"
 )
 
 // backendFlags select and open the GPU model.
@@ -67,7 +68,9 @@ func newRootCommand() *cobra.Command {
 		Version: version.Version,
 	}
 	root.SetVersionTemplate(version.String("gpudra") + "\n")
-	root.AddCommand(newInventoryCommand(), newSlicesCommand(), newGroupsCommand(kubeconfigClient), newLocalCommand(), newTopCommand(), newDashboardCommand(), &cobra.Command{
+	root.AddCommand(newInventoryCommand(), newSlicesCommand(), newGroupsCommand(kubeconfigClient), newLocalCommand(), newTopCommand(), newDashboardCommand())
+	root.AddCommand(submitcli.Commands(submitcli.KubeconfigClients(pluginUsage))...)
+	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version and commit",
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.String("gpudra")) },

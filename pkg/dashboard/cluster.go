@@ -556,9 +556,10 @@ func (s *ClusterSource) publish() {
 }
 
 // pluginPodsFrom lists the plugin pods from the pods informer when it
-// watches their namespace; nil otherwise (the reader lists them).
+// watches their namespace (every namespace, when theirs is to be found);
+// nil otherwise (the reader lists them).
 func pluginPodsFrom(st *clusterStores, pu *PluginProxyUsage) func() []*corev1.Pod {
-	if len(st.pods) == 0 || (st.podsNamespace != "" && st.podsNamespace != pu.Namespace) {
+	if len(st.pods) == 0 || (st.podsNamespace != "" && (pu.Namespace == "" || st.podsNamespace != pu.Namespace)) {
 		return nil
 	}
 	selector, err := labels.Parse(cmp.Or(pu.Selector, DefaultPluginSelector))
@@ -569,7 +570,7 @@ func pluginPodsFrom(st *clusterStores, pu *PluginProxyUsage) func() []*corev1.Po
 	return func() []*corev1.Pod {
 		var out []*corev1.Pod
 		for _, p := range storeList[*corev1.Pod](store) {
-			if p.Namespace == pu.Namespace && selector.Matches(labels.Set(p.Labels)) {
+			if (pu.Namespace == "" || p.Namespace == pu.Namespace) && selector.Matches(labels.Set(p.Labels)) {
 				out = append(out, p)
 			}
 		}

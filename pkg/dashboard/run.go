@@ -39,10 +39,12 @@ type ClusterRunConfig struct {
 	// FallbackNamespace is read where all is forbidden.
 	Namespace, FallbackNamespace string
 	// Prometheus, when set, is where usage and the allocation over time
-	// are read; else PluginNamespace's plugin pods are read through the
-	// API server's pods proxy ("" too: no usage).
+	// are read; else the plugin pods are read through the API server's
+	// pods proxy: PluginNamespace's, or ("") those found by the chart's
+	// labels in any namespace; NoUsage: none.
 	Prometheus      string
 	PluginNamespace string
+	NoUsage         bool
 	UsageInterval   time.Duration
 }
 
@@ -64,7 +66,7 @@ func RunCluster(ctx context.Context, cfg ClusterRunConfig) error {
 	case cfg.Prometheus != "":
 		prom := &PrometheusUsage{URL: cfg.Prometheus, HTTPClient: &http.Client{Timeout: 10 * time.Second}}
 		sc.Usage, sc.Allocation = prom, prom
-	case cfg.PluginNamespace != "":
+	case !cfg.NoUsage:
 		// The plugins review the user's own token (their /metrics names
 		// who runs what), which the API server's proxy does not forward.
 		proxyClient, err := kubeclient.NewForConfig(metrics.WithProxiedBearerToken(rc))

@@ -48,7 +48,9 @@ const (
 // (metrics.WithProxiedBearerToken), which the plugin reviews.
 type PluginProxyUsage struct {
 	Client kubernetes.Interface
-	// Namespace is the plugin pods' (the chart's release namespace).
+	// Namespace is the plugin pods' (the chart's release namespace); "":
+	// found by Selector in every namespace, wherever the chart was
+	// installed.
 	Namespace string
 	// Selector selects the plugin pods (DefaultPluginSelector when "").
 	Selector string
@@ -68,10 +70,16 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 	selector := cmp.Or(p.Selector, DefaultPluginSelector)
 	pods, err := p.pluginPods(ctx, selector)
 	if err != nil {
-		if apierrors.IsForbidden(err) {
+		switch {
+		case apierrors.IsForbidden(err) && p.Namespace == "":
+			return nil, []string{fmt.Sprintf("usage: gpudra's plugin pods (%s) are looked for in every namespace, and listing pods there is forbidden: pass --plugin-namespace <the namespace gpudra is installed in>", selector)}
+		case apierrors.IsForbidden(err):
 			return nil, []string{fmt.Sprintf("usage: listing the plugin pods in namespace %s is forbidden: no live usage", p.Namespace)}
 		}
-		return nil, []string{fmt.Sprintf("usage: list the plugin pods in namespace %s: %v", p.Namespace, err)}
+		return nil, []string{fmt.Sprintf("usage: list the plugin pods in %s: %v", p.where(), err)}
+	}
+	if len(pods) == 0 {
+		return nil, []string{fmt.Sprintf("usage: no gpudra kubelet plugin pods (%s) in %s: is the chart installed? Else pass --plugin-namespace", selector, p.where())}
 	}
 	want := map[string]bool{}
 	for _, n := range nodes {
@@ -135,7 +143,7 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 	wg.Wait()
 	var notes []string
 	if forbidden {
-		notes = append(notes, fmt.Sprintf("usage: pods/proxy forbidden in namespace %s: no live usage from the plugins", p.Namespace))
+		notes = append(notes, fmt.Sprintf("usage: pods/proxy forbidden in %s: no live usage from the plugins", p.where()))
 		return nil, notes
 	}
 	if refused != nil {
@@ -150,6 +158,14 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 		notes = append(notes, fmt.Sprintf("usage: %d plugins not read (%s%s)", total, strings.Join(failed, "; "), more))
 	}
 	return out, notes
+}
+
+// where says where the plugin pods are looked for.
+func (p *PluginProxyUsage) where() string {
+	if p.Namespace == "" {
+		return "any namespace"
+	}
+	return "namespace " + p.Namespace
 }
 
 func (p *PluginProxyUsage) pluginPods(ctx context.Context, selector string) ([]*corev1.Pod, error) {
