@@ -36,6 +36,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
+	"k8s.io/kubernetes/pkg/controller/job"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 	"k8s.io/kubernetes/pkg/controller/scheduling/podgroupprotection"
 	"k8s.io/kubernetes/pkg/scheduler"
@@ -368,6 +369,17 @@ func StartControllers(ctx context.Context, clients Clients) (<-chan struct{}, er
 	if err != nil {
 		return nil, fmt.Errorf("create PodGroup protection controller: %w", err)
 	}
+	// The Job controller: Jobs (gpudra submit's, Kueue's, KubeRay's
+	// submitters) make their pods as on a cluster.
+	_, jobClient, err := clients.controllerClient("job-controller")
+	if err != nil {
+		return nil, err
+	}
+	jobs, err := job.NewController(ctx, jobClient, factory.Core().V1().Pods(), factory.Batch().V1().Jobs(),
+		factory.Scheduling().V1beta1().Workloads(), factory.Scheduling().V1beta1().PodGroups())
+	if err != nil {
+		return nil, fmt.Errorf("create Job controller: %w", err)
+	}
 	gc, gcSync, err := newGarbageCollector(ctx, clients, factory)
 	if err != nil {
 		return nil, err
@@ -402,6 +414,7 @@ func StartControllers(ctx context.Context, clients Clients) (<-chan struct{}, er
 		}
 	})
 	run("podgroup-protection-controller", func(ctx context.Context) { pgProtection.Run(ctx, 1) })
+	run("job-controller", func(ctx context.Context) { jobs.Run(ctx, 5) })
 	run("garbage-collector", func(ctx context.Context) { gc.Run(ctx, 2, 5*time.Second) })
 	run("garbage-collector-sync", gcSync)
 
