@@ -56,12 +56,12 @@ func namespace(t *testing.T) string {
 	return name
 }
 
-// applyExample creates examples/ray in ns and, at the test's end, deletes
+// applyExample creates examples/ray/raycluster.yaml in ns and, at the test's end, deletes
 // the RayCluster and waits until its pods and their claims are gone and
 // no claim of it is left prepared on any node.
 func applyExample(t *testing.T, ns string) {
 	t.Helper()
-	_, err := cluster.ApplyFiles(context.Background(), ns, filepath.Join(examples, "ray"))
+	_, err := cluster.ApplyFiles(context.Background(), ns, filepath.Join(examples, "ray", "raycluster.yaml"))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -93,12 +93,12 @@ func rayClusters(t *testing.T, ns string) dynamic.ResourceInterface {
 	return dyn(t).Resource(rayoperator.RayClusters).Namespace(ns)
 }
 
-// groupPods are the live (not terminating) pods of one of the RayCluster's
-// groups ("headgroup" for the head), by name.
-func groupPods(t *testing.T, ns, group string) []v1.Pod {
+// groupPods are the live (not terminating) pods of one of the RayCluster
+// rc's groups ("headgroup" for the head), by name.
+func groupPods(t *testing.T, ns, rc, group string) []v1.Pod {
 	t.Helper()
 	pods, err := cluster.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{
-		LabelSelector: clusterLabel + "=" + rayClusterName + "," + groupLabel + "=" + group})
+		LabelSelector: clusterLabel + "=" + rc + "," + groupLabel + "=" + group})
 	require.NoError(t, err)
 	var out []v1.Pod
 	for _, p := range pods.Items {
@@ -110,12 +110,20 @@ func groupPods(t *testing.T, ns, group string) []v1.Pod {
 	return out
 }
 
-// waitGroup waits until the group has exactly n pods, all running.
+// waitGroup waits until the example RayCluster's group has exactly n pods,
+// all running.
 func waitGroup(t *testing.T, ns, group string, n int) []v1.Pod {
+	t.Helper()
+	return waitClusterGroup(t, ns, rayClusterName, group, n)
+}
+
+// waitClusterGroup waits until the group of RayCluster rc has exactly n
+// pods, all running.
+func waitClusterGroup(t *testing.T, ns, rc, group string, n int) []v1.Pod {
 	t.Helper()
 	var pods []v1.Pod
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods = groupPods(t, ns, group)
+		pods = groupPods(t, ns, rc, group)
 		if len(pods) != n {
 			return false, nil
 		}
@@ -131,7 +139,7 @@ func waitGroup(t *testing.T, ns, group string, n int) []v1.Pod {
 		for _, p := range pods {
 			states = append(states, p.Name+": "+describe(p))
 		}
-		t.Fatalf("group %s of %s/%s: want %d running pods, have %d: %s\nKubeRay's log:\n%s", group, ns, rayClusterName, n, len(pods),
+		t.Fatalf("group %s of %s/%s: want %d running pods, have %d: %s\nKubeRay's log:\n%s", group, ns, rc, n, len(pods),
 			strings.Join(states, "\n"), operator.LogTail(4000))
 	}
 	return pods
