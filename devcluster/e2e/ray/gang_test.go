@@ -51,7 +51,7 @@ func rayJob(t *testing.T, name string) []*unstructured.Unstructured {
 func rayJobCluster(t *testing.T, ns, job string) string {
 	t.Helper()
 	var name string
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		rj, err := dyn(t).Resource(rayoperator.RayJobs).Namespace(ns).Get(ctx, job, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -97,7 +97,7 @@ func TestRayJobGang(t *testing.T) {
 	for _, pod := range workers {
 		assertEightGPUWorker(t, pod)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		rj, err := jobs.Get(ctx, "ray-train", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -112,7 +112,7 @@ func TestRayJobGang(t *testing.T) {
 	require.NoError(t, cluster.Apply(ctx, ns, rayJob(t, "ray-train-2")))
 	second := rayJobCluster(t, ns, "ray-train-2")
 	var waiting []v1.Pod
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
 		waiting = append(groupPods(t, ns, second, "headgroup"), groupPods(t, ns, second, trainGroup)...)
 		if len(waiting) != 3 {
 			return false, nil

@@ -35,7 +35,7 @@ func TestRayClusterOnGPUs(t *testing.T) {
 	serve := waitGroup(t, ns, serveGroup, 2)
 
 	// KubeRay sees its workers ready.
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
 		state, ready := rayClusterStatus(t, ns)
 		return state == "ready" && ready == 5, nil
 	})
