@@ -39,6 +39,13 @@ FAKE_LIBCUDA := $(abspath $(BIN))/fakecuda/libcuda.so
 # that toolchain from the module proxy for this build only.
 KARPENTER := $(abspath $(BIN))/devcluster-karpenter
 KARPENTER_GO := GOTOOLCHAIN=go1.26.9 CGO_ENABLED=0 $(GO)
+# KubeRay's operator, its own main package as released, built from
+# devcluster/kuberay (a module of its own at KubeRay's dependency
+# versions), and the CRDs of that version beside it: the binary cannot
+# print them and the module cache is not there at run time (docs/ray.md).
+KUBERAY_DIR := $(abspath $(BIN))/kuberay
+KUBERAY := $(KUBERAY_DIR)/kuberay-operator
+KUBERAY_GO := CGO_ENABLED=0 $(GO)
 # make gpu-smoke-bundle (docs/gpu-smoke.md): everything gpu-smoke needs on a
 # GPU node without Go; BUNDLE_CGO=0 leaves NVML out (--simulated only), as
 # the e2e suite builds it without a second, cgo build of Kubernetes.
@@ -47,7 +54,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: karpenter all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: karpenter kuberay all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -68,6 +75,8 @@ test: export GPUDRA_REQUIRE_BROWSER := 1
 test: export GPUDRA_REQUIRE_REAL_NODE := 1
 # ... and Karpenter's (devcluster/e2e/karpenter) without make karpenter's binary.
 test: export GPUDRA_REQUIRE_KARPENTER := 1
+# ... and Ray's (devcluster/e2e/ray) without make kuberay's binary.
+test: export GPUDRA_REQUIRE_KUBERAY := 1
 REAL_NODE_IMAGE ?=
 test: REAL_NODE_IMAGE = $$(ls $(abspath $(BIN))/image-check-a/gpudra-*-$(GOHOSTARCH).tar | head -1)
 
@@ -101,10 +110,10 @@ test-fuzz:
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 E2E_MODULES := devcluster bench gpusmoke
-E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) KARPENTER=$(KARPENTER) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) KARPENTER=$(KARPENTER) KUBERAY=$(KUBERAY) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
-test-e2e: devcluster helm probe $(RUNC) karpenter
+test-e2e: devcluster helm probe $(RUNC) karpenter kuberay
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	@for m in $(E2E_MODULES) devcluster/cloudapi; do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	cd devcluster/karpenter && $(KARPENTER_GO) vet ./... && $(KARPENTER_GO) test -count=1 ./...
@@ -267,6 +276,12 @@ demo-real-node: devcluster helm probe $(RUNC) real-node
 karpenter:
 	@mkdir -p $(BIN)
 	cd devcluster/karpenter && $(KARPENTER_GO) build -o $(KARPENTER) ./cmd/devcluster-karpenter
+
+kuberay:
+	@mkdir -p $(KUBERAY_DIR)
+	cd devcluster/kuberay && $(KUBERAY_GO) build -o $(KUBERAY) github.com/ray-project/kuberay/ray-operator
+	cd devcluster/kuberay && crds=$$($(GO) list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases && \
+	  for f in $$crds/ray.io_*.yaml; do echo ---; cat $$f; done > $(KUBERAY_DIR)/crds.yaml
 
 devcluster:
 	@mkdir -p $(BIN)
