@@ -24,7 +24,7 @@ const gangLabel = "gpudra.dev/gang"
 // named name, in InteractiveMode: KubeRay makes the cluster, sees it
 // ready, and then waits for a job to be submitted to Ray's dashboard,
 // which the probe does not serve. (In K8sJobMode KubeRay would create the
-// submitter Job, which no Job controller in devcluster runs, and ask the
+// submitter Job, whose `ray job submit` needs that dashboard, and ask the
 // absent dashboard for the job's state.)
 func rayJob(t *testing.T, name string) []*unstructured.Unstructured {
 	t.Helper()
