@@ -8,29 +8,20 @@
 package autoscaler
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
-	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/cloud"
 	"github.com/gpudra/gpudra/devcluster/cloudapi"
+	"github.com/gpudra/gpudra/devcluster/engine"
 )
 
 // BinaryEnv names the environment variable that points at the Karpenter
@@ -60,14 +51,11 @@ type Options struct {
 
 // Karpenter is a running Karpenter and the cloud it buys from.
 type Karpenter struct {
+	*engine.Process
 	Cloud *cloud.Cloud
-	// Log is Karpenter's output.
-	Log string
 	// Dir holds its kubeconfig, CRDs and log.
 	Dir string
 
-	cmd    *exec.Cmd
-	done   chan struct{}
 	cancel context.CancelFunc
 }
 
@@ -89,27 +77,20 @@ func Start(ctx context.Context, c *devcluster.Cluster, opts Options) (_ *Karpent
 		return nil, fmt.Errorf("no Karpenter binary: set %s (make karpenter builds bin/devcluster-karpenter)", BinaryEnv)
 	}
 	dir := filepath.Join(c.Dir, "karpenter")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
 	crds, err := exec.CommandContext(ctx, opts.Binary, "crds").Output()
 	if err != nil {
 		return nil, fmt.Errorf("%s crds: %w", opts.Binary, err)
 	}
-	for name, content := range map[string][]byte{"crds.yaml": crds, "rbac.yaml": rbac} {
-		if err := os.WriteFile(filepath.Join(dir, name), content, 0o600); err != nil {
+	var manifests []string
+	for _, m := range []struct {
+		name    string
+		content []byte
+	}{{"crds.yaml", crds}, {"rbac.yaml", rbac}} {
+		path, err := engine.WriteManifest(dir, m.name, m.content)
+		if err != nil {
 			return nil, err
 		}
-		if _, err := c.ApplyFiles(ctx, Namespace, filepath.Join(dir, name)); err != nil {
-			return nil, fmt.Errorf("Karpenter's %s: %w", name, err)
-		}
-	}
-	if err := waitServed(ctx, c, NodePools, NodeClaims, NodeClasses, CapacityBufs); err != nil {
-		return nil, err
-	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteServiceAccountKubeconfig(ctx, kubeconfig, Namespace, ServiceAccount); err != nil {
-		return nil, err
+		manifests = append(manifests, path)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -121,12 +102,12 @@ func Start(ctx context.Context, c *devcluster.Cluster, opts Options) (_ *Karpent
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
+	ports, err := engine.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	env := map[string]string{
-		"KUBECONFIG": kubeconfig, cloudapi.SocketEnv: cl.Socket, "SYSTEM_NAMESPACE": Namespace,
+		cloudapi.SocketEnv: cl.Socket, "SYSTEM_NAMESPACE": Namespace,
 		// Its DRA simulation: ResourceClaims decide which type fits.
 		"IGNORE_DRA_REQUESTS": "false",
 		// One replica: no lease to wait for.
@@ -141,124 +122,18 @@ func Start(ctx context.Context, c *devcluster.Cluster, opts Options) (_ *Karpent
 	for k, v := range opts.Env {
 		env[k] = v
 	}
-	k := &Karpenter{Cloud: cl, Dir: dir, Log: filepath.Join(dir, "karpenter.log"), done: make(chan struct{}), cancel: cancel}
-	logFile, err := os.OpenFile(k.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p, err := engine.Start(ctx, c, engine.Spec{Name: "Karpenter", Dir: dir, Binary: opts.Binary, Env: env,
+		Manifests: manifests, Served: []schema.GroupVersionResource{NodePools, NodeClaims, NodeClasses, CapacityBufs},
+		Namespace: Namespace, ServiceAccount: ServiceAccount, ReadyURL: "http://127.0.0.1:" + strconv.Itoa(ports[1]) + "/readyz"})
 	if err != nil {
 		return nil, err
 	}
-	k.cmd = exec.Command(opts.Binary) //nolint:gosec // the binary the harness was given
-	k.cmd.Stdout, k.cmd.Stderr = logFile, logFile
-	k.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}
-	for key, v := range env {
-		k.cmd.Env = append(k.cmd.Env, key+"="+v)
-	}
-	if err := k.cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return nil, fmt.Errorf("start Karpenter: %w", err)
-	}
-	go func() {
-		_ = k.cmd.Wait()
-		_ = logFile.Close()
-		close(k.done)
-	}()
-	klog.FromContext(ctx).Info("Karpenter started", "pid", k.cmd.Process.Pid, "log", k.Log)
-	if err := k.waitReady(ctx, ports[1]); err != nil {
-		k.Stop()
-		return nil, err
-	}
-	return k, nil
+	return &Karpenter{Process: p, Cloud: cl, Dir: dir, cancel: cancel}, nil
 }
 
-// waitReady waits for Karpenter's readiness probe.
-func (k *Karpenter) waitReady(ctx context.Context, port int) error {
-	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/readyz"
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		select {
-		case <-k.done:
-			return false, errors.New("Karpenter exited")
-		default:
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		return fmt.Errorf("Karpenter not ready: %w; its log (%s):\n%s", err, k.Log, tail(k.Log, 4000))
-	}
-	return nil
-}
-
-// Stop stops Karpenter (SIGTERM, then SIGKILL after 10 s) and the cloud.
-// The machines it bought stay until the cluster stops.
+// Stop stops Karpenter and the cloud. The machines it bought stay until
+// the cluster stops.
 func (k *Karpenter) Stop() {
-	if k.cmd.Process != nil {
-		_ = k.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-k.done:
-		case <-time.After(10 * time.Second):
-			_ = k.cmd.Process.Kill()
-			<-k.done
-		}
-	}
+	k.Process.Stop()
 	k.cancel()
-}
-
-// Exited is closed once Karpenter's process has ended.
-func (k *Karpenter) Exited() <-chan struct{} { return k.done }
-
-// LogTail is the end of Karpenter's log, for a failing test's message.
-func (k *Karpenter) LogTail(n int) string { return tail(k.Log, n) }
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > n {
-		b = b[len(b)-n:]
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
-	}
-	return string(b)
-}
-
-// waitServed waits until the API server serves the resources (new CRDs
-// are served a moment after they are created).
-func waitServed(ctx context.Context, c *devcluster.Cluster, gvrs ...schema.GroupVersionResource) error {
-	dyn, err := dynamic.NewForConfig(c.RESTConfig)
-	if err != nil {
-		return err
-	}
-	for _, gvr := range gvrs {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			_, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
-			return err == nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("%s not served: %w", gvr, err)
-		}
-	}
-	return nil
-}
-
-// freePorts are n TCP ports free on the loopback now.
-func freePorts(n int) ([]int, error) {
-	var out []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, ln.Addr().(*net.TCPAddr).Port)
-		defer func() { _ = ln.Close() }()
-	}
-	return out, nil
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/autoscaler"
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/engine"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -93,11 +93,9 @@ func run(m *testing.M) int {
 		_ = os.WriteFile(filepath.Join(logDir, "karpenter.log"), b, 0o600)
 		// Karpenter runs as its own ServiceAccount: a call its RBAC
 		// (devcluster/autoscaler/karpenter-rbac.yaml) lacks fails the suite.
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, "is forbidden") {
-				fmt.Fprintln(os.Stderr, "FAIL: Karpenter made a call its RBAC forbids:", line)
-				code = 1
-			}
+		for _, line := range engine.Forbidden(b) {
+			fmt.Fprintln(os.Stderr, "FAIL: Karpenter made a call its RBAC forbids:", line)
+			code = 1
 		}
 	}
 	if calls := cluster.TakeForbidden(); len(calls) > 0 {
