@@ -15,12 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/klog/v2"
-
 	"github.com/gpudra/gpudra/devcluster"
-	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/e2e/enginesuite"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
-	"github.com/gpudra/gpudra/devcluster/noderuntime"
 	"github.com/gpudra/gpudra/devcluster/rayoperator"
 )
 
@@ -44,42 +41,14 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if os.Getenv(rayoperator.BinaryEnv) == "" {
-		if os.Getenv("GPUDRA_REQUIRE_KUBERAY") != "" {
-			fmt.Fprintf(os.Stderr, "FAIL: %s is not set: make kuberay builds it (make test-e2e sets it)\n", rayoperator.BinaryEnv)
-			return 1
-		}
-		fmt.Printf("SKIP: Ray's e2e tests: %s is not set (make kuberay; make test-e2e sets it)\n", rayoperator.BinaryEnv)
-		return 0
+	suite, skip, err := enginesuite.Begin("KubeRay's operator", rayoperator.BinaryEnv, "GPUDRA_REQUIRE_KUBERAY", "kuberay")
+	if skip || err != nil {
+		return enginesuite.Fail(err)
 	}
-	logDir, err := os.MkdirTemp("", "gpudra-e2e-ray-logs")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logFile := filepath.Join(logDir, "devcluster.log")
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false",
-		"stderrthreshold": "FATAL", "log_file": logFile, "one_output": "true", "v": "2"} {
-		_ = klogFlags.Set(k, v)
-	}
-	defer klog.Flush()
 	ctx := context.Background()
 	start := time.Now()
-	mpsControl, err := filepath.Abs("../../../hack/fake-nvidia-cuda-mps-control")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	opts := devcluster.Options{MPSControlBinary: mpsControl, Chart: chart.Default("../../..")}
-	if runc, probe := os.Getenv("RUNC"), os.Getenv("PROBE"); runc != "" && probe != "" {
-		opts.Runtime = &noderuntime.OCIRuntime{Runc: runc, Probe: probe, MPSServer: os.Getenv("MPS_SERVER")}
-	}
-	cluster, err = devcluster.Start(ctx, opts)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start devcluster:", err, "(log:", logFile+")")
-		return 1
+	if cluster, err = suite.StartCluster(ctx, filepath.Join("..", "..", "..")); err != nil {
+		return enginesuite.Fail(err)
 	}
 	defer cluster.Stop()
 	nodes := []nodeagent.NodeOptions{{Name: migNode, Machine: "dgx-h100"},
@@ -91,44 +60,17 @@ func run(m *testing.M) int {
 			err = n.WaitForSlices(ctx)
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "add node:", err, "(log:", logFile+")")
-			return 1
+			return enginesuite.Fail(fmt.Errorf("add node: %w (log: %s)", err, suite.LogFile))
 		}
 	}
 	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "deviceclasses")); err != nil {
-		fmt.Fprintln(os.Stderr, "device classes:", err)
-		return 1
+		return enginesuite.Fail(fmt.Errorf("device classes: %w", err))
 	}
-	operator, err = rayoperator.Start(ctx, cluster, rayoperator.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start KubeRay's operator:", err, "(log:", logFile+")")
-		return 1
+	if operator, err = rayoperator.Start(ctx, cluster, rayoperator.Options{}); err != nil {
+		return enginesuite.Fail(fmt.Errorf("start KubeRay's operator: %w (log: %s)", err, suite.LogFile))
 	}
+	defer operator.Stop()
 	fmt.Printf("devcluster with 3 simulated DGX H100 nodes, a fractional H100 and KubeRay's operator ready in %s; logs: %s, %s\n",
-		time.Since(start).Round(time.Millisecond), logFile, operator.Log)
-	code := m.Run()
-	operator.Stop()
-	// The cluster's directory goes at Stop: keep the operator's log with ours.
-	if b, err := os.ReadFile(operator.Log); err == nil {
-		_ = os.WriteFile(filepath.Join(logDir, "kuberay-operator.log"), b, 0o600)
-		// The operator runs as its own ServiceAccount: a call its RBAC
-		// (devcluster/rayoperator/kuberay-rbac.yaml) lacks fails the suite.
-		for _, line := range rayoperator.Forbidden(b) {
-			fmt.Fprintln(os.Stderr, "FAIL: KubeRay's operator made a call its RBAC forbids:", line)
-			code = 1
-		}
-	}
-	if calls := cluster.TakeForbidden(); len(calls) > 0 {
-		fmt.Fprintln(os.Stderr, "FAIL: gpudra components made calls the chart's RBAC or admission policies forbid:")
-		for _, call := range calls {
-			fmt.Fprintln(os.Stderr, "  ", call)
-		}
-		code = 1
-	}
-	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
-		_ = os.RemoveAll(logDir)
-	} else {
-		fmt.Println("devcluster log kept at", logFile, "and KubeRay's at", filepath.Join(logDir, "kuberay-operator.log"))
-	}
-	return code
+		time.Since(start).Round(time.Millisecond), suite.LogFile, operator.Log)
+	return suite.End(m.Run(), cluster, operator.Process)
 }
