@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpudra/gpudra/devcluster/cloudapi"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
@@ -132,8 +133,12 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptio
 		v1.ResourceCPU: resource.MustParse(nodeagent.NodeCPU), v1.ResourceMemory: resource.MustParse(nodeagent.NodeMemory),
 		v1.ResourcePods: *resource.NewQuantity(int64(cmp.Or(opts.MaxPods, 110)), resource.DecimalSI), v1.ResourceEphemeralStorage: resource.MustParse(nodeagent.NodeEphemeralStorage),
 	}
+	// The taints are on the Node from its creation, as the kubelet's
+	// --register-with-taints puts them: an autoscaler that registers the
+	// node (Karpenter removes karpenter.sh/unregistered) may do so the
+	// moment it appears, and no later write of ours may put a taint back.
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Labels: labels, Annotations: opts.Annotations},
-		Spec: v1.NodeSpec{ProviderID: opts.ProviderID}}
+		Spec: v1.NodeSpec{ProviderID: opts.ProviderID, Taints: opts.Taints}}
 	node, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", opts.Name, err)
@@ -146,15 +151,27 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptio
 		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: opts.Name}},
 		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64", ContainerRuntimeVersion: "devcluster://0"},
 	}
-	node, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-	if err != nil {
+	if _, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("Node %s status: %w", opts.Name, err)
 	}
 	// Admission taints a new Node not-ready; no node lifecycle controller
-	// runs here to lift it once the node reports Ready.
-	node.Spec.Taints = opts.Taints
-	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("Node %s taints: %w", opts.Name, err)
+	// runs here to lift it once the node reports Ready. Only that taint
+	// goes, from the Node as it is now: others may have changed it since.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, opts.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t v1.Taint) bool { return t.Key == v1.TaintNodeNotReady })
+		if len(taints) == len(node.Spec.Taints) {
+			return nil
+		}
+		node.Spec.Taints = taints
+		_, err = c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("Node %s: lift the not-ready taint: %w", opts.Name, err)
 	}
 	return nil
 }
