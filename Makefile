@@ -46,6 +46,20 @@ KARPENTER_GO := GOTOOLCHAIN=go1.26.9 CGO_ENABLED=0 $(GO)
 KUBERAY_DIR := $(abspath $(BIN))/kuberay
 KUBERAY := $(KUBERAY_DIR)/kuberay-operator
 KUBERAY_GO := CGO_ENABLED=0 $(GO)
+# Kueue's manager, its own main package as released, built from
+# devcluster/kueue (a module of its own at Kueue's dependency versions), and
+# Kueue's own Helm chart of that version beside it: devcluster renders it
+# for the CRDs, RBAC, webhook Service and configurations, and runs the
+# binary itself (docs/queues.md).
+KUEUE_DIR := $(abspath $(BIN))/kueue
+KUEUE := $(KUEUE_DIR)/kueue-manager
+# Kubernetes' version, stamped as a release build stamps it, into the real
+# node's kubelet and into devcluster's control plane (its binary and the e2e
+# tests): unstamped, the API server says it is v0.0.0-master+(a placeholder), which
+# Kueue cannot parse and refuses to start with.
+KUBERNETES_VERSION := v1.37.1
+KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) -X k8s.io/component-base/version.gitMajor=1 \
+	-X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean
 # make gpu-smoke-bundle (docs/gpu-smoke.md): everything gpu-smoke needs on a
 # GPU node without Go; BUNDLE_CGO=0 leaves NVML out (--simulated only), as
 # the e2e suite builds it without a second, cgo build of Kubernetes.
@@ -54,7 +68,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: karpenter kuberay all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: karpenter kuberay kueue all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -77,6 +91,8 @@ test: export GPUDRA_REQUIRE_REAL_NODE := 1
 test: export GPUDRA_REQUIRE_KARPENTER := 1
 # ... and Ray's (devcluster/e2e/ray) without make kuberay's binary.
 test: export GPUDRA_REQUIRE_KUBERAY := 1
+# ... and Kueue's (devcluster/e2e/kueue) without make kueue's binary.
+test: export GPUDRA_REQUIRE_KUEUE := 1
 REAL_NODE_IMAGE ?=
 test: REAL_NODE_IMAGE = $$(ls $(abspath $(BIN))/image-check-a/gpudra-*-$(GOHOSTARCH).tar | head -1)
 
@@ -110,25 +126,25 @@ test-fuzz:
 # The e2e suite keeps some of its nodes' scrapes here, for the rules' test.
 SCRAPES_DIR := $(abspath $(BIN))/e2e-scrapes
 E2E_MODULES := devcluster bench gpusmoke
-E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) KARPENTER=$(KARPENTER) KUBERAY=$(KUBERAY) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
+E2E_ENV = HELM=$(HELM) RUNC=$(RUNC) PROBE=$(PROBE) KARPENTER=$(KARPENTER) KUBERAY=$(KUBERAY) KUEUE=$(KUEUE) REAL_NODE_BIN=$(REAL_NODE_BIN) GPUDRA_IMAGE_TARBALL=$(REAL_NODE_IMAGE) MPS_SERVER=$(MPS_SERVER) CUDA_CHECK=$(CUDA_CHECK) FAKE_LIBCUDA=$(FAKE_LIBCUDA) \
 	GPU_SMOKE_BUNDLE=$(abspath $(BIN))/gpu-smoke-bundle-sim GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0
 RUN ?=
-test-e2e: devcluster helm probe $(RUNC) karpenter kuberay
+test-e2e: devcluster helm probe $(RUNC) karpenter kuberay kueue
 	@$(MAKE) --no-print-directory gpu-smoke-bundle BUNDLE_CGO=0 BUNDLE_TAR=0 BUNDLE_NAME=gpu-smoke-bundle-sim
 	@for m in $(E2E_MODULES) devcluster/cloudapi; do echo "go vet in $$m"; (cd $$m && CGO_ENABLED=0 $(GO) vet ./...) || exit 1; done
 	cd devcluster/karpenter && $(KARPENTER_GO) vet ./... && $(KARPENTER_GO) test -count=1 ./...
 	rm -rf $(SCRAPES_DIR) && mkdir -p $(SCRAPES_DIR)
 ifeq ($(RUN),)
-	cd devcluster && $(E2E_ENV) $(GO) test -count=1 -timeout 45m ./...
-	cd bench && $(E2E_ENV) $(GO) test -count=1 -timeout 20m ./...
-	cd gpusmoke && $(E2E_ENV) $(GO) test -count=1 -timeout 10m ./...
+	cd devcluster && $(E2E_ENV) $(GO) test -ldflags "$(KUBE_LDFLAGS)" -count=1 -timeout 45m ./...
+	cd bench && $(E2E_ENV) $(GO) test -ldflags "$(KUBE_LDFLAGS)" -count=1 -timeout 20m ./...
+	cd gpusmoke && $(E2E_ENV) $(GO) test -ldflags "$(KUBE_LDFLAGS)" -count=1 -timeout 10m ./...
 	@# The shipped XID alert over what a devcluster node really exported
 	@# before and after an XID on a GPU a pod holds (TestTelemetryPerPod).
 	cd hack/promrules && GPUDRA_SCRAPES_DIR=$(SCRAPES_DIR) CGO_ENABLED=0 $(GO) test -count=1 -run '^TestXIDAlertOverDevclusterScrapes$$' .
 else
 	@log=$(abspath $(BIN))/test-e2e-run.log; : > $$log; \
 	  for m in $(E2E_MODULES); do \
-	    (cd $$m && $(E2E_ENV) $(GO) test -count=1 -timeout 45m -v -run '$(RUN)' ./...) 2>&1 | tee -a $$log; \
+	    (cd $$m && $(E2E_ENV) $(GO) test -ldflags "$(KUBE_LDFLAGS)" -count=1 -timeout 45m -v -run '$(RUN)' ./...) 2>&1 | tee -a $$log; \
 	    [ $${PIPESTATUS[0]} -eq 0 ] || exit 1; \
 	  done; \
 	  ran=$$(grep -c -E '^--- (PASS|SKIP)' $$log); \
@@ -192,10 +208,7 @@ probe:
 # driver root gets (the image's containers have no shell for the script's).
 CONTAINERD_VERSION := v2.4.2
 CNI_PLUGINS_VERSION := v1.10.0
-KUBERNETES_VERSION := v1.37.1
 REAL_NODE_BIN := $(abspath $(BIN))/real-node
-KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) -X k8s.io/component-base/version.gitMajor=1 \
-	-X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean
 real-node: probe
 	@mkdir -p $(REAL_NODE_BIN)/cni
 	@[ -e /usr/include/seccomp.h ] || { echo "Installing Debian's libseccomp-dev for runc's seccomp."; \
@@ -283,9 +296,15 @@ kuberay:
 	cd devcluster/kuberay && crds=$$($(GO) list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases && \
 	  for f in $$crds/ray.io_*.yaml; do echo ---; cat $$f; done > $(KUBERAY_DIR)/crds.yaml
 
+kueue:
+	@mkdir -p $(KUEUE_DIR)
+	cd devcluster/kueue && CGO_ENABLED=0 $(GO) build -o $(KUEUE) sigs.k8s.io/kueue/cmd/kueue
+	rm -rf $(KUEUE_DIR)/chart
+	cd devcluster/kueue && cp -R $$($(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/charts/kueue $(KUEUE_DIR)/chart && chmod -R u+w $(KUEUE_DIR)/chart
+
 devcluster:
 	@mkdir -p $(BIN)
-	@bash hack/build-progress.sh ../$(BIN)/devcluster
+	@KUBE_LDFLAGS="$(KUBE_LDFLAGS)" bash hack/build-progress.sh ../$(BIN)/devcluster
 
 # End-to-end benchmark: 100 pods with one GPU claim each over 16 nodes.
 bench-e2e: devcluster helm

@@ -184,11 +184,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if c.etcd, etcdURL, err = controlplane.StartEtcd(c.Dir); err != nil {
 		return c, err
 	}
-	apiServerFlags := opts.APIServerFlags
+	// Webhooks (the chart's in image mode, an engine's such as Kueue's)
+	// and conversion webhooks named by a Service are reached through the
+	// Service's EndpointSlices (ServeService), as no kube-proxy runs to
+	// route its cluster IP.
+	apiServerFlags := append([]string{"--enable-aggregator-routing=true"}, opts.APIServerFlags...)
 	if opts.Image != nil {
-		// Webhooks reached by their Service's endpoints (the chart's
-		// configurations name the Service), as no kube-proxy runs.
-		apiServerFlags = append(slices.Clone(apiServerFlags), "--enable-aggregator-routing=true")
 		// The caller's values last: a test may override image mode's.
 		opts.Chart.Values = append(imageChartValues(c.Dir), opts.Chart.Values...)
 	}

@@ -8,7 +8,8 @@ out="${1:-../bin/devcluster}"
 start=$SECONDS
 echo "Building devcluster (a Kubernetes control plane in one binary). A first build takes about 6 minutes; later builds take seconds."
 # go build -v names each package as it is compiled; errors are printed as they come.
-CGO_ENABLED=0 go build -v -o "$out" ./cmd/devcluster 2>&1 | awk -v start="$start" '
+# KUBE_LDFLAGS (make devcluster) stamps Kubernetes' version, as a release build does.
+CGO_ENABLED=0 go build -v -ldflags "${KUBE_LDFLAGS:-}" -o "$out" ./cmd/devcluster 2>&1 | awk -v start="$start" '
   /^#|\.go:[0-9]+|^go: |^(package|build|link)[ :]/ { print; next }
   { n++; if (n % 200 == 0) { printf "  ... %d packages compiled\n", n; fflush() } }'
 echo "devcluster built in $((SECONDS - start))s"

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -61,6 +62,34 @@ func (c *Client) CheckQueue(ctx context.Context, name string) error {
 	}
 }
 
+// LocalQueues are Kueue's LocalQueues (kueue.x-k8s.io/v1beta2, Kueue
+// v0.17).
+var LocalQueues = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "localqueues"}
+
+// CheckKueueQueue says whether the Kueue LocalQueue exists in namespace
+// ("" needs none). One that could not be read is not "absent" either.
+func (c *Client) CheckKueueQueue(ctx context.Context, namespace, name string) error {
+	if name == "" {
+		return nil
+	}
+	if c.Dynamic == nil {
+		return fmt.Errorf("--kueue-queue %s: could not tell whether the LocalQueue exists: no client for kueue.x-k8s.io", name)
+	}
+	_, err := c.Dynamic.Resource(LocalQueues).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return &FieldError{Flag: "kueue-queue", Value: name, Detail: fmt.Sprintf(
+			"no LocalQueue of that name in namespace %s, or Kueue (kueue.x-k8s.io/v1beta2) is not installed (kubectl get localqueues -n %s)", namespace, namespace)}
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("--kueue-queue %s: could not tell whether the LocalQueue exists: your credentials may not read LocalQueues in %s (Kueue's kueue-batch-user-role grants it): %w",
+			name, namespace, err)
+	default:
+		return fmt.Errorf("--kueue-queue %s: could not tell whether the LocalQueue exists: %w", name, err)
+	}
+}
+
 // Submit checks the queue, has the API server check the claim template
 // and a pod of the job (dry run: admission, the gang webhook, the
 // PriorityClass) and only then creates them: bad input creates nothing.
@@ -69,6 +98,9 @@ func (c *Client) Submit(ctx context.Context, objs Objects) error {
 	logger := klog.FromContext(ctx)
 	ns := objs.Job.Namespace
 	if err := c.CheckQueue(ctx, objs.Job.Spec.Template.Annotations[gpudrav1.AnnotationQueue]); err != nil {
+		return err
+	}
+	if err := c.CheckKueueQueue(ctx, ns, objs.Job.Labels[gpudrav1.LabelKueueQueue]); err != nil {
 		return err
 	}
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}

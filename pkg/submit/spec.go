@@ -8,6 +8,7 @@ package submit
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -89,6 +90,10 @@ type Spec struct {
 	Duration time.Duration
 	// Queue names a GpuQueue ("": default).
 	Queue string
+	// KueueQueue names a Kueue LocalQueue of the namespace: Kueue admits
+	// the job against its quota, gpudra then places it, in no GpuQueue
+	// (docs/queues.md). Excludes Queue.
+	KueueQueue string
 }
 
 // FieldError is bad input, naming the flag.
@@ -198,8 +203,34 @@ func (s Spec) Validate() error {
 			return flagErr("queue", s.Queue, "not a GpuQueue name: %s", strings.Join(errs, "; "))
 		}
 	}
+	if err := s.validateKueue(); err != nil {
+		return err
+	}
 	if _, _, err := s.layout(); err != nil {
 		return err
+	}
+	return nil
+}
+
+// validateKueue checks what Kueue can admit: one queue per job, and
+// claims Kueue v0.17 can count against quota (a number of devices of a
+// DeviceClass: it refuses a claim with selectors, constraints or config as
+// "not supported", and the job would never start).
+func (s Spec) validateKueue() error {
+	if s.KueueQueue == "" {
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(s.KueueQueue); len(errs) > 0 {
+		return flagErr("kueue-queue", s.KueueQueue, "not a LocalQueue name: %s", strings.Join(errs, "; "))
+	}
+	if s.Queue != "" {
+		return flagErr("queue", s.Queue, "a job Kueue admits (--kueue-queue %s) waits in no GpuQueue: one job, one queue (docs/queues.md)", s.KueueQueue)
+	}
+	unsupported := map[string]bool{"mig": s.MIG != "", "memory": s.Memory != "", "share": s.Share != "", "same-nvlink": s.SameNVLink}
+	for _, f := range []string{"mig", "memory", "share", "same-nvlink"} {
+		if unsupported[f] {
+			return flagErr(f, "", "not with --kueue-queue: Kueue v0.17 counts only a number of whole GPUs of a DeviceClass against quota, and refuses a claim with selectors, constraints or config as not supported (docs/queues.md)")
+		}
 	}
 	return nil
 }
@@ -247,6 +278,7 @@ func Build(s Spec) (Objects, error) {
 		return Objects{}, err
 	}
 	labels := map[string]string{LabelManagedBy: ManagedBy, LabelJob: s.Name}
+	jobLabels := maps.Clone(labels)
 	tmpl := &resourceapi.ResourceClaimTemplate{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
 		ObjectMeta: metav1.ObjectMeta{Name: TemplateName(s.Name), Namespace: s.Namespace, Labels: labels},
@@ -260,6 +292,12 @@ func Build(s Spec) (Objects, error) {
 	podAnnotations := map[string]string{gpudrav1.AnnotationGangSize: strconv.FormatInt(pods, 10)}
 	if s.Queue != "" {
 		podAnnotations[gpudrav1.AnnotationQueue] = s.Queue
+	}
+	if s.KueueQueue != "" {
+		// Kueue reads it on the Job; gpudra on the pods, so that their
+		// gang waits in no GpuQueue.
+		jobLabels[gpudrav1.LabelKueueQueue] = s.KueueQueue
+		podLabels[gpudrav1.LabelKueueQueue] = s.KueueQueue
 	}
 	pod := corev1.PodSpec{
 		RestartPolicy:     corev1.RestartPolicyNever,
@@ -281,7 +319,7 @@ func Build(s Spec) (Objects, error) {
 	}
 	job := &batchv1.Job{
 		TypeMeta:   metav1.TypeMeta{APIVersion: batchv1.SchemeGroupVersion.String(), Kind: "Job"},
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: jobLabels},
 		Spec: batchv1.JobSpec{
 			Parallelism: ptr.To(int32(pods)), Completions: ptr.To(int32(pods)),
 			CompletionMode: ptr.To(batchv1.IndexedCompletion),

@@ -42,6 +42,11 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		"uneven gang":           {func(s *Spec) { s.GPUs = 9 }, "--gpus 9: more than one node's 8, so the job is a gang of 2 pods"},
 		"MPS limit without MPS": {func(s *Spec) { s.MPSThreadPercentage = 50 }, "--mps-thread-percentage: only with --share mps"},
 		"bad memory":            {func(s *Spec) { s.Memory = "lots" }, "--memory lots:"},
+		"Kueue and a GpuQueue":  {func(s *Spec) { s.KueueQueue = "gpus"; s.Queue = "research" }, "--queue research: a job Kueue admits (--kueue-queue gpus) waits in no GpuQueue"},
+		"Kueue with NVLink":     {func(s *Spec) { s.KueueQueue = "gpus"; s.SameNVLink = true }, "--same-nvlink: not with --kueue-queue: Kueue v0.17 counts only"},
+		"Kueue with MIG":        {func(s *Spec) { s.KueueQueue = "gpus"; s.MIG = "1g.10gb" }, "--mig: not with --kueue-queue"},
+		"Kueue with a share":    {func(s *Spec) { s.KueueQueue = "gpus"; s.GPUs = 1; s.Share = "time-slicing" }, "--share: not with --kueue-queue"},
+		"bad LocalQueue name":   {func(s *Spec) { s.KueueQueue = "Team_A" }, "--kueue-queue Team_A: not a LocalQueue name"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := valid()
@@ -110,6 +115,16 @@ func TestBuild(t *testing.T) {
 			cfg, err := gpuapi.Decode(o.Template.Spec.Spec.Devices.Config[0].Opaque.Parameters.Raw)
 			require.NoError(t, err)
 			assert.Equal(t, gpuapi.TimeSlicing, cfg.Sharing.Strategy)
+		}},
+		"Kueue's LocalQueue": {func(s *Spec) { s.KueueQueue = "gpus"; s.GPUs = 16 }, func(t *testing.T, o Objects) {
+			assert.Equal(t, "gpus", o.Job.Labels[gpudrav1.LabelKueueQueue], "Kueue reads it on the Job")
+			assert.Equal(t, "gpus", o.Job.Spec.Template.Labels[gpudrav1.LabelKueueQueue], "gpudra on the gang's pods")
+			assert.NotContains(t, o.Job.Spec.Template.Annotations, gpudrav1.AnnotationQueue)
+			assert.NotContains(t, o.Template.Labels, gpudrav1.LabelKueueQueue, "the claim template is no job of Kueue's")
+			req := o.Template.Spec.Spec.Devices.Requests[0].Exactly
+			assert.Empty(t, req.Selectors, "Kueue counts a claim without selectors only")
+			assert.Empty(t, o.Template.Spec.Spec.Devices.Constraints)
+			assert.Equal(t, int64(8), req.Count)
 		}},
 		"queue, priority and duration": {func(s *Spec) { s.Queue = "team-a"; s.PriorityClass = "high"; s.Duration = 90 * time.Minute }, func(t *testing.T, o Objects) {
 			tmpl := o.Job.Spec.Template

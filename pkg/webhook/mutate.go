@@ -210,5 +210,15 @@ func validateGangPod(pod *corev1.Pod) field.ErrorList {
 			errs = append(errs, field.Invalid(annotations.Key(gpudraapi.AnnotationDuration), v, `must be a positive Go duration such as "30m" or "2h"`))
 		}
 	}
+	// One job, one queue (docs/queues.md): Kueue admits a pod of its
+	// LocalQueue, and gpudra then places it in no GpuQueue; naming a
+	// GpuQueue too would ask to be queued twice.
+	if gq, ok := pod.Annotations[gpudraapi.AnnotationQueue]; ok {
+		if kq := pod.Labels[gpudraapi.LabelKueueQueue]; kq != "" {
+			errs = append(errs, field.Forbidden(annotations.Key(gpudraapi.AnnotationQueue),
+				fmt.Sprintf("the pod is queued by Kueue (label %s=%s), so it waits in no GpuQueue: remove the GpuQueue %q or the Kueue label, not both (docs/queues.md)",
+					gpudraapi.LabelKueueQueue, kq, gq)))
+		}
+	}
 	return errs
 }

@@ -106,6 +106,12 @@ func TestMutate(t *testing.T) {
 			refused: []string{`gpudra.dev/duration`}},
 		"size and duration both wrong": {req: podRequest(admissionv1.Create, gangPod(nil, map[string]string{gpudraapi.AnnotationGangSize: "x", gpudraapi.AnnotationDuration: "-1m"})),
 			refused: []string{`gpudra.dev/gang-size`, `gpudra.dev/duration`}},
+		// docs/queues.md: one job, one queue.
+		"queued by Kueue and a GpuQueue": {req: podRequest(admissionv1.Create, gangPod(map[string]string{gpudraapi.LabelGang: "train", gpudraapi.LabelKueueQueue: "gpus"},
+			map[string]string{gpudraapi.AnnotationGangSize: "4", gpudraapi.AnnotationQueue: "research"})),
+			refused: []string{`metadata.annotations[gpudra.dev/queue]: Forbidden: the pod is queued by Kueue (label kueue.x-k8s.io/queue-name=gpus)`}},
+		"queued by Kueue alone": {req: podRequest(admissionv1.Create, gangPod(map[string]string{gpudraapi.LabelGang: "train", gpudraapi.LabelKueueQueue: "gpus"}, nil)),
+			wantPatch: addGates},
 		"not a pod": {req: func() *admissionv1.AdmissionRequest {
 			r := podRequest(admissionv1.Create, gangPod(nil, nil))
 			r.Object.Raw = []byte(`{"spec":"no"}`)

@@ -40,6 +40,10 @@ const (
 	// AnnotationQueue names the GpuQueue a gang waits in (default
 	// DefaultQueue); on pods, read from the gang's first pod.
 	AnnotationQueue = GroupName + "/queue"
+	// LabelKueueQueue is Kueue's label naming the LocalQueue of a job
+	// (and of a pod): a gang whose pods carry it is Kueue's to admit and
+	// waits in no GpuQueue; gpudra only places it (docs/queues.md).
+	LabelKueueQueue = "kueue.x-k8s.io/queue-name"
 	// AnnotationDuration declares how long a gang will run, a Go duration
 	// ("30m"); the ShortestJobFirst policy orders by it.
 	AnnotationDuration = GroupName + "/duration"

@@ -55,6 +55,11 @@ type Gang struct {
 	Priority int32
 	QueuedAt time.Time
 	Duration *time.Duration
+	// KueueQueue is the Kueue LocalQueue of the gang's pods (label
+	// kueue.x-k8s.io/queue-name): Kueue admitted the gang, so it waits in
+	// no GpuQueue; gpudra only places it (docs/queues.md). Empty: not
+	// Kueue's.
+	KueueQueue string
 }
 
 // member says whether the pod counts as a member of its gang: it has not
@@ -173,6 +178,9 @@ func (c *Controller) gangItems(ctx context.Context, snap *snapshot) (items []*it
 			continue
 		}
 		it := &item{kind: KindGang, queueName: g.Queue, gang: g, groups: groups}
+		if g.KueueQueue != "" {
+			it.queueName = "" // Kueue's, in no GpuQueue (planQueues)
+		}
 		it.Item = queue.Item{Key: KindGang + "/" + g.Key, Namespace: g.Namespace, Priority: g.Priority, QueuedAt: g.QueuedAt,
 			Duration: g.Duration, Devices: demand(groups, nil)}
 		for _, grp := range groups {
@@ -230,6 +238,11 @@ func collectGangs(pods []*corev1.Pod, waiting func(*corev1.Pod) bool, podGangs f
 		first := g.Pods[0]
 		if q := first.Annotations[gpudrav1.AnnotationQueue]; q != "" {
 			g.Queue = q
+		}
+		for _, p := range g.Pods {
+			if q := p.Labels[gpudrav1.LabelKueueQueue]; q != "" {
+				g.KueueQueue = q
+			}
 		}
 		if d, err := time.ParseDuration(first.Annotations[gpudrav1.AnnotationDuration]); err == nil && d > 0 {
 			g.Duration = &d

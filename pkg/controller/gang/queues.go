@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,7 +68,12 @@ type outcome struct {
 // fit does not.
 func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapshot, held map[string]int64, now time.Time) error {
 	byQueue := map[string][]*item{}
+	var kueue []*item
 	for _, it := range items {
+		if it.queueName == "" {
+			kueue = append(kueue, it)
+			continue
+		}
 		byQueue[it.queueName] = append(byQueue[it.queueName], it)
 	}
 	c.metrics.queueLength.Reset()
@@ -78,6 +84,31 @@ func (c *Controller) planQueues(ctx context.Context, items []*item, snap *snapsh
 	var errs []error
 	var batch []*admission
 	c.needDevices = nil
+	// Gangs Kueue admitted first, each on its own: Kueue decided when they
+	// start (its quota, cohorts, its own queue order), so none waits
+	// behind an item of a GpuQueue or holds one back, and one that does
+	// not fit now holds back no other; each is placed as soon as its
+	// devices are free, oldest first (docs/queues.md).
+	slices.SortFunc(kueue, func(a, b *item) int {
+		return cmp.Or(a.QueuedAt.Compare(b.QueuedAt), cmp.Compare(a.Key, b.Key))
+	})
+	for _, it := range kueue {
+		out, adm, err := c.plan(ctx, it, snap)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if adm != nil {
+			batch = append(batch, adm)
+		}
+		if out.needsDevices {
+			c.needDevices = append(c.needDevices, it)
+		}
+		if out.reason == gpudrav1.ReasonAllocated {
+			held[it.Namespace] += it.Devices
+			continue
+		}
+		errs = append(errs, c.reportWaiting(ctx, it, out, now))
+	}
 	for _, name := range sortedKeys(byQueue) {
 		policy := queue.PolicyFor(c.queue(name))
 		keyed := map[string]*item{}

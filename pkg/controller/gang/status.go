@@ -85,6 +85,10 @@ func (c *Controller) reportWaiting(ctx context.Context, it *item, out outcome, n
 			}
 		})
 	}
+	if it.gang.KueueQueue != "" {
+		c.reportGang(ctx, it.gang, out.reason, fmt.Sprintf("admitted by Kueue (LocalQueue %s), in no GpuQueue: %s", it.gang.KueueQueue, out.message))
+		return nil
+	}
 	c.reportGang(ctx, it.gang, out.reason, fmt.Sprintf("position %d in queue %s: %s", out.position, it.queueName, out.message))
 	return nil
 }

@@ -135,6 +135,8 @@ The flags mean what they mean in gpudra local run. Where the cluster differs:
   --duration   is declared for ShortestJobFirst, as locally, and also each pod's
                activeDeadlineSeconds: a pod still running that long after it started is stopped
   --queue      names a GpuQueue (kubectl get gpuqueues)
+  --kueue-queue names a Kueue LocalQueue instead (kubectl get localqueues): Kueue admits the job
+               against its team's quota, then gpudra places it, in no GpuQueue (docs/queues.md)
 More GPUs than one node has (--gpus-per-node, 8) make a gang of several pods (an Indexed Job,
 JOB_COMPLETION_INDEX in each pod) that start all or nothing. Every job is a gpudra gang, so it
 waits in gpudra's queue, in order, and says why.
@@ -209,6 +211,7 @@ template and one of the job's pods on the API server (dry run).`,
 	fs.StringVar(&s.PriorityClass, "priority", "", "a PriorityClass name: the pods' priority, which gpudra's Priority policy orders by")
 	fs.DurationVar(&s.Duration, "duration", 0, "declared run time, for the ShortestJobFirst policy; also each pod's activeDeadlineSeconds")
 	fs.StringVar(&s.Queue, "queue", "", "the GpuQueue to wait in (default: default)")
+	fs.StringVar(&s.KueueQueue, "kueue-queue", "", "a Kueue LocalQueue of your namespace: Kueue admits the job against its quota, gpudra places it (whole GPUs only; docs/queues.md)")
 	fs.StringVar(&s.Name, "name", "", "the Job's name (default: <user>-<5 random characters>)")
 	fs.BoolVar(&ray, "ray", false, "a RayJob instead of a Job (not yet: needs KubeRay)")
 	fs.BoolVar(&dryRun, "dry-run", false, "create nothing: with -o yaml, print what would be created")

@@ -1,0 +1,57 @@
+package kueue_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+)
+
+// TestTwoTeamsUnderKueueQuota: two teams' ClusterQueues of 4 GPUs each in
+// one cohort (examples/kueue), on one 8-GPU node. Team A runs 4 GPUs (its
+// quota) and team B 2; team A's next job, a gang of 2 pods of 2 GPUs, must
+// borrow 4 of team B's quota and only 2 are unused: Kueue keeps it
+// suspended, with its reason. When team B's job ends, Kueue admits it on
+// borrowed quota, and gpudra places its gang whole.
+func TestTwoTeamsUnderKueueQuota(t *testing.T) {
+	ctx := context.Background()
+	alice := newResearcher(t, "alice", "team-a")
+	bob := newResearcher(t, "bob", "team-b")
+
+	alice.submit(t, "a1", 4, 4)
+	bob.submit(t, "b1", 2, 2)
+	a1 := runningPods(t, "team-a", "a1", 1, 2*time.Minute)
+	assert.Equal(t, 4, gpusOf(t, &a1[0]))
+	b1 := runningPods(t, "team-b", "b1", 1, 2*time.Minute)
+	assert.Equal(t, 2, gpusOf(t, &b1[0]))
+
+	alice.submit(t, "a2", 4, 2)
+	var status, reason, message string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		status, reason, message = condition(workload(t, "team-a", "a2"), "QuotaReserved")
+		return status == "False" && message != "", nil
+	})
+	require.NoError(t, err, "a2 waits for quota: QuotaReserved %s %s %q", status, reason, message)
+	assert.Contains(t, message, "insufficient", "Kueue's reason")
+	job, err := cluster.Client.BatchV1().Jobs("team-a").Get(ctx, "a2", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.True(t, ptr.Deref(job.Spec.Suspend, false), "Kueue holds the job suspended: no pod of it exists")
+	pods, err := cluster.Client.CoreV1().Pods("team-a").List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=a2"})
+	require.NoError(t, err)
+	assert.Empty(t, pods.Items)
+
+	out, err := bob.gpudra(t, "cancel", "b1")
+	require.NoError(t, err, out)
+	a2 := runningPods(t, "team-a", "a2", 2, 2*time.Minute)
+	for i := range a2 {
+		assert.Equal(t, 2, gpusOf(t, &a2[i]), "pod %s: exactly its 2 GPUs", a2[i].Name)
+	}
+	status, _, _ = condition(workload(t, "team-a", "a2"), "Admitted")
+	assert.Equal(t, "True", status)
+}

@@ -1,0 +1,80 @@
+// Package tenant makes the e2e suites' tenants: users who hold, in one
+// namespace, the default `edit` role (and any other ClusterRole an admin
+// grants there, such as Kueue's kueue-batch-user-role) and nothing else.
+package tenant
+
+import (
+	"context"
+	"fmt"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	restclient "k8s.io/client-go/rest"
+
+	"github.com/gpudra/gpudra/devcluster"
+)
+
+// Grant gives user, in namespace, the rules of the ClusterRoles (edit
+// first), as a cluster aggregates them (devcluster runs no ClusterRole
+// aggregation controller, so a Role holds the aggregated rules), and
+// returns the user's client configuration.
+func Grant(ctx context.Context, c *devcluster.Cluster, namespace, user string, clusterRoles ...string) (*restclient.Config, error) {
+	seen := map[string]bool{}
+	var rules []rbacv1.PolicyRule
+	for _, name := range clusterRoles {
+		r, err := aggregated(ctx, c.Client, name, seen)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r...)
+	}
+	role := user + "-roles"
+	if _, err := c.Client.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: rules},
+		metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("Role %s/%s: %w", namespace, role, err)
+	}
+	if _, err := c.Client.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("RoleBinding %s/%s: %w", namespace, user, err)
+	}
+	cfg := restclient.CopyConfig(c.RESTConfig)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	return cfg, nil
+}
+
+// aggregated are a ClusterRole's rules with those of the roles its
+// aggregation rule selects.
+func aggregated(ctx context.Context, client kubernetes.Interface, name string, seen map[string]bool) ([]rbacv1.PolicyRule, error) {
+	if seen[name] {
+		return nil, nil
+	}
+	seen[name] = true
+	role, err := client.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("ClusterRole %s: %w", name, err)
+	}
+	rules := role.Rules
+	if role.AggregationRule == nil {
+		return rules, nil
+	}
+	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
+		s, err := metav1.LabelSelectorAsSelector(&sel)
+		if err != nil {
+			return nil, fmt.Errorf("ClusterRole %s: %w", name, err)
+		}
+		list, err := client.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{LabelSelector: s.String()})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range list.Items {
+			more, err := aggregated(ctx, client, r.Name, seen)
+			if err != nil {
+				return nil, err
+			}
+			rules = append(rules, more...)
+		}
+	}
+	return rules, nil
+}
