@@ -243,6 +243,11 @@ func (c *Client) Cancel(ctx context.Context, ns, name string) error {
 		return fmt.Errorf("job %s/%s: %w", ns, name, err)
 	}
 	if job.Labels[LabelManagedBy] != ManagedBy {
+		// KubeRay's submitter Job has its RayJob's name: that RayJob,
+		// if submit made it, is the one to cancel.
+		if err := c.cancelRayJob(ctx, ns, name); err == nil || !errors.Is(err, errNotFound) {
+			return err
+		}
 		return fmt.Errorf("job %s/%s was not made by gpudra submit (label %s=%s): delete it with kubectl", ns, name, LabelManagedBy, ManagedBy)
 	}
 	if err := c.Kube.BatchV1().Jobs(ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground),
@@ -252,11 +257,14 @@ func (c *Client) Cancel(ctx context.Context, ns, name string) error {
 	return c.deleteTemplate(ctx, ns, name)
 }
 
+// errNotFound: no job of that name that submit could have made.
+var errNotFound = errors.New("not found")
+
 // cancelRayJob deletes the RayJob of that name: KubeRay's finalizer stops
 // the Ray job, and the garbage collector deletes its cluster, pods and
 // their claims.
 func (c *Client) cancelRayJob(ctx context.Context, ns, name string) error {
-	notFound := fmt.Errorf("job %s/%s: not found (gpudra jobs lists yours)", ns, name)
+	notFound := fmt.Errorf("job %s/%s: %w (gpudra jobs lists yours)", ns, name, errNotFound)
 	served, err := c.RayJobServed(ctx)
 	switch {
 	case err != nil:

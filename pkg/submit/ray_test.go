@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -209,7 +210,13 @@ func TestSubmitListCancelRayJob(t *testing.T) {
 	assert.Equal(t, "RayJob Running, job RUNNING", jobs[0].Reason)
 	assert.Equal(t, []string{"node-a/gpu-3", "node-a/gpu-4"}, jobs[0].Devices)
 
+	// KubeRay's submitter Job has the RayJob's name, and not submit's
+	// label: cancel finds the RayJob behind it.
+	_, err = kube.BatchV1().Jobs("research").Create(ctx, &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "research",
+		Labels: map[string]string{"ray.io/originated-from-crd": "RayJob"}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
 	require.NoError(t, c.Cancel(ctx, "research", "train"))
+	require.NoError(t, kube.BatchV1().Jobs("research").Delete(ctx, "train", metav1.DeleteOptions{}), "the submitter Job is KubeRay's to delete, not cancel's")
 	_, err = dyn.Resource(RayJobs).Namespace("research").Get(ctx, "train", metav1.GetOptions{})
 	require.Error(t, err, "cancel deletes the RayJob")
 	nothingCreated(t, kube)
