@@ -1,17 +1,30 @@
 package dashboard
 
 import (
+	"context"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
 
 func obj(t *testing.T, y string) *unstructured.Unstructured {
@@ -186,6 +199,79 @@ func TestKueueStates(t *testing.T) {
 			ks := kueueStatus(obj(t, y), nil)
 			assert.Equal(t, tc.state, ks.State)
 			assert.Equal(t, tc.reason, ks.Reason)
+		})
+	}
+}
+
+// TestClusterSourceEngines: KubeRay's and Kueue's objects are read only
+// where discovery says they are served. Not served: no group and no note
+// (most clusters run neither). Discovery failing otherwise: a note that
+// it could not tell, never silence. Forbidden: a note. Served: the
+// groups, from the informers.
+func TestClusterSourceEngines(t *testing.T) {
+	served := []*metav1.APIResourceList{
+		{GroupVersion: "ray.io/v1", APIResources: []metav1.APIResource{{Name: "rayclusters", Namespaced: true}, {Name: "rayjobs", Namespaced: true}}},
+		{GroupVersion: "kueue.x-k8s.io/v1beta2", APIResources: []metav1.APIResource{{Name: "workloads", Namespaced: true}, {Name: "localqueues", Namespaced: true}}},
+	}
+	for name, tc := range map[string]struct {
+		resources []*metav1.APIResourceList
+		setup     func(*fake.Clientset, *dynamicfake.FakeDynamicClient)
+		notes     []string
+		groups    []string
+	}{
+		"neither engine installed": {},
+		"discovery fails": {setup: func(c *fake.Clientset, _ *dynamicfake.FakeDynamicClient) {
+			c.PrependReactor("get", "resource", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, apierrors.NewServiceUnavailable("etcd is slow")
+			})
+		}, notes: []string{
+			"RayJobs: could not tell whether ray.io/v1 is served (discovery of ray.io/v1: etcd is slow): RayJobs are not shown as such",
+			"Kueue Workloads: could not tell whether kueue.x-k8s.io/v1beta2 is served (discovery of kueue.x-k8s.io/v1beta2: etcd is slow): Kueue's admission and reasons are not shown",
+		}},
+		"served": {resources: served, groups: []string{"RayJob research/train", "Job team-b/big"}},
+		"served, RayJobs forbidden": {resources: served, setup: func(_ *fake.Clientset, d *dynamicfake.FakeDynamicClient) {
+			d.PrependReactor("list", "rayjobs", forbid("rayjobs", nil))
+		}, notes: []string{"RayJobs (all namespaces): forbidden: RayJobs are not shown as such"},
+			groups: []string{"RayCluster research/train-abcde", "Job team-b/big"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			client := fake.NewClientset(testPod("team-b", "big-0", nil))
+			client.Discovery().(*fakediscovery.FakeDiscovery).Resources = tc.resources
+			var objs []runtime.Object
+			for _, y := range []string{rayJobYAML, rayJobClusterYAML, pendingWorkloadYAML, localQueueYAML} {
+				objs = append(objs, obj(t, y))
+			}
+			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+				gpudrav1.GpuQueues: "GpuQueueList", gpudrav1.GpuReservations: "GpuReservationList",
+				RayClusters: "RayClusterList", RayJobs: "RayJobList", KueueWorkloads: "WorkloadList", LocalQueues: "LocalQueueList"}, objs...)
+			if tc.setup != nil {
+				tc.setup(client, dyn)
+			}
+			src := NewClusterSource(ClusterConfig{Client: client, Dynamic: dyn, Debounce: 10 * time.Millisecond})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- src.Run(ctx) }()
+			defer func() { cancel(); require.NoError(t, <-done) }()
+			v := waitSourceView(t, src, 5*time.Second, func(v *View) bool {
+				return !slices.Contains(v.Notes, "reading the cluster...") && len(v.Workloads) == len(tc.groups)
+			})
+			var groups []string
+			for _, w := range v.Workloads {
+				groups = append(groups, w.Kind+" "+w.Namespace+"/"+w.Name)
+			}
+			assert.ElementsMatch(t, tc.groups, groups)
+			var engineNotes []string
+			for _, n := range v.Notes {
+				if strings.Contains(n, "Ray") || strings.Contains(n, "Kueue") {
+					engineNotes = append(engineNotes, n)
+				}
+			}
+			for _, want := range tc.notes {
+				assert.Contains(t, engineNotes, want)
+			}
+			if len(tc.notes) == 0 {
+				assert.Empty(t, engineNotes, "an engine not installed is no note")
+			}
 		})
 	}
 }
