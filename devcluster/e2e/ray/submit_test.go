@@ -11,11 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
+	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/submit"
 	"github.com/gpudra/gpudra/pkg/submit/cli"
 )
@@ -148,6 +152,10 @@ func TestSubmitRayAsEditUser(t *testing.T) {
 		assert.Contains(t, out, r.Pool+"/"+r.Device, "the worker's devices")
 	}
 
+	// The dashboard, with the user's credentials, shows the RayJob as one
+	// group: its cluster, the head, and the worker with its devices.
+	assertDashboardGroup(t, ns, user, worker.Name, claim)
+
 	seen := claimUIDsByNode(t, ns)
 	out, err = gpudra("cancel", "train")
 	require.NoError(t, err, out)
@@ -163,4 +171,47 @@ func TestSubmitRayAsEditUser(t *testing.T) {
 	for node, uids := range seen {
 		waitUnprepared(t, node, uids...)
 	}
+}
+
+// assertDashboardGroup runs gpudra dashboard's source as user, on ns, and
+// waits for the RayJob train's group: KubeRay's state, its RayCluster,
+// its head and its worker with the claim's devices.
+func assertDashboardGroup(t *testing.T, ns, user, worker string, claim *resourceapi.ResourceClaim) {
+	t.Helper()
+	cfg := restclient.CopyConfig(cluster.RESTConfig)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	dc, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	src := dashboard.NewClusterSource(dashboard.ClusterConfig{Client: kube, Dynamic: dc, Namespace: ns, Debounce: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	var want []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		want = append(want, r.Pool+"/"+r.Device)
+	}
+	var last []dashboard.Workload
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		v, changed := src.Current()
+		last = v.Workloads
+		for _, w := range v.Workloads {
+			if w.Kind != "RayJob" || w.Name != "train" || w.RayCluster == "" || len(w.Pods) != 2 {
+				continue
+			}
+			head, wk := w.Pods[0], w.Pods[1]
+			if head.Role == "head" && wk.Name == worker && len(wk.Claims) == 1 && assert.ObjectsAreEqual(want, wk.Claims[0].Devices) {
+				t.Logf("dashboard: %s %s/%s (%s), cluster %s (%s), pods %+v", w.Kind, w.Namespace, w.Name, w.State, w.RayCluster, w.ClusterState, w.Pods)
+				return
+			}
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second):
+		}
+	}
+	t.Fatalf("the dashboard shows no RayJob group train with its head and worker %s on %v: %+v", worker, want, last)
 }
