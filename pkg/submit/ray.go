@@ -81,6 +81,11 @@ func (s Spec) rayJob(labels map[string]string, workers, perPod int64, template s
 		// the restart policy; the user's command is the entrypoint.
 		t.Spec.Containers[0].Command = nil
 		t.Spec.RestartPolicy = ""
+		// --duration is declared only (ShortestJobFirst): KubeRay makes a
+		// Ray pod that a deadline stopped again, alone, outside its gang;
+		// the RayJob's own activeDeadlineSeconds would count the wait in
+		// the queue.
+		t.Spec.ActiveDeadlineSeconds = nil
 	}
 	n := ptr.To(int32(workers))
 	return &RayJob{
