@@ -141,7 +141,8 @@ waits in gpudra's queue, in order, and says why.
 
 --ray makes a KubeRay RayJob instead (ray.io/v1; KubeRay's operator must run on the cluster): a
 head without GPUs and one worker group whose workers hold the GPUs (as many workers as the Job
-would have pods), head and workers one gang, CMD the job's entrypoint; --image is a Ray image.
+would have pods), head and workers one gang, CMD the job's entrypoint; --image is a Ray image;
+--duration is declared only (no pod deadline: KubeRay would make a stopped Ray pod again).
 
 Nothing is created unless everything checks: the flags here, then the queue, the claim
 template and one of the job's pods on the API server (dry run).`,
