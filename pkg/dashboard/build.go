@@ -45,6 +45,8 @@ type ClusterInputs struct {
 	// ClaimsPartial: the claims were read in some namespaces only (or not
 	// at all), so a device with no holder in Claims may still be held.
 	ClaimsPartial bool
+	// Workloads are KubeRay's and Kueue's objects, where served and read.
+	Workloads WorkloadInputs
 	// Notes say what the source could not read.
 	Notes []string
 }
@@ -77,6 +79,10 @@ func Build(in ClusterInputs) *View {
 	v := &View{Mode: "cluster", At: in.Now, Context: in.Context}
 	v.Domains = b.domains(v)
 	v.Queues = b.queues(v)
+	v.Workloads = workloads(in.Workloads, in.Pods, b.claims)
+	for _, w := range v.Workloads {
+		b.seeNamespace(w.Namespace)
+	}
 	if in.Allocation != nil {
 		v.Allocation = *in.Allocation
 	} else {

@@ -31,3 +31,9 @@ func kubectlReservation(namespace, name string) string {
 func kubectlGang(namespace, name string) string {
 	return fmt.Sprintf("kubectl get pods -n %s -l gpudra.dev/gang=%s", namespace, name)
 }
+
+// kubectlGet shows a namespaced object of any kind (a RayJob, a Kueue
+// Workload, the Job it belongs to).
+func kubectlGet(resource, namespace, name string) string {
+	return fmt.Sprintf("kubectl get %s -n %s %s -o yaml", resource, namespace, name)
+}

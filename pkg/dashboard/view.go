@@ -34,6 +34,10 @@ type View struct {
 	// Queues are the GpuQueues (and the queues named by waiting items that
 	// have no GpuQueue object), in name order; local mode has one.
 	Queues []Queue `json:"queues"`
+	// Workloads are Ray clusters, RayJobs and Kueue's workloads with their
+	// pods and claims, where those APIs are served and readable (none in
+	// local mode), by namespace and name.
+	Workloads []Workload `json:"workloads,omitempty"`
 	// Allocation is the devices allocated and used per namespace (local:
 	// per user) over time, oldest first.
 	Allocation Allocation `json:"allocation"`

@@ -13,6 +13,11 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/internal/browser"
 )
@@ -269,6 +274,45 @@ func TestPage(t *testing.T) {
 		}
 	})
 
+	t.Run("Ray clusters, RayJobs and Kueue workloads, grouped with their pods and claims", func(t *testing.T) {
+		ts, _, _ := newTestServer(t, FixtureView(2, 8, 2))
+		p := openPage(t, bctx, pageURL(ts))
+		p.waitFor(`document.body.dataset.revision === "1"`, 20*time.Second)
+		var hidden bool
+		p.eval(`document.getElementById('tab-workloads').hidden`, &hidden)
+		if !hidden {
+			t.Error("the Workloads tab shows on a cluster with no Ray or Kueue workload")
+		}
+
+		v := FixtureView(2, 8, 2)
+		v.Workloads = fixtureWorkloads(t)
+		v.Filters.Namespaces = append(v.Filters.Namespaces, "research", "team-b")
+		ts, _, _ = newTestServer(t, v)
+		p = openPage(t, bctx, pageURL(ts)+"#tab=workloads")
+		p.waitFor(`document.body.dataset.revision === "1"`, 20*time.Second)
+		p.eval(`document.getElementById('tab-workloads').hidden || document.getElementById('workloads').hidden`, &hidden)
+		if hidden {
+			t.Fatal("#tab=workloads does not show the workloads")
+		}
+		var got []workloadHooks
+		p.eval(readWorkloads, &got)
+		want := []workloadHooks{
+			{Kind: "RayJob", Namespace: "research", Name: "train", State: "Running/RUNNING", RayCluster: "train-abcde", KueueState: KueueAdmitted, ClusterQueue: "team-a-cq",
+				Pods: []string{"train-abcde-head-q head dgx-1 ", "train-abcde-gpus-worker-z worker dgx-1 dgx-1/gpu-0,dgx-1/gpu-1"}},
+			{Kind: "Job", Namespace: "team-b", Name: "big", KueueState: KueuePending, ClusterQueue: "team-b-cq", KueueReason: "Pending",
+				KueueMessage: "couldn't assign flavors to pod set main: insufficient unused quota for gpu.gpudra.dev in flavor default, 8 more needed",
+				Pods:         []string{"big-0-xyz   "}},
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("workloads %+v,\nwant %+v", got, want)
+		}
+		p.setFilter("filter-namespace", "team-b")
+		p.eval(readWorkloads, &got)
+		if len(got) != 1 || got[0].Name != "big" {
+			t.Errorf("filtered by namespace team-b: %+v", got)
+		}
+	})
+
 	t.Run("filters, search and the URL hash", func(t *testing.T) {
 		v := FixtureView(3, 8, 2)
 		ts, _, _ := newTestServer(t, v)
@@ -457,4 +501,42 @@ func BenchmarkFirstPaint1000Nodes(b *testing.B) {
 	}
 	b.ReportMetric(total/float64(n), "ms/firstpaint")
 	b.ReportMetric(worst, "ms/worst-firstpaint")
+}
+
+// workloadHooks are a workload group's data-* hooks; Pods "name role node
+// devices" each.
+type workloadHooks struct {
+	Kind, Namespace, Name, State, RayCluster            string
+	KueueState, ClusterQueue, KueueReason, KueueMessage string
+	Pods                                                []string
+}
+
+const readWorkloads = `[...document.querySelectorAll('[data-testid="workload"]')].map((w) => ({
+	Kind: w.dataset.kind, Namespace: w.dataset.namespace, Name: w.dataset.name, State: w.dataset.state, RayCluster: w.dataset.rayCluster,
+	KueueState: w.dataset.kueueState, ClusterQueue: w.dataset.clusterQueue, KueueReason: w.dataset.kueueReason,
+	KueueMessage: (w.querySelector('[data-testid="kueue-message"]') || {}).textContent || '',
+	Pods: [...w.querySelectorAll('[data-testid="workload-pod"]')].map((p) => [p.dataset.pod, p.dataset.role, p.dataset.node, p.dataset.devices].join(' ')),
+}))`
+
+// fixtureWorkloads are the real-shaped objects of workloads_test.go
+// grouped: a RayJob Kueue admitted, with its head and GPU worker, and a
+// Job Kueue holds pending for quota.
+func fixtureWorkloads(t *testing.T) []Workload {
+	claims := map[string]*resourceapi.ResourceClaim{
+		"research/w-0-gpus-x": {ObjectMeta: metav1.ObjectMeta{Name: "w-0-gpus-x", Namespace: "research"},
+			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{{Pool: "dgx-1", Device: "gpu-0"}, {Pool: "dgx-1", Device: "gpu-1"}}}}}},
+	}
+	jobPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "big-0-xyz", Namespace: "team-b",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "big", UID: "job-1", Controller: ptr.To(true)}}}}
+	return workloads(WorkloadInputs{
+		RayJobs:        []*unstructured.Unstructured{obj(t, rayJobYAML)},
+		RayClusters:    []*unstructured.Unstructured{obj(t, rayJobClusterYAML)},
+		KueueWorkloads: []*unstructured.Unstructured{obj(t, admittedWorkloadYAML), obj(t, pendingWorkloadYAML)},
+		LocalQueues:    []*unstructured.Unstructured{obj(t, localQueueYAML)},
+	}, []*corev1.Pod{
+		rayPod("train-abcde-gpus-worker-z", "train-abcde", "worker", "gpus", "dgx-1", "w-0-gpus-x"),
+		rayPod("train-abcde-head-q", "train-abcde", "head", "headgroup", "dgx-1", ""),
+		jobPod,
+	}, claims)
 }

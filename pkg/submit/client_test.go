@@ -45,7 +45,13 @@ func fakeClient(t *testing.T, queues ...string) (*Client, *fake.Clientset, *dyna
 		objs = append(objs, u)
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{gpudrav1.GpuQueues: "GpuQueueList"}, objs...)
+		map[schema.GroupVersionResource]string{gpudrav1.GpuQueues: "GpuQueueList", RayJobs: "RayJobList"}, objs...)
+	dyn.PrependReactor("create", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if c, ok := a.(clienttesting.CreateActionImpl); ok && len(c.GetCreateOptions().DryRun) > 0 {
+			return true, c.GetObject(), nil
+		}
+		return false, nil, nil
+	})
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	return &Client{Kube: kube, Dynamic: dyn, Now: func() time.Time { return now }}, kube, dyn
 }
@@ -168,7 +174,7 @@ func TestListShowsWhereAJobWaitsAndWhatItHolds(t *testing.T) {
 	_, err = kube.ResourceV1().ResourceClaims("research").Create(ctx, claim, metav1.CreateOptions{})
 	require.NoError(t, err)
 
-	jobs, err := c.List(ctx, "research")
+	jobs, _, err := c.List(ctx, "research")
 	require.NoError(t, err)
 	require.Len(t, jobs, 2)
 	byName := map[string]JobStatus{}

@@ -94,6 +94,10 @@ type Spec struct {
 	// the job against its quota, gpudra then places it, in no GpuQueue
 	// (docs/queues.md). Excludes Queue.
 	KueueQueue string
+	// Ray makes a KubeRay RayJob instead of a Job: a head and one worker
+	// group whose workers hold the GPUs, one gang, the command its
+	// entrypoint.
+	Ray bool
 }
 
 // FieldError is bad input, naming the flag.
@@ -255,10 +259,38 @@ func (s Spec) layout() (pods, perPod int64, err error) {
 	return pods, s.GPUs / pods, nil
 }
 
-// Objects are what submit creates, in this order.
+// Objects are what submit creates, in this order: the claim template,
+// then the Job or (--ray) the RayJob.
 type Objects struct {
 	Template *resourceapi.ResourceClaimTemplate
 	Job      *batchv1.Job
+	RayJob   *RayJob
+}
+
+// Meta is the Job's or the RayJob's metadata.
+func (o Objects) Meta() *metav1.ObjectMeta {
+	if o.RayJob != nil {
+		return &o.RayJob.ObjectMeta
+	}
+	return &o.Job.ObjectMeta
+}
+
+// Kind is "Job" or "RayJob".
+func (o Objects) Kind() string {
+	if o.RayJob != nil {
+		return KindRayJob
+	}
+	return "Job"
+}
+
+// GPUPods are the pods that hold GPUs, and the template they are made
+// from: the Job's pods, or the RayJob's workers.
+func (o Objects) GPUPods() (int32, *corev1.PodTemplateSpec) {
+	if o.RayJob != nil {
+		g := &o.RayJob.Spec.RayClusterSpec.WorkerGroupSpecs[0]
+		return ptr.Deref(g.Replicas, 1), &g.Template
+	}
+	return ptr.Deref(o.Job.Spec.Completions, 1), &o.Job.Spec.Template
 }
 
 // TemplateName is the claim template of job name.
@@ -278,44 +310,20 @@ func Build(s Spec) (Objects, error) {
 		return Objects{}, err
 	}
 	labels := map[string]string{LabelManagedBy: ManagedBy, LabelJob: s.Name}
-	jobLabels := maps.Clone(labels)
 	tmpl := &resourceapi.ResourceClaimTemplate{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
 		ObjectMeta: metav1.ObjectMeta{Name: TemplateName(s.Name), Namespace: s.Namespace, Labels: labels},
 		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: devices}},
 	}
-
-	podLabels := map[string]string{LabelManagedBy: ManagedBy, LabelJob: s.Name, gpudrav1.LabelGang: s.Name}
-	// Every submitted job is a gang, one pod or many: gpudra's queue
-	// orders gangs (a plain pod goes to the scheduler at once, in no
-	// queue), and a gang of several pods starts all or nothing.
-	podAnnotations := map[string]string{gpudrav1.AnnotationGangSize: strconv.FormatInt(pods, 10)}
-	if s.Queue != "" {
-		podAnnotations[gpudrav1.AnnotationQueue] = s.Queue
-	}
+	jobLabels := maps.Clone(labels)
 	if s.KueueQueue != "" {
-		// Kueue reads it on the Job; gpudra on the pods, so that their
-		// gang waits in no GpuQueue.
+		// Kueue reads it on the Job (or RayJob); gpudra on the pods
+		// (podTemplate), so that their gang waits in no GpuQueue.
 		jobLabels[gpudrav1.LabelKueueQueue] = s.KueueQueue
-		podLabels[gpudrav1.LabelKueueQueue] = s.KueueQueue
 	}
-	pod := corev1.PodSpec{
-		RestartPolicy:     corev1.RestartPolicyNever,
-		PriorityClassName: s.PriorityClass,
-		Containers: []corev1.Container{{
-			Name: ContainerName, Image: s.Image, Command: slices.Clone(s.Command),
-			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: ClaimName}}},
-		}},
-		ResourceClaims: []corev1.PodResourceClaim{{Name: ClaimName, ResourceClaimTemplateName: ptr.To(tmpl.Name)}},
-	}
-	if s.Duration > 0 {
-		podAnnotations[gpudrav1.AnnotationDuration] = s.Duration.String()
-		// Counted from the pod's start on its node, not from the
-		// submission: the time in the queue does not count.
-		pod.ActiveDeadlineSeconds = ptr.To(int64(math.Ceil(s.Duration.Seconds())))
-	}
-	if _, isFraction, _ := s.Fraction(); isFraction {
-		pod.Tolerations = []corev1.Toleration{{Key: FractionalToleration, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	if s.Ray {
+		// The head waits with its workers: one gang of 1 + pods.
+		return Objects{Template: tmpl, RayJob: s.rayJob(jobLabels, pods, perPod, tmpl.Name)}, nil
 	}
 	job := &batchv1.Job{
 		TypeMeta:   metav1.TypeMeta{APIVersion: batchv1.SchemeGroupVersion.String(), Kind: "Job"},
@@ -326,13 +334,45 @@ func Build(s Spec) (Objects, error) {
 			// A gang's pod that fails fails the job: a replacement would
 			// start alone, outside its gang.
 			BackoffLimit: ptr.To[int32](0),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations},
-				Spec:       pod,
-			},
+			Template:     s.podTemplate(ContainerName, pods, tmpl.Name),
 		},
 	}
 	return Objects{Template: tmpl, Job: job}, nil
+}
+
+// podTemplate is a gang pod of gangSize with one container that holds
+// the GPUs of the claim template (none when template is "": a Ray head).
+func (s Spec) podTemplate(container string, gangSize int64, template string) corev1.PodTemplateSpec {
+	podLabels := map[string]string{LabelManagedBy: ManagedBy, LabelJob: s.Name, gpudrav1.LabelGang: s.Name}
+	// Every submitted job is a gang, one pod or many: gpudra's queue
+	// orders gangs (a plain pod goes to the scheduler at once, in no
+	// queue), and a gang of several pods starts all or nothing.
+	podAnnotations := map[string]string{gpudrav1.AnnotationGangSize: strconv.FormatInt(gangSize, 10)}
+	if s.Queue != "" {
+		podAnnotations[gpudrav1.AnnotationQueue] = s.Queue
+	}
+	if s.KueueQueue != "" {
+		podLabels[gpudrav1.LabelKueueQueue] = s.KueueQueue
+	}
+	pod := corev1.PodSpec{
+		RestartPolicy:     corev1.RestartPolicyNever,
+		PriorityClassName: s.PriorityClass,
+		Containers:        []corev1.Container{{Name: container, Image: s.Image, Command: slices.Clone(s.Command)}},
+	}
+	if template != "" {
+		pod.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: ClaimName}}
+		pod.ResourceClaims = []corev1.PodResourceClaim{{Name: ClaimName, ResourceClaimTemplateName: ptr.To(template)}}
+		if _, isFraction, _ := s.Fraction(); isFraction {
+			pod.Tolerations = []corev1.Toleration{{Key: FractionalToleration, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		}
+	}
+	if s.Duration > 0 {
+		podAnnotations[gpudrav1.AnnotationDuration] = s.Duration.String()
+		// Counted from the pod's start on its node, not from the
+		// submission: the time in the queue does not count.
+		pod.ActiveDeadlineSeconds = ptr.To(int64(math.Ceil(s.Duration.Seconds())))
+	}
+	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations}, Spec: pod}
 }
 
 // devices is one pod's claim: the words of gpudra local run

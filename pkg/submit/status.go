@@ -12,6 +12,9 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 )
@@ -37,7 +40,9 @@ var positionRE = regexp.MustCompile(`^position (\d+) in queue (\S+): `)
 // JobStatus is one submitted job as gpudra jobs shows it.
 type JobStatus struct {
 	Namespace, Name string
-	State           string
+	// Kind is "Job" or "RayJob".
+	Kind  string
+	State string
 	// Pods is "running/total" of the gang.
 	Pods string
 	// Queue is the GpuQueue it waits in; Position its place (1: next), 0
@@ -58,15 +63,8 @@ type JobStatus struct {
 // Status computes a job's status from its Job, its pods and the claims in
 // its namespace. Pure.
 func Status(job *batchv1.Job, pods []*corev1.Pod, claims map[string]*resourceapi.ResourceClaim, now time.Time) JobStatus {
-	st := JobStatus{Namespace: job.Namespace, Name: job.Name, Age: now.Sub(job.CreationTimestamp.Time).Truncate(time.Second),
-		Queue: gpudrav1.DefaultQueue}
-	if q := job.Spec.Template.Annotations[gpudrav1.AnnotationQueue]; q != "" {
-		st.Queue = q
-	}
-	total := int32(1)
-	if job.Spec.Completions != nil {
-		total = *job.Spec.Completions
-	}
+	st := JobStatus{Namespace: job.Namespace, Name: job.Name, Kind: "Job", Age: now.Sub(job.CreationTimestamp.Time).Truncate(time.Second),
+		Queue: queueOf(&job.Spec.Template)}
 	for _, c := range job.Status.Conditions {
 		if c.Status != corev1.ConditionTrue {
 			continue
@@ -78,6 +76,20 @@ func Status(job *batchv1.Job, pods []*corev1.Pod, claims map[string]*resourceapi
 			st.State, st.Reason, st.Message = StateFailed, c.Reason, c.Message
 		}
 	}
+	gangStatus(&st, ptr.Deref(job.Spec.Completions, 1), pods, claims)
+	return st
+}
+
+func queueOf(t *corev1.PodTemplateSpec) string {
+	if q := t.Annotations[gpudrav1.AnnotationQueue]; q != "" {
+		return q
+	}
+	return gpudrav1.DefaultQueue
+}
+
+// gangStatus fills in what the gang's pods say: running of total, the
+// devices, and why it waits; and the state, unless already final.
+func gangStatus(st *JobStatus, total int32, pods []*corev1.Pod, claims map[string]*resourceapi.ResourceClaim) {
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return cmp.Compare(a.Name, b.Name) })
 	running, bound := 0, 0
 	for _, p := range pods {
@@ -132,6 +144,43 @@ func Status(job *batchv1.Job, pods []*corev1.Pod, claims map[string]*resourceapi
 		st.Position = 0
 		if st.State != StateFailed {
 			st.Reason, st.Message = "", ""
+		}
+	}
+}
+
+// RayJobStatus computes a RayJob's status from the RayJob (KubeRay's
+// status.jobDeploymentStatus and status.jobStatus), the gang's pods (its
+// head and workers) and the claims in its namespace. Pure.
+func RayJobStatus(rj *unstructured.Unstructured, pods []*corev1.Pod, claims map[string]*resourceapi.ResourceClaim, now time.Time) JobStatus {
+	st := JobStatus{Namespace: rj.GetNamespace(), Name: rj.GetName(), Kind: KindRayJob, Age: now.Sub(rj.GetCreationTimestamp().Time).Truncate(time.Second),
+		Queue: gpudrav1.DefaultQueue}
+	var spec RayJob
+	total := int32(1)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(rj.Object, &spec); err == nil {
+		for _, g := range spec.Spec.RayClusterSpec.WorkerGroupSpecs {
+			total += ptr.Deref(g.Replicas, 0)
+		}
+		st.Queue = queueOf(&spec.Spec.RayClusterSpec.HeadGroupSpec.Template)
+	}
+	deployment, _, _ := unstructured.NestedString(rj.Object, "status", "jobDeploymentStatus")
+	job, _, _ := unstructured.NestedString(rj.Object, "status", "jobStatus")
+	reason, _, _ := unstructured.NestedString(rj.Object, "status", "reason")
+	message, _, _ := unstructured.NestedString(rj.Object, "status", "message")
+	switch {
+	case job == "SUCCEEDED":
+		st.State = StateSucceeded
+	case job == "FAILED" || job == "STOPPED" || deployment == "Failed" || deployment == "ValidationFailed":
+		st.State, st.Reason, st.Message = StateFailed, cmp.Or(reason, "Job"+cmp.Or(job, deployment)), message
+	case deployment == "Complete":
+		// Complete without SUCCEEDED: KubeRay's own word.
+		st.State = StateSucceeded
+	}
+	gangStatus(&st, total, pods, claims)
+	if st.State == StateRunning || st.State == StateStarting {
+		// Where the Ray job is: KubeRay's cluster and Ray's job state.
+		st.Reason = "RayJob " + cmp.Or(deployment, "New")
+		if job != "" {
+			st.Reason += ", job " + job
 		}
 	}
 	return st

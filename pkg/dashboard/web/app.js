@@ -102,7 +102,7 @@
   // ---- filters and the URL hash ----
   function readHash() {
     const p = new URLSearchParams(location.hash.slice(1));
-    state.tab = ['fleet', 'queues', 'allocation'].includes(p.get('tab')) ? p.get('tab') : 'fleet';
+    state.tab = ['fleet', 'queues', 'workloads', 'allocation'].includes(p.get('tab')) ? p.get('tab') : 'fleet';
     for (const k of Object.keys(FILTERS)) state.filters[k] = p.get(k) || '';
     for (const [k, id] of Object.entries(FILTERS)) setInput($(id), state.filters[k]);
   }
@@ -421,6 +421,58 @@
     el('td', null, kubectl(it.kubectl)));
   }
 
+  // ---- workloads: Ray clusters, RayJobs, Kueue's jobs ----
+  function matchWorkload(w) {
+    const f = state.filters;
+    if (f.ns && w.namespace !== f.ns) return false;
+    if (!f.q) return true;
+    const q = f.q.toLowerCase();
+    return [w.namespace, w.name, w.rayCluster, w.kueue && w.kueue.workload, ...(w.pods || []).map((p) => p.name)]
+      .some((s) => s && s.toLowerCase().includes(q));
+  }
+  function drawWorkloads() {
+    const box = $('workloads');
+    const all = state.view.workloads || [];
+    $('tab-workloads').hidden = !all.length;
+    const shown = all.filter(matchWorkload);
+    if (!shown.length) {
+      box.replaceChildren(el('p', { class: 'empty', text: all.length ? 'No workload matches these filters.' : 'No Ray cluster, RayJob or Kueue workload.' }));
+      return;
+    }
+    box.replaceChildren(...shown.map(workloadBox));
+  }
+  function workloadBox(w) {
+    const k = w.kueue;
+    const summary = [w.state, w.rayCluster && `cluster ${w.rayCluster}${w.clusterState ? ` ${w.clusterState}` : ''}`].filter(Boolean).join(' · ');
+    return el('div', {
+      class: 'workload',
+      data: { testid: 'workload', kind: w.kind, namespace: w.namespace, name: w.name, state: w.state || '', rayCluster: w.rayCluster || '',
+        kueueState: k ? k.state : '', clusterQueue: k ? (k.clusterQueue || '') : '', kueueReason: k ? (k.reason || '') : '' },
+    },
+    el('div', { class: 'queue-head' },
+      el('span', { class: `badge kind-${w.kind.toLowerCase()}`, text: w.kind }),
+      el('h2', { text: `${w.namespace}/${w.name}` }),
+      summary && el('span', { class: 'muted', text: summary }),
+      kubectl(w.kubectl)),
+    k && el('div', { class: `kueue kueue-${k.state.replace(/ /g, '-')}`, data: { testid: 'kueue' } },
+      el('span', { class: 'badge', text: `Kueue: ${k.state}` }),
+      el('span', { class: 'muted', text: [k.localQueue && `LocalQueue ${k.localQueue}`, k.clusterQueue && `ClusterQueue ${k.clusterQueue}`].filter(Boolean).join(' → ') }),
+      k.message && el('span', { class: 'reason', data: { testid: 'kueue-message' }, title: k.reason || '', text: k.message }),
+      kubectl(k.kubectl)),
+    el('table', null,
+      el('thead', null, el('tr', null, ['Pod', 'Role', 'Group', 'Node', 'Phase', 'Claims and devices'].map((t) => el('th', { text: t })))),
+      el('tbody', null, (w.pods || []).length ? w.pods.map((p) => el('tr', {
+        data: { testid: 'workload-pod', pod: p.name, role: p.role || '', node: p.node || '', devices: (p.claims || []).flatMap((c) => c.devices || []).join(',') },
+      },
+      el('td', { class: 'name', text: p.name }),
+      el('td', { text: p.role || '—' }),
+      el('td', { text: p.group || '—' }),
+      el('td', { class: 'name', text: p.node || 'not scheduled' }),
+      el('td', { text: p.phase || '' }),
+      el('td', { class: 'name', text: (p.claims || []).map((c) => `${c.name}: ${(c.devices || []).join(', ') || 'not allocated'}`).join('; ') || '—' })))
+        : el('tr', null, el('td', { colspan: 6, class: 'muted', text: 'no pods' })))));
+  }
+
   // ---- allocation over time ----
   function drawAllocation() {
     const box = $('allocation');
@@ -513,6 +565,7 @@
     buildRows();
     drawFleet(true);
     drawQueues();
+    drawWorkloads();
     drawAllocation();
   }
   function draw(v) {
@@ -525,7 +578,7 @@
   }
   function showTab(tab) {
     state.tab = tab;
-    for (const t of ['fleet', 'queues', 'allocation']) {
+    for (const t of ['fleet', 'queues', 'workloads', 'allocation']) {
       $(t).hidden = t !== tab;
       $(`tab-${t}`).setAttribute('aria-selected', String(t === tab));
     }
@@ -569,7 +622,7 @@
   function init() {
     readHash();
     showTab(state.tab);
-    for (const t of ['fleet', 'queues', 'allocation']) {
+    for (const t of ['fleet', 'queues', 'workloads', 'allocation']) {
       $(`tab-${t}`).addEventListener('click', () => { showTab(t); writeHash(); });
     }
     for (const id of Object.values(FILTERS)) {

@@ -141,12 +141,15 @@ More GPUs than one node has (--gpus-per-node, 8) make a gang of several pods (an
 JOB_COMPLETION_INDEX in each pod) that start all or nothing. Every job is a gpudra gang, so it
 waits in gpudra's queue, in order, and says why.
 
+--ray makes a KubeRay RayJob instead (ray.io/v1; KubeRay's operator must run on the cluster): a
+head without GPUs and one worker group whose workers hold the GPUs (as many workers as the Job
+would have pods), head and workers one gang, CMD the job's entrypoint; --image is a Ray image;
+--duration is declared only (no pod deadline: KubeRay would make a stopped Ray pod again).
+
 Nothing is created unless everything checks: the flags here, then the queue, the claim
 template and one of the job's pods on the API server (dry run).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if ray {
-				return errors.New("--ray: not yet: a RayJob needs KubeRay's RayJob CRD and operator on the cluster, which gpudra submit does not drive yet (docs/submit.md)")
-			}
+			s.Ray = ray
 			if mps {
 				if s.Share != "" && s.Share != submit.ShareMPS {
 					return fmt.Errorf("--mps and --share %s exclude each other", s.Share)
@@ -213,7 +216,7 @@ template and one of the job's pods on the API server (dry run).`,
 	fs.StringVar(&s.Queue, "queue", "", "the GpuQueue to wait in (default: default)")
 	fs.StringVar(&s.KueueQueue, "kueue-queue", "", "a Kueue LocalQueue of your namespace: Kueue admits the job against its quota, gpudra places it (whole GPUs only; docs/queues.md)")
 	fs.StringVar(&s.Name, "name", "", "the Job's name (default: <user>-<5 random characters>)")
-	fs.BoolVar(&ray, "ray", false, "a RayJob instead of a Job (not yet: needs KubeRay)")
+	fs.BoolVar(&ray, "ray", false, "a KubeRay RayJob instead of a Job: a head and GPU workers, one gang, CMD its entrypoint (needs KubeRay's operator)")
 	fs.BoolVar(&dryRun, "dry-run", false, "create nothing: with -o yaml, print what would be created")
 	fs.StringVarP(&output, "output", "o", "", "with --dry-run: yaml")
 	return cmd
@@ -243,7 +246,11 @@ func defaultName() string {
 }
 
 func printYAML(w io.Writer, objs submit.Objects) error {
-	for i, o := range []any{objs.Template, objs.Job} {
+	var obj any = objs.Job
+	if objs.RayJob != nil {
+		obj = objs.RayJob
+	}
+	for i, o := range []any{objs.Template, obj} {
 		if i > 0 {
 			fmt.Fprintln(w, "---")
 		}
@@ -262,14 +269,19 @@ func printYAML(w io.Writer, objs submit.Objects) error {
 // writes the gang's condition within a round, so submit waits a moment
 // for it.
 func printSubmitted(ctx context.Context, w io.Writer, c *submit.Client, objs submit.Objects) error {
-	fmt.Fprintf(w, "job %s/%s submitted: %d GPU(s)\n", objs.Job.Namespace, objs.Job.Name, gpusOf(objs))
+	meta := objs.Meta()
+	what := "job"
+	if objs.RayJob != nil {
+		what = "RayJob"
+	}
+	fmt.Fprintf(w, "%s %s/%s submitted: %d GPU(s)\n", what, meta.Namespace, meta.Name, gpusOf(objs))
 	var st *submit.JobStatus
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		jobs, err := c.List(ctx, objs.Job.Namespace)
+		jobs, _, err := c.List(ctx, meta.Namespace)
 		if err == nil {
 			for i := range jobs {
-				if jobs[i].Name == objs.Job.Name {
+				if jobs[i].Name == meta.Name && jobs[i].Kind == objs.Kind() {
 					st = &jobs[i]
 				}
 			}
@@ -309,10 +321,8 @@ func waitLine(st submit.JobStatus) string {
 }
 
 func gpusOf(objs submit.Objects) int64 {
-	n := int64(1)
-	if objs.Job.Spec.Completions != nil {
-		n = int64(*objs.Job.Spec.Completions)
-	}
+	pods, _ := objs.GPUPods()
+	n := int64(pods)
 	var per int64
 	for _, r := range objs.Template.Spec.Spec.Devices.Requests {
 		if r.Exactly != nil {
@@ -323,7 +333,8 @@ func gpusOf(objs submit.Objects) int64 {
 }
 
 func queueOf(objs submit.Objects) string {
-	if q := objs.Job.Spec.Template.Annotations["gpudra.dev/queue"]; q != "" {
+	_, t := objs.GPUPods()
+	if q := t.Annotations["gpudra.dev/queue"]; q != "" {
 		return q
 	}
 	return "default"
@@ -354,14 +365,13 @@ the one the dashboard shows needs every namespace's queue.`,
 			if all {
 				ns = ""
 			}
-			jobs, err := c.Submit.List(cmd.Context(), ns)
+			jobs, notes, err := c.Submit.List(cmd.Context(), ns)
 			if err != nil {
 				if all {
 					return fmt.Errorf("-A: %w", err)
 				}
 				return err
 			}
-			var notes []string
 			if c.Usage != nil {
 				var devices []string
 				for _, j := range jobs {
@@ -371,7 +381,9 @@ the one the dashboard shows needs every namespace's queue.`,
 				}
 				if len(devices) > 0 {
 					var util map[string]float64
-					util, notes = c.Usage(cmd.Context(), pluginNamespace, devices)
+					var usageNotes []string
+					util, usageNotes = c.Usage(cmd.Context(), pluginNamespace, devices)
+					notes = append(notes, usageNotes...)
 					for i := range jobs {
 						jobs[i].Utilization = meanOf(jobs[i], util)
 					}
@@ -412,7 +424,7 @@ func printJobs(w io.Writer, jobs []submit.JobStatus, all, wide bool, notes []str
 	if all {
 		fmt.Fprint(tw, "NAMESPACE\t")
 	}
-	fmt.Fprintln(tw, "NAME\tSTATE\tPODS\tQUEUE\tPOSITION\tREASON\tDEVICES\tGPU UTIL\tAGE")
+	fmt.Fprintln(tw, "NAME\tKIND\tSTATE\tPODS\tQUEUE\tPOSITION\tREASON\tDEVICES\tGPU UTIL\tAGE")
 	for _, j := range jobs {
 		if all {
 			fmt.Fprintf(tw, "%s\t", j.Namespace)
@@ -438,7 +450,7 @@ func printJobs(w io.Writer, jobs []submit.JobStatus, all, wide bool, notes []str
 		if reason == "" {
 			reason = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.Name, j.State, j.Pods, j.Queue, pos, reason, devices, util, j.Age)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.Name, j.Kind, j.State, j.Pods, j.Queue, pos, reason, devices, util, j.Age)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
