@@ -98,7 +98,7 @@ func TestCUDACheckInContainer(t *testing.T) {
 		t.Helper()
 		_, spec, err := ResolveContainerSpec(cdiDir, RuntimeEdits{CDIDevices: ids}, nil, nil)
 		require.NoError(t, err)
-		spec.Process.Args = command
+		spec.Process.Args = append([]string{"--"}, command...)
 		n++
 		id := fmt.Sprintf("cuda-check-%d", n)
 		report, err := rt.Start(ctx, id, spec)
