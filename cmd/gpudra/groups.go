@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
@@ -25,6 +26,22 @@ type clientFactory func(kubeconfig, context string) (kubernetes.Interface, strin
 // kubeconfigClient loads the kubeconfig as kubectl does: --kubeconfig,
 // else $KUBECONFIG, else ~/.kube/config, else in-cluster.
 func kubeconfigClient(kubeconfig, context string) (kubernetes.Interface, string, error) {
+	cfg, ns, err := loadKubeconfig(kubeconfig, context)
+	if err != nil {
+		return nil, "", err
+	}
+	// The plugin's client: only the groups gpudra reads, so the CLI does
+	// not link every API group's client.
+	client, err := kubeclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("API client: %w", err)
+	}
+	return client, ns, nil
+}
+
+// loadKubeconfig loads the kubeconfig as kubectl does (kubeconfigClient):
+// the REST config and the context's namespace.
+func loadKubeconfig(kubeconfig, context string) (*rest.Config, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: context})
@@ -37,13 +54,7 @@ func kubeconfigClient(kubeconfig, context string) (kubernetes.Interface, string,
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "gpudra-cli"
-	// The plugin's client: only the groups gpudra reads, so the CLI does
-	// not link every API group's client.
-	client, err := kubeclient.NewForConfig(cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("API client: %w", err)
-	}
-	return client, ns, nil
+	return cfg, ns, nil
 }
 
 func newGroupsCommand(newClient clientFactory) *cobra.Command {

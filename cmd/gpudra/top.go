@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,7 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpudra/gpudra/pkg/dashboard"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/local"
+	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/top"
 )
@@ -31,6 +35,10 @@ type topFlags struct {
 	output    string
 	stateDir  string
 	procRoot  string
+	// node reads that node's kubelet plugin through the API server's
+	// pods proxy, with the kubeconfig's credentials; pluginNamespace is
+	// where its pod is (""; found by the chart's labels in any namespace).
+	node, kubeconfig, kubeContext, pluginNamespace string
 }
 
 func newTopCommand() *cobra.Command {
@@ -40,8 +48,10 @@ func newTopCommand() *cobra.Command {
 		Short: "Show one node's GPUs and MIG devices, who holds each, their utilization, memory, power and processes, refreshing",
 		Long: `top shows one node's GPUs and MIG devices: the claim and pods (or the gpudra local allocation and its
 user) holding each, utilization, SM activity, memory used and total, power, temperature, and what runs on
-each. It reads a kubelet plugin's /metrics (--endpoint), or this machine directly: the GPU backend's
-telemetry and gpudra local's state (read only). A reading that could not be told shows as "-", never 0.
+each. It reads a node's kubelet plugin through the API server's pods proxy with your kubeconfig
+(--node: no port-forward; you need to get pods/proxy where the plugin runs), a kubelet plugin's
+/metrics at a URL (--endpoint), or this machine directly: the GPU backend's telemetry and gpudra
+local's state (read only). A reading that could not be told shows as "-", never 0.
 -o json writes one JSON object per refresh, one per line.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,6 +70,10 @@ telemetry and gpudra local's state (read only). A reading that could not be told
 		},
 	}
 	f.backend.register(cmd.Flags())
+	cmd.Flags().StringVar(&f.node, "node", "", "a cluster node: read its kubelet plugin's /metrics through the API server's pods proxy, with your kubeconfig")
+	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "with --node: path to the kubeconfig file; default: $KUBECONFIG, ~/.kube/config or in-cluster")
+	cmd.Flags().StringVar(&f.kubeContext, "context", "", "with --node: kubeconfig context to use")
+	cmd.Flags().StringVar(&f.pluginNamespace, "plugin-namespace", "", "with --node: the namespace of gpudra's kubelet plugin pods; default: found by the chart's labels in any namespace")
 	cmd.Flags().StringVar(&f.endpoint, "endpoint", "", "a kubelet plugin's metrics URL (https://<plugin pod IP>:9477/metrics); empty: this machine, through --backend")
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "with --endpoint: a file holding the bearer token sent to the plugin, of an identity RBAC lets get /metrics (the chart's <release>-metrics-reader ClusterRole), e.g. from kubectl create token")
 	cmd.Flags().BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "with --endpoint https://: accept the plugin's certificate unverified (it makes its own at start, signed by nobody)")
@@ -78,6 +92,26 @@ type topSource interface {
 }
 
 func (f *topFlags) source(ctx context.Context) (topSource, error) {
+	if f.node == "" && (f.kubeconfig != "" || f.kubeContext != "" || f.pluginNamespace != "") {
+		return nil, errors.New("--kubeconfig, --context and --plugin-namespace are for --node")
+	}
+	if f.node != "" {
+		if f.endpoint != "" {
+			return nil, errors.New("--node and --endpoint: give one")
+		}
+		rc, _, err := loadKubeconfig(f.kubeconfig, f.kubeContext)
+		if err != nil {
+			return nil, err
+		}
+		// The plugin reviews the user's own token, which the proxy does
+		// not forward: it goes in a header of its own, as the dashboard
+		// sends it.
+		client, err := kubeclient.NewForConfig(metrics.WithProxiedBearerToken(rc))
+		if err != nil {
+			return nil, fmt.Errorf("API client: %w", err)
+		}
+		return &nodeSource{node: f.node, plugins: &dashboard.PluginProxyUsage{Client: client, Namespace: f.pluginNamespace}}, nil
+	}
 	if f.endpoint != "" {
 		src := &endpointSource{url: f.endpoint, client: &http.Client{Timeout: max(f.interval, time.Second)}}
 		if f.tokenFile != "" {
@@ -145,6 +179,19 @@ func (e *endpointSource) read(ctx context.Context) (*top.Snapshot, error) {
 }
 
 func (e *endpointSource) close() {}
+
+// nodeSource reads a node's kubelet plugin through the API server's pods
+// proxy, as the dashboard reads every node's.
+type nodeSource struct {
+	node    string
+	plugins *dashboard.PluginProxyUsage
+}
+
+func (n *nodeSource) read(ctx context.Context) (*top.Snapshot, error) {
+	return n.plugins.ReadNode(ctx, n.node)
+}
+
+func (n *nodeSource) close() {}
 
 // machineSource reads this machine: one telemetry read of the backend per
 // refresh, and gpudra local's state file.

@@ -15,8 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/pkg/local"
+	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
 	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/telemetry"
@@ -166,4 +169,63 @@ func mustSim(t *testing.T) *sim.Machine {
 	m, err := sim.NewBuiltin("dgx-h100-nomig", "node-a")
 	require.NoError(t, err)
 	return m
+}
+
+// TestTopNodeThroughAPIServerProxy: gpudra top --node reads that node's
+// plugin through the API server's pods proxy with the kubeconfig's
+// credentials, finding its pod by the chart's labels in any namespace (here
+// gpudra-system), as the dashboard does; the user's token goes to the
+// plugin in its own header. A node without a plugin pod is an error that
+// names it. The API server is an httptest server at client-go's paths.
+func TestTopNodeThroughAPIServerProxy(t *testing.T) {
+	c := telemetry.NewCollector(mustSim(t), "node-a", 0)
+	c.Sample(context.Background())
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	plugin := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	pod := corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "gpudra-system", Name: "plugin-a", Labels: map[string]string{"app.kubernetes.io/component": "kubelet-plugin"}},
+		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "plugin",
+			Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9477}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	var proxied []string
+	apiServer := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, "Bearer alice-token", r.Header.Get("Authorization"), r.URL.Path)
+		switch r.URL.Path {
+		case "/api/v1/pods":
+			assert.Equal(t, "app.kubernetes.io/component=kubelet-plugin", r.URL.Query().Get("labelSelector"))
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"}, Items: []corev1.Pod{pod}})
+		case "/api/v1/namespaces/gpudra-system/pods/https:plugin-a:9477/proxy/metrics":
+			proxied = append(proxied, r.URL.Path)
+			assert.Equal(t, "Bearer alice-token", r.Header.Get(metrics.ProxiedAuthorizationHeader), "the user's token, for the plugin to review")
+			plugin.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer apiServer.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+apiServer.URL+`", insecure-skip-tls-verify: true}}]
+users: [{name: alice, user: {token: alice-token}}]
+contexts: [{name: c, context: {cluster: c, user: alice}}]
+current-context: c
+`), 0o600))
+
+	out, err := run(t, "top", "--once", "--node", "node-a", "--kubeconfig", kubeconfig, "-o", "json")
+	require.NoError(t, err, out)
+	var s top.Snapshot
+	require.NoError(t, json.Unmarshal([]byte(out), &s))
+	assert.Equal(t, "node-a", s.Node)
+	assert.Len(t, s.Devices, 8)
+	assert.Len(t, proxied, 1, "one scrape through the proxy")
+
+	_, err = run(t, "top", "--once", "--node", "node-b", "--kubeconfig", kubeconfig)
+	assert.ErrorContains(t, err, "node node-b has no running gpudra kubelet plugin pod (app.kubernetes.io/component=kubelet-plugin) in any namespace")
+	_, err = run(t, "top", "--once", "--node", "node-a", "--endpoint", apiServer.URL)
+	assert.ErrorContains(t, err, "--node and --endpoint: give one")
+	_, err = run(t, "top", "--once", "--plugin-namespace", "gpudra")
+	assert.ErrorContains(t, err, "are for --node")
 }

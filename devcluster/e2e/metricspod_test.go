@@ -18,9 +18,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
+	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/metrics"
 
 	"github.com/stretchr/testify/assert"
@@ -81,7 +83,46 @@ func TestPluginMetricsThroughTheAPIServerProxy(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 8, gpus, "%s: its 8 GPUs", node)
+
+		// gpudra top --node's reader: the node's plugin pod found by the
+		// chart's labels in any namespace, read through the same proxy.
+		read, err := (&dashboard.PluginProxyUsage{Client: proxyClient}).ReadNode(ctx, node)
+		require.NoError(t, err, "gpudra top --node %s", node)
+		assert.Equal(t, node, read.Node)
+		assert.Len(t, read.Devices, len(snap.Devices), "%s: the same devices", node)
 	}
+
+	_, err = (&dashboard.PluginProxyUsage{Client: proxyClient}).ReadNode(ctx, "no-such-node")
+	assert.ErrorContains(t, err, "node no-such-node has no running gpudra kubelet plugin pod")
+	// A user who may list the plugin pods but not proxy to them: the API
+	// server's refusal, named as the verb to ask for.
+	viewer := "plugin-viewer"
+	_, err = cluster.Client.RbacV1().Roles(chart.PluginNamespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: viewer},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cluster.Client.RbacV1().RoleBindings(chart.PluginNamespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: viewer},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: viewer},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: viewer}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cluster.Client.RbacV1().RoleBindings(chart.PluginNamespace).Delete(context.Background(), viewer, metav1.DeleteOptions{})
+		_ = cluster.Client.RbacV1().Roles(chart.PluginNamespace).Delete(context.Background(), viewer, metav1.DeleteOptions{})
+	})
+	cfg := restclient.CopyConfig(cluster.RESTConfig)
+	cfg.Impersonate = restclient.ImpersonationConfig{UserName: viewer, Groups: []string{"system:authenticated"}}
+	viewerClient, err := kubernetes.NewForConfig(metrics.WithProxiedBearerToken(cfg))
+	require.NoError(t, err)
+	// Until the API server's RBAC cache has the binding, the list is
+	// refused too.
+	var readErr error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, readErr = (&dashboard.PluginProxyUsage{Client: viewerClient, Namespace: chart.PluginNamespace}).ReadNode(ctx, "dgx-h100-0")
+		return readErr != nil && !strings.Contains(readErr.Error(), "to list pods"), nil
+	})
+	require.NoError(t, err, "the binding takes effect: %v", readErr)
+	assert.ErrorContains(t, readErr, "node dgx-h100-0: RBAC forbids you to get pods/proxy in namespace "+chart.PluginNamespace)
+	_, err = (&dashboard.PluginProxyUsage{Client: viewerClient}).ReadNode(ctx, "dgx-h100-0")
+	assert.ErrorContains(t, err, "RBAC forbids you to list pods there: pass --plugin-namespace")
 }
 
 // TestPluginMetricsAreForPrometheusNotTenants: the plugin's /metrics names

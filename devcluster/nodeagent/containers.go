@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -34,6 +35,9 @@ type containerRunner interface {
 	Stop(ctx context.Context, id string) error
 	// RemoveCgroup removes a pod's cgroup once its containers are gone.
 	RemoveCgroup(cgroup string) error
+	// Exited says whether the container's process has exited by itself,
+	// and its exit code.
+	Exited(id string) (int32, bool)
 }
 
 // runningContainer is a container the kubelet started for a pod.
@@ -129,7 +133,7 @@ func (k *kubelet) startContainers(ctx context.Context, pod *v1.Pod, views map[st
 		}
 		process.Env = append(env, process.Env...)
 		var err error
-		if process.Args, err = probeCommand(pod); err != nil {
+		if process.Args, err = probeArgs(pod, &c); err != nil {
 			return fail(err)
 		}
 		spec.Process = &process
@@ -230,14 +234,47 @@ func (k *kubelet) stopAllContainers(ctx context.Context) {
 // in the report (make gpu-smoke runs nvidia-smi -L).
 const ProbeCommandAnnotation = "devcluster.gpudra.dev/probe-command"
 
-func probeCommand(pod *v1.Pod) ([]string, error) {
+// probeArgs are the arguments of the probe that runs as the container's
+// process. Every container runs the probe, whatever its command: the
+// image is not run. A container whose command is the probe itself
+// (noderuntime.ProbeCommand, any directory) gives it its arguments, so a
+// pod says what the probe does: `gpudra-probe --exit-after=5s` is a job's
+// container that runs 5 s and completes (exit 0). The pod's probe command
+// (ProbeCommandAnnotation) comes after --, unless the container's
+// arguments have a command of their own.
+func probeArgs(pod *v1.Pod, c *v1.Container) ([]string, error) {
+	var args []string
+	if len(c.Command) > 0 && path.Base(c.Command[0]) == noderuntime.ProbeCommand {
+		args = append(append(args, c.Command[1:]...), c.Args...)
+	}
 	data, ok := pod.Annotations[ProbeCommandAnnotation]
-	if !ok {
-		return nil, nil
+	if !ok || slices.Contains(args, "--") {
+		return args, nil
 	}
 	var cmd []string
 	if err := json.Unmarshal([]byte(data), &cmd); err != nil {
 		return nil, fmt.Errorf("annotation %s: want a JSON array of strings: %w", ProbeCommandAnnotation, err)
 	}
-	return cmd, nil
+	if len(cmd) == 0 {
+		return args, nil
+	}
+	return append(append(args, "--"), cmd...), nil
+}
+
+// containerExits are the exit codes of the pod's containers that have
+// exited by themselves, by name; empty while all run (or it has none).
+func (k *kubelet) containerExits(uid types.UID) map[string]int32 {
+	k.mu.Lock()
+	containers := k.containers[uid]
+	k.mu.Unlock()
+	exits := map[string]int32{}
+	for _, c := range containers {
+		if c.Cgroup == "" {
+			continue // a process pod's container: restarted by startProcess
+		}
+		if code, ok := k.runner.Exited(c.ID); ok {
+			exits[c.Name] = code
+		}
+	}
+	return exits
 }

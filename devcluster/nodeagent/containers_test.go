@@ -29,6 +29,13 @@ type fakeRunner struct {
 	nextPID int
 	// removedCgroups are the cgroups RemoveCgroup was called for.
 	removedCgroups []string
+	// exited are the exit codes of containers that exited, by id.
+	exited map[string]int32
+}
+
+func (f *fakeRunner) Exited(id string) (int32, bool) {
+	code, ok := f.exited[id]
+	return code, ok
 }
 
 func (f *fakeRunner) Start(_ context.Context, id string, spec *oci.Spec) (*probe.Report, error) {

@@ -57,8 +57,10 @@ const (
 // and the DRA manager (k8s.io/kubernetes/pkg/kubelet/cm/dra) prepares and
 // unprepares claims over dra/v1 and hands out CDI device ids per container.
 // The stand-in part is small: it resolves those ids with the CDI library
-// instead of starting containers, records the result on the pod, and sets
-// the pod Running. Process pods (the plugin's MPS servers) are the
+// and starts the containers in runc (or only resolves them), records the
+// result on the pod, and sets the pod Running; a pod whose containers
+// exit (termination.go) goes to Succeeded or Failed and its claims are
+// unprepared. Process pods (the plugin's MPS servers) are the
 // exception: their container runs in-process.
 type kubelet struct {
 	node string
@@ -236,6 +238,10 @@ func startKubelet(ctx context.Context, node string, client, reporter kubernetes.
 		wg.Add(1)
 		go func() { defer wg.Done(); k.syncNodeStatus(ctx) }()
 	}
+	if k.runner != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); k.watchExits(ctx) }()
+	}
 	go func() { defer wg.Done(); plugins.Run(ctx, allReady, ctx.Done()) }()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
@@ -334,7 +340,7 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 		return nil
 	}
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
-		return nil
+		return k.syncTerminated(ctx, pod)
 	}
 	if inProcessPod(pod) {
 		if pod.Status.Phase == v1.PodRunning {
@@ -346,6 +352,10 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	if pod.Status.Phase == v1.PodRunning {
 		if run != nil {
 			k.startProcess(ctx, pod, run) // no-op unless lost
+			return nil
+		}
+		if exits := k.containerExits(pod.UID); len(exits) > 0 {
+			return k.syncExits(ctx, pod, exits)
 		}
 		return nil
 	}

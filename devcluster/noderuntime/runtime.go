@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,8 +112,10 @@ func (r *OCIRuntime) Usable() error {
 	return nil
 }
 
-// Start runs one container from the CDI-edited spec and returns what the
-// probe reported from inside; the container keeps running until Stop.
+// Start runs one container from the CDI-edited spec, whose process args
+// are the probe's (probeArgs), and returns what the probe reported from
+// inside; the container keeps running until Stop, or until the probe
+// exits when its arguments say so (Exited).
 func (r *OCIRuntime) Start(ctx context.Context, id string, edited *oci.Spec) (*probe.Report, error) {
 	bundle := filepath.Join(r.Root, "bundles", id)
 	// A sync retried after a start (the pod's status write failed) finds
@@ -299,14 +302,38 @@ func (r *OCIRuntime) spec(id, bundle string, edited *oci.Spec) (*oci.Spec, error
 	return s, nil
 }
 
-// probeArgs runs the probe, and command first where the pod asks for one
-// (nodeagent.ProbeCommandAnnotation).
-func probeArgs(command []string) []string {
-	args := []string{"/gpudra-probe", "--report", reportDir + "/report.json"}
-	if len(command) > 0 {
-		args = append(append(args, "--"), command...)
+// ProbeCommand is the probe's name: a container whose command is it runs
+// the probe with the container's own arguments (nodeagent.ProbeArgs).
+const ProbeCommand = "gpudra-probe"
+
+// exitCodeFile is where the probe writes its exit code, in the report
+// directory: runc run --detach keeps no exit code of its own.
+const exitCodeFile = "exit-code"
+
+// probeArgs runs the probe with its arguments (the spec's process args:
+// its flags, then -- and a command to run first, where the pod asks for
+// one: nodeagent.ProbeCommandAnnotation, or a container whose command is
+// the probe).
+func probeArgs(args []string) []string {
+	return append([]string{"/gpudra-probe", "--report", reportDir + "/report.json",
+		"--exit-code-file", reportDir + "/" + exitCodeFile}, args...)
+}
+
+// Exited says whether the container's probe has exited, and with what
+// code: what it wrote before exiting. A probe killed (not exiting by
+// itself) writes none and is not seen to exit.
+func (r *OCIRuntime) Exited(id string) (int32, bool) {
+	data, err := os.ReadFile(filepath.Join(r.Root, "bundles", id, "report", exitCodeFile))
+	if err != nil {
+		return 0, false
 	}
-	return args
+	code, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 32)
+	if err != nil {
+		// Written by rename, so whole: a code that does not parse is
+		// still an exit, and not a success.
+		return 1, true
+	}
+	return int32(code), true
 }
 
 // hostImageMounts make the host's /usr the container's image, with the

@@ -81,25 +81,7 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 	if len(pods) == 0 {
 		return nil, []string{fmt.Sprintf("usage: no gpudra kubelet plugin pods (%s) in %s: is the chart installed? Else pass --plugin-namespace", selector, p.where())}
 	}
-	want := map[string]bool{}
-	for _, n := range nodes {
-		want[n] = true
-	}
-	// One pod per node: a running one, the newest during a rolling update.
-	byNode := map[string]*corev1.Pod{}
-	for _, pod := range pods {
-		node := pod.Spec.NodeName
-		if node == "" || pod.Status.Phase != corev1.PodRunning || (len(want) > 0 && !want[node]) {
-			continue
-		}
-		if o := byNode[node]; o == nil || pod.CreationTimestamp.After(o.CreationTimestamp.Time) {
-			byNode[node] = pod
-		}
-	}
-	now := time.Now
-	if p.Now != nil {
-		now = p.Now
-	}
+	byNode := pluginPodsByNode(pods, nodes)
 	var (
 		mu        sync.Mutex
 		out       = map[string]*top.Snapshot{}
@@ -121,7 +103,7 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 				return
 			}
 			defer func() { <-sem }()
-			snap, err := p.scrape(ctx, pod, now())
+			snap, err := p.scrape(ctx, pod, p.now())
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -158,6 +140,61 @@ func (p *PluginProxyUsage) Read(ctx context.Context, nodes []string) (map[string
 		notes = append(notes, fmt.Sprintf("usage: %d plugins not read (%s%s)", total, strings.Join(failed, "; "), more))
 	}
 	return out, notes
+}
+
+// ReadNode reads one node's plugin, for gpudra top --node: its snapshot,
+// or an error naming the node and what to do: no plugin pod there, or a
+// list or proxy that RBAC forbids (naming the verb), or the plugin's own
+// refusal of the user.
+func (p *PluginProxyUsage) ReadNode(ctx context.Context, node string) (*top.Snapshot, error) {
+	selector := cmp.Or(p.Selector, DefaultPluginSelector)
+	pods, err := p.pluginPods(ctx, selector)
+	switch {
+	case apierrors.IsForbidden(err) && p.Namespace == "":
+		return nil, fmt.Errorf("node %s: gpudra's plugin pods (%s) are looked for in every namespace, and RBAC forbids you to list pods there: pass --plugin-namespace <the namespace gpudra is installed in>", node, selector)
+	case apierrors.IsForbidden(err):
+		return nil, fmt.Errorf("node %s: RBAC forbids you to list pods in namespace %s, where its plugin pod is looked for", node, p.Namespace)
+	case err != nil:
+		return nil, fmt.Errorf("node %s: list the plugin pods in %s: %w", node, p.where(), err)
+	}
+	pod := pluginPodsByNode(pods, []string{node})[node]
+	if pod == nil {
+		return nil, fmt.Errorf("node %s has no running gpudra kubelet plugin pod (%s) in %s: is it a gpudra node? Else pass --plugin-namespace", node, selector, p.where())
+	}
+	snap, err := p.scrape(ctx, pod, p.now())
+	switch {
+	case err == nil:
+		return snap, nil
+	case errors.Is(err, errPluginRefused):
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	case apierrors.IsForbidden(err):
+		return nil, fmt.Errorf("node %s: RBAC forbids you to get pods/proxy in namespace %s: its plugin pod %s is read through the API server's proxy", node, pod.Namespace, pod.Name)
+	}
+	return nil, fmt.Errorf("node %s: %w", node, err)
+}
+
+// pluginPodsByNode is the plugin pod to read of each node (of nodes; of
+// every node when empty): a running one, the newest during a rolling
+// update.
+func pluginPodsByNode(pods []*corev1.Pod, nodes []string) map[string]*corev1.Pod {
+	byNode := map[string]*corev1.Pod{}
+	for _, pod := range pods {
+		node := pod.Spec.NodeName
+		if node == "" || pod.Status.Phase != corev1.PodRunning || (len(nodes) > 0 && !slices.Contains(nodes, node)) {
+			continue
+		}
+		if o := byNode[node]; o == nil || pod.CreationTimestamp.After(o.CreationTimestamp.Time) {
+			byNode[node] = pod
+		}
+	}
+	return byNode
+}
+
+func (p *PluginProxyUsage) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
 }
 
 // where says where the plugin pods are looked for.

@@ -178,6 +178,59 @@ func TestPluginProxyUsage(t *testing.T) {
 	})
 }
 
+// TestPluginProxyReadNode: gpudra top --node reads that node's plugin
+// through the API server's proxy, and says what stops it: no plugin pod on
+// the node, the proxy forbidden (the verb named), the plugin's refusal.
+func TestPluginProxyReadNode(t *testing.T) {
+	metrics := pluginMetrics(t, "node-a")
+	pods := []corev1.Pod{pluginPod("plugin-a", "node-a", 9477), pluginPod("plugin-b", "node-b", 9477)}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		node    string
+		proxy   func(w http.ResponseWriter, pod, port string)
+		asked   string // the pod proxied to
+		wantErr string
+	}{
+		{name: "its plugin, read through the proxy", node: "node-a", asked: "https://plugin-a",
+			proxy: func(w http.ResponseWriter, _, _ string) { _, _ = w.Write(metrics) }},
+		{name: "a node without a plugin pod", node: "node-x",
+			wantErr: "node node-x has no running gpudra kubelet plugin pod (app.kubernetes.io/component=kubelet-plugin) in namespace gpudra"},
+		{name: "pods/proxy forbidden", node: "node-b", asked: "https://plugin-b",
+			proxy:   func(w http.ResponseWriter, _, _ string) { writeForbidden(w) },
+			wantErr: "node node-b: RBAC forbids you to get pods/proxy in namespace gpudra: its plugin pod plugin-b is read through the API server's proxy"},
+		{name: "the plugin refuses the user", node: "node-a", asked: "https://plugin-a",
+			proxy:   func(w http.ResponseWriter, _, _ string) { http.Error(w, "Unauthorized", http.StatusUnauthorized) },
+			wantErr: "node node-a: the plugins refused your credentials (401)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked string
+			client, _ := fakeAPIServer(t, pods, func(w http.ResponseWriter, pod, port string) {
+				asked = pod
+				assert.Equal(t, "9477", port)
+				tc.proxy(w, pod, port)
+			})
+			snap, err := (&PluginProxyUsage{Client: client, Namespace: "gpudra"}).ReadNode(ctx, tc.node)
+			assert.Equal(t, tc.asked, asked, "the pod proxied to")
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, "node-a", snap.Node)
+			assert.NotEmpty(t, snap.Devices)
+		})
+	}
+	t.Run("listing every namespace forbidden", func(t *testing.T) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeForbidden(w) }))
+		t.Cleanup(srv.Close)
+		client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+		require.NoError(t, err)
+		_, err = (&PluginProxyUsage{Client: client}).ReadNode(ctx, "node-a")
+		assert.ErrorContains(t, err, "node node-a: gpudra's plugin pods (app.kubernetes.io/component=kubelet-plugin) are looked for in every namespace, and RBAC forbids you to list pods there: pass --plugin-namespace")
+	})
+}
+
 // promServer serves Prometheus's HTTP API answers: /api/v1/query and
 // /api/v1/query_range, with the JSON shapes Prometheus writes.
 func promServer(t *testing.T, query func(q string) string, queryRange func(q string) string) *httptest.Server {

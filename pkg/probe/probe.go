@@ -2,7 +2,8 @@
 // 27): it reports, as one JSON document, what the container sees of the
 // GPUs (device nodes, whether each opens), its environment, its mounts
 // (driver files and whether each is read-only) and its sharing directories,
-// then keeps running until it is stopped, as a workload does. It reads
+// then keeps running until it is stopped, as a workload does, or exits
+// when told to (a job's container that completes). It reads
 // only what any process can read from inside, so the report is evidence of
 // what the runtime did with the CDI spec, not of what the spec said.
 package probe
@@ -20,6 +21,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,8 +81,12 @@ type Config struct {
 	ReportFile string
 	// Exec is a command to run after looking, its output in the report.
 	Exec []string
-	// Exit: do not keep running after the report.
-	Exit bool
+	// Exit: do not keep running after the report. ExitAfter: keep
+	// running this long after it, then exit (a job's container that
+	// completes); either way, a command (Exec) that failed fails the
+	// probe.
+	Exit      bool
+	ExitAfter time.Duration
 	// Out receives the report (stdout).
 	Out io.Writer
 }
@@ -133,10 +139,19 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("write report: %w", err)
 		}
 	}
-	if cfg.Exit {
+	if !cfg.Exit && cfg.ExitAfter <= 0 {
+		<-ctx.Done()
 		return nil
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+		// Stopped before its time: as a workload stopped, not failed.
+		return nil
+	case <-time.After(cfg.ExitAfter):
+	}
+	if r.Command != nil && r.Command.ExitCode != 0 {
+		return fmt.Errorf("command %q exited with %d", r.Command.Args, r.Command.ExitCode)
+	}
 	return nil
 }
 

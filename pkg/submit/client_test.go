@@ -208,6 +208,34 @@ func TestStatusOfAnUngatedPendingPodIsTheSchedulersReason(t *testing.T) {
 	assert.Equal(t, StateSucceeded, Status(done, nil, nil, time.Now()).State)
 }
 
+// TestStatusOfEndedPods: a job whose pods have ended is Succeeded or
+// Failed at once, not Starting (bound to a node, not running) until the
+// Job controller writes its condition.
+func TestStatusOfEndedPods(t *testing.T) {
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: batchv1.JobSpec{Completions: ptr.To[int32](2)}}
+	pod := func(phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{NodeName: "node-a"}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	for _, tc := range []struct {
+		name   string
+		phases []corev1.PodPhase
+		want   string
+	}{
+		{"both succeeded", []corev1.PodPhase{corev1.PodSucceeded, corev1.PodSucceeded}, StateSucceeded},
+		{"one failed", []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed}, StateFailed},
+		{"one still running", []corev1.PodPhase{corev1.PodSucceeded, corev1.PodRunning}, StateRunning},
+		{"one bound, not started", []corev1.PodPhase{corev1.PodSucceeded, corev1.PodPending}, StateStarting},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pods []*corev1.Pod
+			for _, ph := range tc.phases {
+				pods = append(pods, pod(ph))
+			}
+			assert.Equal(t, tc.want, Status(job, pods, nil, time.Now()).State)
+		})
+	}
+}
+
 func TestCancelDeletesTheJobAndItsTemplate(t *testing.T) {
 	ctx := context.Background()
 	c, kube, _ := fakeClient(t)

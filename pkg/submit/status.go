@@ -91,12 +91,16 @@ func queueOf(t *corev1.PodTemplateSpec) string {
 // devices, and why it waits; and the state, unless already final.
 func gangStatus(st *JobStatus, total int32, pods []*corev1.Pod, claims map[string]*resourceapi.ResourceClaim) {
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return cmp.Compare(a.Name, b.Name) })
-	running, bound := 0, 0
+	running, bound, succeeded, failed := 0, 0, 0, 0
 	for _, p := range pods {
-		if p.Status.Phase == corev1.PodRunning {
+		switch {
+		case p.Status.Phase == corev1.PodRunning:
 			running++
-		}
-		if p.Spec.NodeName != "" {
+		case p.Status.Phase == corev1.PodSucceeded:
+			succeeded++
+		case p.Status.Phase == corev1.PodFailed:
+			failed++
+		case p.Spec.NodeName != "":
 			bound++
 		}
 		for _, c := range p.Status.Conditions {
@@ -135,6 +139,11 @@ func gangStatus(st *JobStatus, total int32, pods []*corev1.Pod, claims map[strin
 			st.State = StateRunning
 		case bound > 0:
 			st.State = StateStarting
+		case len(pods) > 0 && succeeded+failed == len(pods) && failed > 0:
+			// Every pod has ended, before the Job controller says so.
+			st.State = StateFailed
+		case len(pods) > 0 && succeeded == len(pods):
+			st.State = StateSucceeded
 		default:
 			st.State = StateWaiting
 		}
