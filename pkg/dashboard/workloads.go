@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 // The engines' resources the dashboard groups pods by, read as
@@ -20,8 +22,8 @@ import (
 var (
 	RayClusters    = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
 	RayJobs        = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
-	KueueWorkloads = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}
-	LocalQueues    = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "localqueues"}
+	KueueWorkloads = kueue.Workloads
+	LocalQueues    = kueue.LocalQueues
 )
 
 // KubeRay's labels on the pods of a Ray cluster.
@@ -31,13 +33,13 @@ const (
 	rayGroupLabel    = "ray.io/group"
 )
 
-// Kueue's states of a Workload, as the page shows them.
+// Kueue's states of a Workload, as the page shows them (package kueue).
 const (
-	KueuePending  = "pending"
-	KueueReserved = "quota reserved"
-	KueueAdmitted = "admitted"
-	KueueFinished = "finished"
-	KueueInactive = "inactive"
+	KueuePending  = kueue.Pending
+	KueueReserved = kueue.Reserved
+	KueueAdmitted = kueue.Admitted
+	KueueFinished = kueue.Finished
+	KueueInactive = kueue.Inactive
 )
 
 // Workload is a Ray cluster (alone, or that of the RayJob it belongs to),
@@ -62,21 +64,10 @@ type Workload struct {
 	Kubectl string        `json:"kubectl,omitempty"`
 }
 
-// KueueStatus is where Kueue has a workload.
+// KueueStatus is where Kueue has a workload (package kueue), and the
+// kubectl command that shows its Workload.
 type KueueStatus struct {
-	// Workload names the kueue.x-k8s.io Workload.
-	Workload string `json:"workload"`
-	// LocalQueue is spec.queueName; ClusterQueue the queue it was
-	// admitted to, else its LocalQueue's where read.
-	LocalQueue   string `json:"localQueue,omitempty"`
-	ClusterQueue string `json:"clusterQueue,omitempty"`
-	// State is one of the Kueue* constants.
-	State string `json:"state"`
-	// Reason and Message say why it is not admitted: the QuotaReserved
-	// condition's when False ("couldn't assign flavors to pod set main:
-	// insufficient unused quota ..."), else the Evicted condition's.
-	Reason  string `json:"reason,omitempty"`
-	Message string `json:"message,omitempty"`
+	kueue.Status
 	Kubectl string `json:"kubectl,omitempty"`
 }
 
@@ -232,47 +223,5 @@ func roleRank(role string) int {
 // kueueStatus reads a Kueue Workload's state from its conditions: the
 // admission Kueue gave it, or why not.
 func kueueStatus(kw *unstructured.Unstructured, clusterQueueOf map[string]string) *KueueStatus {
-	ks := &KueueStatus{Workload: kw.GetName(), State: KueuePending, Kubectl: kubectlGet("workloads.kueue.x-k8s.io", kw.GetNamespace(), kw.GetName())}
-	ks.LocalQueue, _, _ = unstructured.NestedString(kw.Object, "spec", "queueName")
-	ks.ClusterQueue, _, _ = unstructured.NestedString(kw.Object, "status", "admission", "clusterQueue")
-	if ks.ClusterQueue == "" && ks.LocalQueue != "" {
-		ks.ClusterQueue = clusterQueueOf[kw.GetNamespace()+"/"+ks.LocalQueue]
-	}
-	conds := map[string]metav1.Condition{}
-	raw, _, _ := unstructured.NestedSlice(kw.Object, "status", "conditions")
-	for _, r := range raw {
-		m, ok := r.(map[string]any)
-		if !ok {
-			continue
-		}
-		c := metav1.Condition{}
-		c.Type, _ = m["type"].(string)
-		s, _ := m["status"].(string)
-		c.Status = metav1.ConditionStatus(s)
-		c.Reason, _ = m["reason"].(string)
-		c.Message, _ = m["message"].(string)
-		conds[c.Type] = c
-	}
-	is := func(t string, s metav1.ConditionStatus) bool { c, ok := conds[t]; return ok && c.Status == s }
-	active, found, _ := unstructured.NestedBool(kw.Object, "spec", "active")
-	switch {
-	case is("Finished", metav1.ConditionTrue):
-		ks.State = KueueFinished
-	case is("Admitted", metav1.ConditionTrue):
-		ks.State = KueueAdmitted
-	case is("QuotaReserved", metav1.ConditionTrue):
-		// Quota held, admission checks not all passed yet.
-		ks.State = KueueReserved
-	case found && !active:
-		ks.State = KueueInactive
-	}
-	if ks.State == KueuePending || ks.State == KueueInactive {
-		switch {
-		case is("QuotaReserved", metav1.ConditionFalse):
-			ks.Reason, ks.Message = conds["QuotaReserved"].Reason, conds["QuotaReserved"].Message
-		case is("Evicted", metav1.ConditionTrue):
-			ks.Reason, ks.Message = conds["Evicted"].Reason, conds["Evicted"].Message
-		}
-	}
-	return ks
+	return &KueueStatus{Status: kueue.StatusOf(kw, clusterQueueOf), Kubectl: kubectlGet("workloads.kueue.x-k8s.io", kw.GetNamespace(), kw.GetName())}
 }

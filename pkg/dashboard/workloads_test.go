@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 func obj(t *testing.T, y string) *unstructured.Unstructured {
@@ -155,7 +156,7 @@ func TestWorkloads(t *testing.T) {
 				KueueWorkloads: []*unstructured.Unstructured{obj(t, admittedWorkloadYAML)}},
 			want: []Workload{{Kind: "RayJob", Namespace: "research", Name: "train", State: "Running/RUNNING", RayCluster: "train-abcde", ClusterState: "ready",
 				Kubectl: "kubectl get rayjob -n research train -o yaml", Pods: []WorkloadPod{},
-				Kueue: &KueueStatus{Workload: "rayjob-train-9c8b7", LocalQueue: "research", ClusterQueue: "team-a-cq", State: KueueAdmitted,
+				Kueue: &KueueStatus{Status: kueue.Status{Workload: "rayjob-train-9c8b7", LocalQueue: "research", ClusterQueue: "team-a-cq", State: KueueAdmitted},
 					Kubectl: "kubectl get workloads.kueue.x-k8s.io -n research rayjob-train-9c8b7 -o yaml"}}},
 		},
 		"a Job Kueue holds pending: its pods, its ClusterQueue from the LocalQueue, and Kueue's reason": {
@@ -164,41 +165,13 @@ func TestWorkloads(t *testing.T) {
 			pods: []*corev1.Pod{jobPod, other},
 			want: []Workload{{Kind: "Job", Namespace: "team-b", Name: "big", Kubectl: "kubectl get job -n team-b big -o yaml",
 				Pods: []WorkloadPod{{Name: "big-0-xyz", Phase: "Pending"}},
-				Kueue: &KueueStatus{Workload: "job-big-3f2a1", LocalQueue: "team-b", ClusterQueue: "team-b-cq", State: KueuePending, Reason: "Pending",
-					Message: "couldn't assign flavors to pod set main: insufficient unused quota for gpu.gpudra.dev in flavor default, 8 more needed",
+				Kueue: &KueueStatus{Status: kueue.Status{Workload: "job-big-3f2a1", LocalQueue: "team-b", ClusterQueue: "team-b-cq", State: KueuePending, Reason: "Pending",
+					Message: "couldn't assign flavors to pod set main: insufficient unused quota for gpu.gpudra.dev in flavor default, 8 more needed"},
 					Kubectl: "kubectl get workloads.kueue.x-k8s.io -n team-b job-big-3f2a1 -o yaml"}}},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			assert.Equal(t, tc.want, workloads(tc.in, tc.pods, claims))
-		})
-	}
-}
-
-// TestKueueStates: each Kueue condition set reads as one state, and only
-// a workload that is not admitted carries a reason.
-func TestKueueStates(t *testing.T) {
-	for name, tc := range map[string]struct {
-		conditions, extra string
-		state, reason     string
-	}{
-		"no condition yet":         {state: KueuePending},
-		"quota reserved, checking": {conditions: `[{type: QuotaReserved, status: "True", reason: QuotaReserved}]`, state: KueueReserved},
-		"finished":                 {conditions: `[{type: Admitted, status: "True"}, {type: Finished, status: "True", reason: Succeeded}]`, state: KueueFinished},
-		"evicted, back in line":    {conditions: `[{type: Evicted, status: "True", reason: Preempted, message: "Preempted to accommodate a workload"}]`, state: KueuePending, reason: "Preempted"},
-		"deactivated":              {extra: "spec: {active: false}", state: KueueInactive},
-	} {
-		t.Run(name, func(t *testing.T) {
-			y := "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Workload\nmetadata: {name: w, namespace: ns}\n"
-			if tc.extra != "" {
-				y += tc.extra + "\n"
-			}
-			if tc.conditions != "" {
-				y += "status: {conditions: " + tc.conditions + "}\n"
-			}
-			ks := kueueStatus(obj(t, y), nil)
-			assert.Equal(t, tc.state, ks.State)
-			assert.Equal(t, tc.reason, ks.Reason)
 		})
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -26,6 +25,7 @@ import (
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 // Client creates, lists and deletes submitted jobs with the user's own
@@ -67,10 +67,6 @@ func (c *Client) CheckQueue(ctx context.Context, name string) error {
 	}
 }
 
-// LocalQueues are Kueue's LocalQueues (kueue.x-k8s.io/v1beta2, Kueue
-// v0.17).
-var LocalQueues = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "localqueues"}
-
 // CheckKueueQueue says whether the Kueue LocalQueue exists in namespace
 // ("" needs none). One that could not be read is not "absent" either.
 func (c *Client) CheckKueueQueue(ctx context.Context, namespace, name string) error {
@@ -80,7 +76,7 @@ func (c *Client) CheckKueueQueue(ctx context.Context, namespace, name string) er
 	if c.Dynamic == nil {
 		return fmt.Errorf("--kueue-queue %s: could not tell whether the LocalQueue exists: no client for kueue.x-k8s.io", name)
 	}
-	_, err := c.Dynamic.Resource(LocalQueues).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	_, err := c.Dynamic.Resource(kueue.LocalQueues).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		return nil
@@ -248,19 +244,44 @@ func (c *Client) List(ctx context.Context, ns string) ([]JobStatus, []string, er
 	if c.Now != nil {
 		now = c.Now
 	}
+	workloads, kueueNote := c.kueueWorkloads(ctx, ns, jobs.Items, rayJobs)
+	if kueueNote != "" {
+		notes = append(notes, kueueNote)
+	}
 	out := make([]JobStatus, 0, len(jobs.Items)+len(rayJobs))
 	for i := range jobs.Items {
 		j := &jobs.Items[i]
-		out = append(out, Status(j, podsOf[types.NamespacedName{Namespace: j.Namespace, Name: j.Name}], byNS[j.Namespace], now()))
+		st := Status(j, podsOf[types.NamespacedName{Namespace: j.Namespace, Name: j.Name}], byNS[j.Namespace], now())
+		out = append(out, WithKueue(st, j.Labels[gpudrav1.LabelKueueQueue], workloads[j.UID]))
 	}
 	for i := range rayJobs {
 		rj := &rayJobs[i]
-		out = append(out, RayJobStatus(rj, podsOf[types.NamespacedName{Namespace: rj.GetNamespace(), Name: rj.GetName()}], byNS[rj.GetNamespace()], now()))
+		st := RayJobStatus(rj, podsOf[types.NamespacedName{Namespace: rj.GetNamespace(), Name: rj.GetName()}], byNS[rj.GetNamespace()], now())
+		out = append(out, WithKueue(st, rj.GetLabels()[gpudrav1.LabelKueueQueue], workloads[rj.GetUID()]))
 	}
 	slices.SortFunc(out, func(a, b JobStatus) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind, b.Kind))
 	})
 	return out, notes, nil
+}
+
+// kueueWorkloads are Kueue's Workloads of the jobs labelled for a Kueue
+// LocalQueue, by their job's UID; none are read when no job is. A list
+// that fails is a note: the jobs are listed without Kueue's word.
+func (c *Client) kueueWorkloads(ctx context.Context, ns string, jobs []batchv1.Job, rayJobs []unstructured.Unstructured) (map[types.UID]*unstructured.Unstructured, string) {
+	kueued := slices.ContainsFunc(jobs, func(j batchv1.Job) bool { return j.Labels[gpudrav1.LabelKueueQueue] != "" }) ||
+		slices.ContainsFunc(rayJobs, func(j unstructured.Unstructured) bool { return j.GetLabels()[gpudrav1.LabelKueueQueue] != "" })
+	if !kueued {
+		return nil, ""
+	}
+	if c.Dynamic == nil {
+		return nil, "Kueue's Workloads not read: no client for kueue.x-k8s.io"
+	}
+	list, err := c.Dynamic.Resource(kueue.Workloads).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Sprintf("Kueue's Workloads not read (a job Kueue queues shows no reason from it): %v", err)
+	}
+	return kueue.ByOwner(list.Items), ""
 }
 
 // Cancel deletes a submitted job (a Job, else a RayJob of that name), its

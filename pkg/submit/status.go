@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 // The states of a submitted job.
@@ -192,5 +193,39 @@ func RayJobStatus(rj *unstructured.Unstructured, pods []*corev1.Pod, claims map[
 			st.Reason += ", job " + job
 		}
 	}
+	return st
+}
+
+// QueueKueue is how gpudra jobs names a Kueue LocalQueue in its QUEUE
+// column: kueue/<LocalQueue>.
+const QueueKueue = "kueue/"
+
+// WithKueue adds to a job's status what Kueue says of it, for a job
+// labelled for a Kueue LocalQueue (localQueue; "" leaves st as it is):
+// while Kueue has not admitted it, it waits, with Kueue's reason (the
+// Workload's QuotaReserved or Evicted condition), and it is in no
+// GpuQueue (docs/queues.md). w is its Workload, nil when none was read.
+// Pure.
+func WithKueue(st JobStatus, localQueue string, w *unstructured.Unstructured) JobStatus {
+	if localQueue == "" {
+		return st
+	}
+	st.Queue, st.Position = QueueKueue+localQueue, 0
+	if st.State == StateSucceeded || st.State == StateFailed {
+		return st
+	}
+	if w == nil {
+		if st.State == StateWaiting && st.Reason == "" {
+			st.Reason, st.Message = "KueueNoWorkload", "Kueue has not made the job's Workload yet (is Kueue running?)"
+		}
+		return st
+	}
+	ks := kueue.StatusOf(w, nil)
+	switch ks.State {
+	case kueue.Admitted, kueue.Finished:
+		return st
+	}
+	st.State = StateWaiting
+	st.Reason, st.Message = "Kueue"+cmp.Or(ks.Reason, "Pending"), cmp.Or(ks.Message, "Kueue has not admitted it yet ("+ks.State+")")
 	return st
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"k8s.io/klog/v2"
 
@@ -75,19 +76,25 @@ func (s *Suite) StartCluster(ctx context.Context, repo string) (*devcluster.Clus
 	return c, nil
 }
 
-// End closes the run of code: it keeps the engine's log with the suite's
-// (the cluster's directory goes at its Stop), fails on any call the
+// End closes the run of code: it keeps the engines' logs with the suite's
+// (the cluster's directory goes at its Stop), fails on any call an
 // engine's RBAC or gpudra's chart refused, and removes the logs of a run
 // that passed unless GPUDRA_E2E_KEEP_LOG is set.
-func (s *Suite) End(code int, c *devcluster.Cluster, p *engine.Process) int {
+func (s *Suite) End(code int, c *devcluster.Cluster, engines ...*engine.Process) int {
 	klog.Flush()
-	kept := filepath.Join(s.LogDir, filepath.Base(p.Log))
-	if b, err := os.ReadFile(p.Log); err == nil {
-		_ = os.WriteFile(kept, b, 0o600)
+	var kept []string
+	for _, p := range engines {
+		k := filepath.Join(s.LogDir, filepath.Base(p.Log))
+		b, err := os.ReadFile(p.Log)
+		if err != nil {
+			continue
+		}
+		_ = os.WriteFile(k, b, 0o600)
+		kept = append(kept, p.Name+"'s at "+k)
 		// The engine runs as its own ServiceAccount: a call its RBAC lacks
 		// fails the suite.
 		for _, line := range engine.Forbidden(b) {
-			fmt.Fprintf(os.Stderr, "FAIL: %s made a call its RBAC forbids: %s\n", s.Name, line)
+			fmt.Fprintf(os.Stderr, "FAIL: %s made a call its RBAC forbids: %s\n", p.Name, line)
 			code = 1
 		}
 	}
@@ -101,7 +108,7 @@ func (s *Suite) End(code int, c *devcluster.Cluster, p *engine.Process) int {
 	if code == 0 && os.Getenv("GPUDRA_E2E_KEEP_LOG") == "" {
 		_ = os.RemoveAll(s.LogDir)
 	} else {
-		fmt.Println("devcluster log kept at", s.LogFile, "and", s.Name+"'s at", kept)
+		fmt.Println("devcluster log kept at", s.LogFile+"; "+strings.Join(kept, ", "))
 	}
 	return code
 }

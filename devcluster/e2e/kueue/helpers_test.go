@@ -8,16 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
 	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 	"github.com/gpudra/gpudra/devcluster/kueuemanager"
+	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/submit/cli"
 )
 
@@ -126,8 +129,31 @@ func gpusOf(t *testing.T, p *v1.Pod) int {
 	return n
 }
 
+// cancel cancels the researcher's jobs and waits until their pods are gone.
+func (r *researcher) cancel(t *testing.T, jobs ...string) {
+	t.Helper()
+	for _, j := range jobs {
+		out, err := r.gpudra(t, "cancel", j)
+		assert.NoError(t, err, out)
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods(r.namespace).List(ctx, metav1.ListOptions{})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	assert.NoError(t, err, "the pods of %v are gone", jobs)
+}
+
 // workload is Kueue's Workload of the job (owned by it).
 func workload(t *testing.T, namespace, job string) *unstructured.Unstructured {
+	return ownedWorkload(t, namespace, "Job", job)
+}
+
+// rayWorkload is Kueue's Workload of the RayJob.
+func rayWorkload(t *testing.T, namespace, job string) *unstructured.Unstructured {
+	return ownedWorkload(t, namespace, "RayJob", job)
+}
+
+func ownedWorkload(t *testing.T, namespace, kind, job string) *unstructured.Unstructured {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(cluster.RESTConfig)
 	require.NoError(t, err)
@@ -139,7 +165,7 @@ func workload(t *testing.T, namespace, job string) *unstructured.Unstructured {
 		}
 		for i := range list.Items {
 			for _, o := range list.Items[i].GetOwnerReferences() {
-				if o.Kind == "Job" && o.Name == job {
+				if o.Kind == kind && o.Name == job {
 					found = &list.Items[i]
 					return true, nil
 				}
@@ -147,7 +173,7 @@ func workload(t *testing.T, namespace, job string) *unstructured.Unstructured {
 		}
 		return false, nil
 	})
-	require.NoError(t, err, "Kueue's Workload of job %s/%s", namespace, job)
+	require.NoError(t, err, "Kueue's Workload of %s %s/%s", kind, namespace, job)
 	return found
 }
 
@@ -165,4 +191,36 @@ func condition(w *unstructured.Unstructured, typ string) (status, reason, messag
 		}
 	}
 	return "", "", ""
+}
+
+// dashboardKueue waits until the dashboard, read as the researcher,
+// shows the job as Kueue's workload in state, and returns it.
+func (r *researcher) dashboardKueue(t *testing.T, job, state string) dashboard.Workload {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(r.cfg)
+	require.NoError(t, err)
+	dc, err := dynamic.NewForConfig(r.cfg)
+	require.NoError(t, err)
+	src := dashboard.NewClusterSource(dashboard.ClusterConfig{Client: kube, Dynamic: dc, Namespace: r.namespace, Debounce: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	var last []dashboard.Workload
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		v, changed := src.Current()
+		last = v.Workloads
+		for _, w := range v.Workloads {
+			if w.Kind == "Job" && w.Name == job && w.Kueue != nil && w.Kueue.State == state {
+				return w
+			}
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second):
+		}
+	}
+	t.Fatalf("the dashboard shows no Job %s as Kueue's, %s: %+v", job, state, last)
+	return dashboard.Workload{}
 }

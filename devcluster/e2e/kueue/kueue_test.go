@@ -8,9 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	batchv1 "k8s.io/api/batch/v1"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/dashboard"
 )
 
 // TestTwoTeamsUnderKueueQuota: two teams' ClusterQueues of 4 GPUs each in
@@ -26,6 +29,7 @@ func TestTwoTeamsUnderKueueQuota(t *testing.T) {
 
 	alice.submit(t, "a1", 4, 4)
 	bob.submit(t, "b1", 2, 2)
+	t.Cleanup(func() { alice.cancel(t, "a1", "a2") })
 	a1 := runningPods(t, "team-a", "a1", 1, 2*time.Minute)
 	assert.Equal(t, 4, gpusOf(t, &a1[0]))
 	b1 := runningPods(t, "team-b", "b1", 1, 2*time.Minute)
@@ -45,8 +49,14 @@ func TestTwoTeamsUnderKueueQuota(t *testing.T) {
 	pods, err := cluster.Client.CoreV1().Pods("team-a").List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=a2"})
 	require.NoError(t, err)
 	assert.Empty(t, pods.Items)
+	out, err := alice.gpudra(t, "jobs")
+	require.NoError(t, err, out)
+	assert.Regexp(t, `a2\s+Job\s+Waiting\s+0/2\s+kueue/gpus\s+-\s+KueuePending: couldn't assign flavors`, out, "gpudra jobs says Kueue holds it, and why")
+	w := alice.dashboardKueue(t, "a2", dashboard.KueuePending)
+	assert.Equal(t, "team-a", w.Kueue.ClusterQueue)
+	assert.Contains(t, w.Kueue.Message, "insufficient unused quota for gpudra.dev/gpu", "the dashboard shows Kueue's reason")
 
-	out, err := bob.gpudra(t, "cancel", "b1")
+	out, err = bob.gpudra(t, "cancel", "b1")
 	require.NoError(t, err, out)
 	a2 := runningPods(t, "team-a", "a2", 2, 2*time.Minute)
 	for i := range a2 {
@@ -54,4 +64,45 @@ func TestTwoTeamsUnderKueueQuota(t *testing.T) {
 	}
 	status, _, _ = condition(workload(t, "team-a", "a2"), "Admitted")
 	assert.Equal(t, "True", status)
+}
+
+// TestRayJobAdmittedByKueue: a RayJob from gpudra submit --ray
+// --kueue-queue is Kueue's to admit (its ray.io/rayjob integration): Kueue
+// suspends it at creation and admits it against team B's quota; KubeRay
+// then makes its cluster, whose head and worker gpudra places as one
+// gang, the worker on exactly its 2 GPUs.
+func TestRayJobAdmittedByKueue(t *testing.T) {
+	ctx := context.Background()
+	carol := newResearcher(t, "carol", "team-b")
+	out, err := carol.gpudra(t, "submit", "--ray", "--name", "ray-train", "--gpus", "2", "--kueue-queue", "gpus",
+		"--image", image, "--", "python", "train.py")
+	require.NoError(t, err, out)
+	t.Cleanup(func() { carol.cancel(t, "ray-train") })
+
+	w := rayWorkload(t, "team-b", "ray-train")
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		w = rayWorkload(t, "team-b", "ray-train")
+		status, _, _ := condition(w, "Admitted")
+		return status == "True", nil
+	})
+	require.NoError(t, err, "Kueue admits the RayJob: %v", w.Object["status"])
+	var worker v1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods("team-b").List(ctx, metav1.ListOptions{LabelSelector: "ray.io/node-type in (head,worker)"})
+		if err != nil || len(pods.Items) != 2 {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase != v1.PodRunning {
+				return false, nil
+			}
+			if p.Labels["ray.io/node-type"] == "worker" {
+				worker = p
+			}
+		}
+		return worker.Name != "", nil
+	})
+	require.NoError(t, err, "the RayJob's head and worker run")
+	assert.Equal(t, 2, gpusOf(t, &worker), "the worker holds exactly its 2 GPUs")
+	assert.Equal(t, "gpus", worker.Labels["kueue.x-k8s.io/queue-name"], "its gang is Kueue's: in no GpuQueue")
 }

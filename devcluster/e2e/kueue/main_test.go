@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster/e2e/enginesuite"
 	"github.com/gpudra/gpudra/devcluster/kueuemanager"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
+	"github.com/gpudra/gpudra/devcluster/rayoperator"
 )
 
 // node is the one GPU node: 8 H100 with MIG off.
@@ -28,6 +29,7 @@ const node = "dgx-h100-0"
 var (
 	cluster  *devcluster.Cluster
 	manager  *kueuemanager.Manager
+	operator *rayoperator.Operator
 	examples = filepath.Join("..", "..", "..", "examples")
 )
 
@@ -76,7 +78,19 @@ func run(m *testing.M) int {
 	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "kueue")); err != nil {
 		return enginesuite.Fail(fmt.Errorf("examples/kueue: %w", err))
 	}
-	fmt.Printf("devcluster with a simulated DGX H100 and Kueue ready in %s; logs: %s, %s\n",
-		time.Since(start).Round(time.Millisecond), suite.LogFile, manager.Log)
-	return suite.End(m.Run(), cluster, manager.Process)
+	// KubeRay beside Kueue: RayJobs admitted by Kueue (its ray.io/rayjob
+	// integration), made by KubeRay, placed by gpudra.
+	if os.Getenv(rayoperator.BinaryEnv) == "" {
+		return enginesuite.Fail(fmt.Errorf("%s is not set: Kueue's suite runs KubeRay's operator too (make kuberay)", rayoperator.BinaryEnv))
+	}
+	if operator, err = rayoperator.Start(ctx, cluster, rayoperator.Options{}); err != nil {
+		return enginesuite.Fail(fmt.Errorf("start KubeRay's operator: %w (log: %s)", err, suite.LogFile))
+	}
+	defer operator.Stop()
+	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "ray", "edit-rayjobs.yaml")); err != nil {
+		return enginesuite.Fail(fmt.Errorf("examples/ray/edit-rayjobs.yaml: %w", err))
+	}
+	fmt.Printf("devcluster with a simulated DGX H100, Kueue and KubeRay's operator ready in %s; logs: %s, %s, %s\n",
+		time.Since(start).Round(time.Millisecond), suite.LogFile, manager.Log, operator.Log)
+	return suite.End(m.Run(), cluster, manager.Process, operator.Process)
 }

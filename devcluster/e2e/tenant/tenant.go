@@ -6,9 +6,12 @@ package tenant
 import (
 	"context"
 	"fmt"
+	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
@@ -38,6 +41,22 @@ func Grant(ctx context.Context, c *devcluster.Cluster, namespace, user string, c
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("RoleBinding %s/%s: %w", namespace, user, err)
+	}
+	// The API server's authorizer learns of the binding from its informer
+	// a moment later: the user has it once a review says so.
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: []string{"system:authenticated"},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get", Group: "rbac.authorization.k8s.io", Resource: "roles", Name: role}}}
+	// The Role grants itself nothing: ask for what its rules grant.
+	if len(rules) > 0 && len(rules[0].Verbs) > 0 && len(rules[0].APIGroups) > 0 && len(rules[0].Resources) > 0 {
+		review.Spec.ResourceAttributes = &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: rules[0].Verbs[0],
+			Group: rules[0].APIGroups[0], Resource: rules[0].Resources[0]}
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		r, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("user %s in %s: the API server does not authorize its new Role yet: %w", user, namespace, err)
 	}
 	cfg := restclient.CopyConfig(c.RESTConfig)
 	cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
