@@ -15,62 +15,24 @@ import (
 	"github.com/stretchr/testify/require"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	restclient "k8s.io/client-go/rest"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
+	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 	"github.com/gpudra/gpudra/pkg/controller"
 	"github.com/gpudra/gpudra/pkg/controller/gang"
 )
-
-// editRules are the rules of the ClusterRole name as the ClusterRole
-// aggregation controller fills them: its own and, recursively, those of the
-// ClusterRoles its aggregationRule selects (devcluster runs no such
-// controller, so the API server's bootstrap `edit` has none of its own).
-func editRules(t *testing.T, name string, seen map[string]bool) []rbacv1.PolicyRule {
-	t.Helper()
-	if seen[name] {
-		return nil
-	}
-	seen[name] = true
-	ctx := context.Background()
-	role, err := cluster.Client.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
-	require.NoError(t, err)
-	rules := role.Rules
-	if role.AggregationRule == nil {
-		return rules
-	}
-	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
-		s, err := metav1.LabelSelectorAsSelector(&sel)
-		require.NoError(t, err)
-		list, err := cluster.Client.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{LabelSelector: s.String()})
-		require.NoError(t, err)
-		for _, r := range list.Items {
-			rules = append(rules, editRules(t, r.Name, seen)...)
-		}
-	}
-	return rules
-}
 
 // editTenant is a client for user, who holds the default `edit` role in ns
 // (as aggregated in a cluster) and nothing else.
 func editTenant(t *testing.T, ns, user string) kubernetes.Interface {
 	t.Helper()
-	ctx := context.Background()
-	_, err := cluster.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "edit"},
-		Rules: editRules(t, "edit", map[string]bool{})}, metav1.CreateOptions{})
+	cfg, err := tenant.Grant(context.Background(), cluster, ns, user, "edit")
 	require.NoError(t, err)
-	_, err = cluster.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "edit"},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	cfg := restclient.CopyConfig(cluster.RESTConfig)
-	cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
 	c, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 	return c

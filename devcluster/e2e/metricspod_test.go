@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/devcluster/chart"
+	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/podnetwork"
 	"github.com/gpudra/gpudra/pkg/top"
@@ -179,8 +180,10 @@ func TestPluginMetricsAreForPrometheusNotTenants(t *testing.T) {
 	ns := namespace(t)
 	_, err = cluster.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
+	rules, err := tenant.Rules(ctx, cluster.Client, "edit")
+	require.NoError(t, err)
 	_, err = cluster.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "edit"},
-		Rules: editRules(t, "edit", map[string]bool{})}, metav1.CreateOptions{})
+		Rules: rules}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	_, err = cluster.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "app-edit"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "edit"},

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"regexp"
 	"testing"
@@ -16,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	restclient "k8s.io/client-go/rest"
 
-	"github.com/gpudra/gpudra/pkg/submit/cli"
+	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 )
 
 // TestSubmitAsEditUser: a researcher who holds only the default `edit`
@@ -37,19 +36,7 @@ func TestSubmitAsEditUser(t *testing.T) {
 	gpudra := func(user, userNS string, args ...string) (string, error) {
 		cfg := restclient.CopyConfig(cluster.RESTConfig)
 		cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
-		clients := func(string, string) (cli.Clients, error) { return cli.ClientsFor(cfg, userNS, nil) }
-		for _, c := range cli.Commands(clients) {
-			if c.Name() == args[0] {
-				var out bytes.Buffer
-				c.SetOut(&out)
-				c.SetErr(&out)
-				c.SetArgs(args[1:])
-				err := c.ExecuteContext(ctx)
-				return out.String(), err
-			}
-		}
-		t.Fatalf("no command %s", args[0])
-		return "", nil
+		return tenant.Gpudra(ctx, cfg, userNS, args...)
 	}
 	jobPods := func(ctx context.Context, job string) []v1.Pod {
 		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})

@@ -32,6 +32,8 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/engine"
+	"github.com/gpudra/gpudra/pkg/kueue"
+	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 )
 
 // BinaryEnv names the environment variable that points at Kueue's
@@ -57,15 +59,6 @@ const GPUResource = "gpudra.dev/gpu"
 
 //go:embed config.yaml
 var baseConfig []byte
-
-// GVRs of Kueue's objects, for tests and the dashboard.
-var (
-	ClusterQueues   = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "clusterqueues"}
-	LocalQueues     = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "localqueues"}
-	ResourceFlavors = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "resourceflavors"}
-	Cohorts         = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "cohorts"}
-	Workloads       = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}
-)
 
 // chartKinds are what devcluster applies of the rendered chart: Kueue's
 // CRDs and identity, and its webhooks' Service and configurations. The
@@ -159,7 +152,7 @@ func Start(ctx context.Context, c *devcluster.Cluster, opts Options) (*Manager, 
 	}
 	p, err := engine.Start(ctx, c, engine.Spec{Name: "Kueue", Dir: dir, Binary: opts.Binary,
 		Args:   []string{"--config=" + configFile, "--zap-log-level=2"},
-		Served: []schema.GroupVersionResource{ClusterQueues, LocalQueues, ResourceFlavors, Cohorts, Workloads}, Namespace: Namespace, ServiceAccount: ServiceAccount,
+		Served: []schema.GroupVersionResource{kueue.ClusterQueues, kueue.LocalQueues, kueue.ResourceFlavors, kueue.Cohorts, kueue.Workloads}, Namespace: Namespace, ServiceAccount: ServiceAccount,
 		ReadyURL: "http://127.0.0.1:" + strconv.Itoa(health) + "/readyz"})
 	if err != nil {
 		stopMount()
@@ -176,6 +169,14 @@ func (m *Manager) Stop() {
 	m.route.Close()
 }
 
+// mountKey writes one key of a Secret into dir, the file replaced whole.
+func mountKey(dir, key string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return checkpoint.WriteFileAtomic(filepath.Join(dir, key), data)
+}
+
 // mountSecret keeps the Secret's keys as files in dir, as a kubelet keeps
 // a pod's secret volume (each file replaced whole), until ctx ends.
 func mountSecret(ctx context.Context, c *devcluster.Cluster, namespace, name, dir string) {
@@ -190,7 +191,7 @@ func mountSecret(ctx context.Context, c *devcluster.Cluster, namespace, name, di
 			if written[key] == string(data) {
 				continue
 			}
-			if err := writeFileAtomic(dir, key, data); err != nil {
+			if err := mountKey(dir, key, data); err != nil {
 				logger.Error(err, "Mount a key of the Secret", "key", key)
 				continue
 			}
@@ -198,25 +199,6 @@ func mountSecret(ctx context.Context, c *devcluster.Cluster, namespace, name, di
 		}
 		return false, nil
 	})
-}
-
-func writeFileAtomic(dir, name string, data []byte) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, "."+name+"-")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
 // renderChart renders Kueue's chart (release kueue in Namespace) and

@@ -1,7 +1,6 @@
 package kueue_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -19,9 +18,8 @@ import (
 	restclient "k8s.io/client-go/rest"
 
 	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
-	"github.com/gpudra/gpudra/devcluster/kueuemanager"
 	"github.com/gpudra/gpudra/pkg/dashboard"
-	"github.com/gpudra/gpudra/pkg/submit/cli"
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 // image is what the jobs name; devcluster runs its probe in their
@@ -29,7 +27,7 @@ import (
 const image = "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04"
 
 // podsReadyTimeout is Kueue's waitForPodsReady timeout here.
-const podsReadyTimeout = 5 * time.Minute
+const podsReadyTimeout = 30 * time.Second
 
 // researcher is a user with the default `edit` role and Kueue's
 // kueue-batch-user-role (Kueue's documented grant to a batch user) in one
@@ -49,19 +47,7 @@ func newResearcher(t *testing.T, name, namespace string) *researcher {
 // gpudra runs a gpudra command (submit, jobs, cancel) as the researcher.
 func (r *researcher) gpudra(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	clients := func(string, string) (cli.Clients, error) { return cli.ClientsFor(r.cfg, r.namespace, nil) }
-	for _, c := range cli.Commands(clients) {
-		if c.Name() == args[0] {
-			var out bytes.Buffer
-			c.SetOut(&out)
-			c.SetErr(&out)
-			c.SetArgs(args[1:])
-			err := c.ExecuteContext(context.Background())
-			return out.String(), err
-		}
-	}
-	t.Fatalf("no command %s", args[0])
-	return "", nil
+	return tenant.Gpudra(context.Background(), r.cfg, r.namespace, args...)
 }
 
 // submit submits a job of gpus GPUs (pods of perPod each) to the team's
@@ -159,7 +145,7 @@ func ownedWorkload(t *testing.T, namespace, kind, job string) *unstructured.Unst
 	require.NoError(t, err)
 	var found *unstructured.Unstructured
 	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := dyn.Resource(kueuemanager.Workloads).Namespace(namespace).List(ctx, metav1.ListOptions{})
+		list, err := dyn.Resource(kueue.Workloads).Namespace(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -223,4 +209,14 @@ func (r *researcher) dashboardKueue(t *testing.T, job, state string) dashboard.W
 	}
 	t.Fatalf("the dashboard shows no Job %s as Kueue's, %s: %+v", job, state, last)
 	return dashboard.Workload{}
+}
+
+// gangMessage is the message of gpudra's gang condition on the pod.
+func gangMessage(p *v1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "gpudra.dev/GangAllocated" {
+			return c.Message
+		}
+	}
+	return ""
 }

@@ -106,3 +106,61 @@ func TestRayJobAdmittedByKueue(t *testing.T) {
 	assert.Equal(t, 2, gpusOf(t, &worker), "the worker holds exactly its 2 GPUs")
 	assert.Equal(t, "gpus", worker.Labels["kueue.x-k8s.io/queue-name"], "its gang is Kueue's: in no GpuQueue")
 }
+
+// TestAdmittedGangThatCannotBePlacedGivesQuotaBack is docs/queues.md's
+// fourth rule: Kueue waits on quota, gpudra on devices, and neither holds
+// what the other waits for. A job outside Kueue (in gpudra's own queue)
+// holds 6 of the node's 8 GPUs; Kueue admits team A's 4-GPU job within
+// its quota, but its gang cannot be placed: gpudra holds no device for it
+// and says it is Kueue's, in no GpuQueue. After waitForPodsReady's timeout
+// Kueue evicts it and takes its quota back.
+func TestAdmittedGangThatCannotBePlacedGivesQuotaBack(t *testing.T) {
+	ctx := context.Background()
+	_, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "lab"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	dave := newResearcher(t, "dave", "lab")
+	alice := newResearcher(t, "alice-2", "team-a")
+	out, err := dave.gpudra(t, "submit", "--name", "hold", "--gpus", "6", "--image", image, "--", "python", "serve.py")
+	require.NoError(t, err, out)
+	t.Cleanup(func() { dave.cancel(t, "hold") })
+	runningPods(t, "lab", "hold", 1, 2*time.Minute)
+
+	alice.submit(t, "big", 4, 4)
+	t.Cleanup(func() { alice.cancel(t, "big") })
+	var pod v1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Client.CoreV1().Pods("team-a").List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=big"})
+		if err != nil || len(pods.Items) != 1 {
+			return false, nil
+		}
+		pod = pods.Items[0]
+		for _, c := range pod.Status.Conditions {
+			if c.Type == "gpudra.dev/GangAllocated" && c.Reason == "WaitingForDevices" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "Kueue admitted big, and its gang waits for devices: %s", describePods([]v1.Pod{pod}))
+	assert.Contains(t, gangMessage(&pod), "admitted by Kueue (LocalQueue gpus), in no GpuQueue")
+	status, _, _ := condition(workload(t, "team-a", "big"), "Admitted")
+	assert.Equal(t, "True", status)
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName == nil {
+			continue
+		}
+		cl, err := cluster.Client.ResourceV1().ResourceClaims("team-a").Get(ctx, *s.ResourceClaimName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Nil(t, cl.Status.Allocation, "gpudra holds no device for a gang it cannot place whole")
+	}
+
+	var reason, message string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, podsReadyTimeout+time.Minute, true, func(ctx context.Context) (bool, error) {
+		w := workload(t, "team-a", "big")
+		status, reason, message = condition(w, "Evicted")
+		reserved, _, _ := condition(w, "QuotaReserved")
+		return status == "True" && reserved != "True", nil
+	})
+	require.NoError(t, err, "Kueue evicts big after waitForPodsReady's timeout and takes its quota back: Evicted %s %q", reason, message)
+	assert.Equal(t, "PodsReadyTimeout", reason)
+}

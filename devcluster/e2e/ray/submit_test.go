@@ -1,7 +1,6 @@
 package ray_test
 
 import (
-	"bytes"
 	"context"
 	"path/filepath"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,57 +17,19 @@ import (
 	"k8s.io/client-go/kubernetes"
 	restclient "k8s.io/client-go/rest"
 
+	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 	"github.com/gpudra/gpudra/pkg/dashboard"
 	"github.com/gpudra/gpudra/pkg/submit"
-	"github.com/gpudra/gpudra/pkg/submit/cli"
 )
 
-// editRules are the rules of ClusterRole name with those it aggregates,
-// as the aggregation controller (which devcluster does not run) would
-// make them.
-func editRules(t *testing.T, name string, seen map[string]bool) []rbacv1.PolicyRule {
+// grantEdit gives user the default `edit` role in ns, as aggregated in a
+// cluster (again after an admin aggregated more into it), and returns the
+// user's client configuration.
+func grantEdit(t *testing.T, ns, user string) *restclient.Config {
 	t.Helper()
-	if seen[name] {
-		return nil
-	}
-	seen[name] = true
-	ctx := context.Background()
-	role, err := cluster.Client.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	cfg, err := tenant.Grant(context.Background(), cluster, ns, user, "edit")
 	require.NoError(t, err)
-	rules := role.Rules
-	if role.AggregationRule == nil {
-		return rules
-	}
-	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
-		s, err := metav1.LabelSelectorAsSelector(&sel)
-		require.NoError(t, err)
-		list, err := cluster.Client.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{LabelSelector: s.String()})
-		require.NoError(t, err)
-		for _, r := range list.Items {
-			rules = append(rules, editRules(t, r.Name, seen)...)
-		}
-	}
-	return rules
-}
-
-// grantEdit gives user the default `edit` role in ns, as aggregated in
-// the cluster now (made again after each new aggregated ClusterRole).
-func grantEdit(t *testing.T, ns, user string) {
-	t.Helper()
-	ctx := context.Background()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "edit"}, Rules: editRules(t, "edit", map[string]bool{})}
-	if _, err := cluster.Client.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-		_, err = cluster.Client.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{})
-		require.NoError(t, err)
-	} else {
-		require.NoError(t, err)
-	}
-	_, err := cluster.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "edit"},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		require.NoError(t, err)
-	}
+	return cfg
 }
 
 // TestSubmitRayAsEditUser: a researcher with `edit` in one namespace runs
@@ -83,24 +43,8 @@ func TestSubmitRayAsEditUser(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
 	const user = "researcher-ray"
-	grantEdit(t, ns, user)
-	gpudra := func(args ...string) (string, error) {
-		cfg := restclient.CopyConfig(cluster.RESTConfig)
-		cfg.Impersonate = restclient.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
-		clients := func(string, string) (cli.Clients, error) { return cli.ClientsFor(cfg, ns, nil) }
-		for _, c := range cli.Commands(clients) {
-			if c.Name() == args[0] {
-				var out bytes.Buffer
-				c.SetOut(&out)
-				c.SetErr(&out)
-				c.SetArgs(args[1:])
-				err := c.ExecuteContext(ctx)
-				return out.String(), err
-			}
-		}
-		t.Fatalf("no command %s", args[0])
-		return "", nil
-	}
+	cfg := grantEdit(t, ns, user)
+	gpudra := func(args ...string) (string, error) { return tenant.Gpudra(ctx, cfg, ns, args...) }
 	submitArgs := []string{"submit", "--ray", "--gpus", "2", "--image", "rayproject/ray:2.46.0-gpu", "--name", "train", "--",
 		"python", "train.py", "--epochs", "1"}
 
