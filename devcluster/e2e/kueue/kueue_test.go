@@ -11,9 +11,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/dashboard"
+	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
 // TestTwoTeamsUnderKueueQuota: two teams' ClusterQueues of 4 GPUs each in
@@ -124,6 +126,16 @@ func TestAdmittedGangThatCannotBePlacedGivesQuotaBack(t *testing.T) {
 	require.NoError(t, err, out)
 	t.Cleanup(func() { dave.cancel(t, "hold") })
 	runningPods(t, "lab", "hold", 1, 2*time.Minute)
+	// docs/queues.md, rule 5: without Kueue's label a job is gpudra's
+	// alone: Kueue made no Workload of it, and it is in a GpuQueue.
+	out, err = dave.gpudra(t, "jobs")
+	require.NoError(t, err, out)
+	assert.Regexp(t, `hold\s+Job\s+Running\s+1/1\s+default\s`, out)
+	dyn, err := dynamic.NewForConfig(cluster.RESTConfig)
+	require.NoError(t, err)
+	ws, err := dyn.Resource(kueue.Workloads).Namespace("lab").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, ws.Items, "Kueue leaves a job without its label alone")
 
 	alice.submit(t, "big", 4, 4)
 	t.Cleanup(func() { alice.cancel(t, "big") })
