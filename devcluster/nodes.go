@@ -143,15 +143,31 @@ func (c *Cluster) createNodeObject(ctx context.Context, opts nodeagent.NodeOptio
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", opts.Name, err)
 	}
+	// Others write the Node from its first moment (an autoscaler that
+	// registers it): each write of ours is to the Node as it is now.
 	now := metav1.Now()
-	node.Status = v1.NodeStatus{
+	status := v1.NodeStatus{
 		Capacity: capacity, Allocatable: capacity, Phase: v1.NodeRunning,
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
 			Message: "devcluster kubelet is ready", LastHeartbeatTime: now, LastTransitionTime: now}},
 		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: opts.Name}},
 		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64", ContainerRuntimeVersion: "devcluster://0"},
 	}
-	if _, err = c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	first := true
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			fresh, err := c.Client.CoreV1().Nodes().Get(ctx, opts.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			node = fresh
+		}
+		first = false
+		node.Status = status
+		_, err := c.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("Node %s status: %w", opts.Name, err)
 	}
 	// Admission taints a new Node not-ready; no node lifecycle controller

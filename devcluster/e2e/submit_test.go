@@ -12,9 +12,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	restclient "k8s.io/client-go/rest"
 
+	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
 	"github.com/gpudra/gpudra/devcluster/e2e/tenant"
 )
 
@@ -57,23 +59,34 @@ func TestSubmitAsEditUser(t *testing.T) {
 		return true
 	}
 
+	// Both jobs in a queue of their own (FCFS), so that the 2-GPU job waits
+	// whatever the rest of the suite holds: behind the 16-GPU job while that
+	// waits for both DGX nodes, or for devices while it runs on them.
+	const qname = "e2e-submit"
+	q := &unstructured.Unstructured{Object: map[string]any{"apiVersion": gpudrav1.APIVersion, "kind": gpudrav1.KindGpuQueue,
+		"metadata": map[string]any{"name": qname}, "spec": map[string]any{"policy": string(gpudrav1.FCFS)}}}
+	_, err := dyn(t).Resource(gpudrav1.GpuQueues).Create(ctx, q, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dyn(t).Resource(gpudrav1.GpuQueues).Delete(ctx, qname, metav1.DeleteOptions{}) })
+
 	// The probe as the command runs until stopped; 16 GPUs are two pods of 8.
-	out, err := gpudra("researcher-a", ns, "submit", "--gpus", "16", "--image", "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+	out, err := gpudra("researcher-a", ns, "submit", "--gpus", "16", "--queue", qname, "--image", "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
 		"--name", "hold", "--", "gpudra-probe")
 	require.NoError(t, err, out)
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		return running(jobPods(ctx, "hold"), 2), nil
+		return len(jobPods(ctx, "hold")) == 2, nil
 	})
-	require.NoError(t, err, "the 16-GPU job runs on both DGX nodes")
+	require.NoError(t, err, "the 16-GPU job's two pods exist")
 
 	// The probe exits 0 after 6 s: the job completes.
-	out, err = gpudra("researcher-a", ns, "submit", "--gpus", "2", "--image", "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+	out, err = gpudra("researcher-a", ns, "submit", "--gpus", "2", "--queue", qname, "--image", "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
 		"--name", "train", "--", "gpudra-probe", "--exit-after=6s")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "train")
+	waiting := regexp.MustCompile(`train\s+Job\s+Waiting\s+0/1\s+` + qname + `\s+\d+\s+(WaitingForDevices|BehindInQueue)`)
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		out, err = gpudra("researcher-a", ns, "jobs")
-		return err == nil && regexp.MustCompile(`train\s+Waiting\s+0/1\s+default\s+\d+\s+WaitingForDevices`).MatchString(out), nil
+		return err == nil && waiting.MatchString(out), nil
 	})
 	require.NoError(t, err, "gpudra jobs shows the 2-GPU job waiting, with gpudra's reason: %s", out)
 
@@ -105,7 +118,7 @@ func TestSubmitAsEditUser(t *testing.T) {
 
 	out, err = gpudra("researcher-a", ns, "jobs")
 	require.NoError(t, err, out)
-	assert.Regexp(t, `train\s+Running`, out)
+	assert.Regexp(t, `train\s+Job\s+Running`, out)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		assert.Contains(t, out, r.Device, "the job's devices")
 	}
@@ -136,7 +149,7 @@ func TestSubmitAsEditUser(t *testing.T) {
 	}
 	out, err = gpudra("researcher-a", ns, "jobs")
 	require.NoError(t, err, out)
-	assert.Regexp(t, `train\s+Succeeded\s+0/1`, out)
+	assert.Regexp(t, `train\s+Job\s+Succeeded\s+0/1`, out)
 	// Within 20 s: the kubelet unprepares a terminated pod's claims at
 	// once, not by the DRA manager's 60 s sweep.
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
