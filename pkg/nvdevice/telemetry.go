@@ -142,3 +142,32 @@ var ThrottleReasons = []ThrottleReason{
 	{0x200, "board_limit"},
 	{0x400, "reliability"},
 }
+
+// TelemetryOptions says what one pass reads.
+type TelemetryOptions struct {
+	// SkipSlow leaves out the readings that change slowly (CopySlowReadings
+	// names them) and lets the backend use what it kept of each device from
+	// its last full pass (handles, MIG devices): a fast pass. The slow
+	// readings are then left unsupported; the caller keeps the last ones.
+	SkipSlow bool
+}
+
+// CadencedTelemetryReader is a TelemetryReader that can read the slowly
+// changing fields less often than the others. Telemetry reads everything.
+type CadencedTelemetryReader interface {
+	TelemetryReader
+	TelemetryWith(ctx context.Context, opts TelemetryOptions) ([]TelemetrySample, error)
+}
+
+// CopySlowReadings copies the readings that change slowly from src to dst:
+// the enforced power limit (set by an administrator), the ECC error counts
+// and the row remapping state (they move when the HBM fails, a few times in
+// a GPU's life). A fast pass (TelemetryOptions.SkipSlow) leaves them out.
+// Only a GPU has them; a MIG device's sample has none to copy.
+func CopySlowReadings(dst, src *TelemetrySample) {
+	dst.PowerLimitWatts = src.PowerLimitWatts
+	dst.ECCVolatileCorrected, dst.ECCVolatileUncorrected = src.ECCVolatileCorrected, src.ECCVolatileUncorrected
+	dst.ECCAggregateCorrected, dst.ECCAggregateUncorrected = src.ECCAggregateCorrected, src.ECCAggregateUncorrected
+	dst.RemappedRowsCorrectable, dst.RemappedRowsUncorrectable = src.RemappedRowsCorrectable, src.RemappedRowsUncorrectable
+	dst.RemapPending, dst.RemapFailure = src.RemapPending, src.RemapFailure
+}
