@@ -40,8 +40,9 @@ func passCost(t *testing.T, m *Machine, opts nvdevice.TelemetryOptions) NVMLLedg
 }
 
 // TestNVMLTimingReproducesTheH200: a full pass over the GPU the model is
-// calibrated on makes the backend's 94 calls and costs what the steady pass
-// took there (61.1 ms).
+// calibrated on makes the backend's 94 calls (pkg/nvdevice/nvml's
+// TestTelemetryCallsPerPass) and costs what the steady pass took there
+// (61.1 ms).
 func TestNVMLTimingReproducesTheH200(t *testing.T) {
 	m := oneH200(t)
 	m.SetNVMLTiming(H200NVMLTiming())
@@ -53,6 +54,11 @@ func TestNVMLTimingReproducesTheH200(t *testing.T) {
 	assert.Equal(t, 2, got.ByFunction["nvmlDeviceGetPcieThroughput"])
 	assert.Equal(t, 40*time.Millisecond, got.Wait)
 	assert.InDelta(t, 61.1, (got.CPU + got.Wait).Seconds()*1000, 0.5, "ms, the H200's third pass")
+
+	// A fast pass makes the backend's 16 calls (pkg/nvdevice/nvml's
+	// TestTelemetryCallsPerPass counts them on go-nvml's mock).
+	fast := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true})
+	assert.Equal(t, 16, fast.Calls, "calls: %v", fast.ByFunction)
 }
 
 // TestNVMLTimingFastPass: a fast pass reads neither the devices' entries
