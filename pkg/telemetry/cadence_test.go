@@ -37,6 +37,17 @@ func (r *optsReader) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryO
 	return r.CadencedTelemetryReader.TelemetryWith(ctx, opts)
 }
 
+// keptDevices is which of the passes so far kept the devices.
+func (r *optsReader) keptDevices() []bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []bool
+	for _, o := range r.opts {
+		out = append(out, o.KeepDevices)
+	}
+	return out
+}
+
 // fullPasses is which of the passes so far were full.
 func (r *optsReader) fullPasses() []bool {
 	r.mu.Lock()
@@ -91,6 +102,19 @@ func TestSlowReadingsOnTheirCadence(t *testing.T) {
 	c.Sample(context.Background()) // t=60s: full
 	assert.Equal(t, "2", uncorrectedVolatile(t, c), "the count is read again a slow interval after the last full pass")
 	assert.Equal(t, []bool{true, false, false, false, false, false, true}, r.fullPasses())
+	assert.Equal(t, []bool{false, true, true, true, true, true, true}, r.keptDevices(), "the devices are read at the first pass only")
+
+	// The devices are read again every DeviceInterval.
+	for clk.Since(time.Unix(1e9, 0)) < DeviceInterval {
+		clk.Step(10 * time.Second)
+		c.Sample(context.Background())
+	}
+	kept := r.keptDevices()
+	assert.False(t, kept[len(kept)-1], "a pass a device interval after the first reads the devices")
+	assert.Equal(t, 1+int(DeviceInterval/(10*time.Second)), len(kept))
+	for i, k := range kept[1 : len(kept)-1] {
+		assert.True(t, k, "pass %d keeps them", i+1)
+	}
 }
 
 // TestEveryPassFullWithoutSlowInterval: SetSlowInterval(0) reads
@@ -110,6 +134,7 @@ func TestEveryPassFullWithoutSlowInterval(t *testing.T) {
 	c.Sample(context.Background())
 	assert.Equal(t, "3", uncorrectedVolatile(t, c))
 	assert.Equal(t, []bool{true, true}, r.fullPasses())
+	assert.Equal(t, []bool{false, false}, r.keptDevices(), "nor keeps the devices")
 }
 
 // TestFullPassAgainAfterAFailureOrANewGPU: a full pass that fails is taken

@@ -26,12 +26,20 @@ const DefaultInterval = 10 * time.Second
 
 // DefaultSlowInterval is how often the sampler reads the readings that
 // change slowly (nvdevice.CopySlowReadings: power limit, ECC counts, row
-// remapping) and lets the backend read its devices' list again (handles,
-// MIG devices): a full pass. The passes between are fast passes, which send
+// remapping): a full pass. The passes between are fast passes, which send
 // the last full pass's slow readings. A minute keeps an ECC count or a new
 // power limit at most a minute late, against the ten minutes over which the
 // alerts judge them (docs/alerts.md).
 const DefaultSlowInterval = time.Minute
+
+// DeviceInterval is how often a pass has the backend read its devices
+// again (which GPUs, their MIG devices, their handles: most of a pass's
+// NVML calls when it does) rather than keep them
+// (nvdevice.TelemetryOptions.KeepDevices). The backend reads them at once
+// after the changes it sees (a MIG change made through it, a GPU lost);
+// the interval bounds how late a MIG device made by another tool
+// (nvidia-smi) shows.
+const DeviceInterval = 10 * time.Minute
 
 func desc(name, help string, labels []string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", name), help, append(append([]string(nil), labels...), extra...), nil)
@@ -102,8 +110,9 @@ type Collector struct {
 	// The slow cadence (DefaultSlowInterval). slowInterval is under mu;
 	// the rest is only touched by the pass under way (sampling says there
 	// is one at most).
-	slowInterval time.Duration // 0: every pass is a full pass
+	slowInterval time.Duration // 0: every pass reads everything
 	lastFull     time.Time     // when the last full pass that worked started
+	lastDevices  time.Time     // when the last pass that read the devices again and worked started
 	fullDue      bool          // a GPU has no slow readings yet: the next pass is full
 	// slow are the last full pass's slow readings, by GPU UUID.
 	slow map[string]nvdevice.TelemetrySample
@@ -121,7 +130,8 @@ func NewCollector(r nvdevice.TelemetryReader, node string, interval time.Duratio
 }
 
 // SetSlowInterval sets how often a pass is a full pass (DefaultSlowInterval);
-// 0 makes every pass a full one, as before the slow cadence (issue 50).
+// 0 makes every pass read everything, the devices too, as before the slow
+// cadence (issue 50).
 // A reader that is no nvdevice.CadencedTelemetryReader always reads
 // everything. Call it before Run.
 func (c *Collector) SetSlowInterval(d time.Duration) {
@@ -197,16 +207,22 @@ func (c *Collector) Sample(ctx context.Context) {
 }
 
 // read takes one pass: a full one when the slow cadence says so, else a
-// fast one whose GPUs get the last full pass's slow readings.
+// fast one whose GPUs get the last full pass's slow readings; it has the
+// backend read its devices again every DeviceInterval.
 func (c *Collector) read(ctx context.Context, start time.Time, slowInterval time.Duration) ([]nvdevice.TelemetrySample, error) {
 	cr, ok := c.reader.(nvdevice.CadencedTelemetryReader)
 	if !ok {
 		return c.reader.Telemetry(ctx)
 	}
-	full := slowInterval <= 0 || c.lastFull.IsZero() || c.fullDue || start.Sub(c.lastFull) >= slowInterval
-	samples, err := cr.TelemetryWith(ctx, nvdevice.TelemetryOptions{SkipSlow: !full})
+	everything := slowInterval <= 0
+	full := everything || c.lastFull.IsZero() || c.fullDue || start.Sub(c.lastFull) >= slowInterval
+	devices := everything || c.lastDevices.IsZero() || start.Sub(c.lastDevices) >= DeviceInterval
+	samples, err := cr.TelemetryWith(ctx, nvdevice.TelemetryOptions{SkipSlow: !full, KeepDevices: !devices})
 	if err != nil {
-		return nil, err // the next pass is full if this one was to be
+		return nil, err // the next pass reads what this one was to read
+	}
+	if devices {
+		c.lastDevices = start
 	}
 	if full {
 		slow := make(map[string]nvdevice.TelemetrySample, len(samples))

@@ -52,7 +52,7 @@ func callsOf(t *testing.T, b *Backend, opts nvdevice.TelemetryOptions, mocks ...
 
 var (
 	fullPass = nvdevice.TelemetryOptions{}
-	fastPass = nvdevice.TelemetryOptions{SkipSlow: true}
+	fastPass = nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
 )
 
 // TestTelemetryCallsPerPass pins what a pass asks of NVML on the GPU the

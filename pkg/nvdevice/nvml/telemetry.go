@@ -40,14 +40,14 @@ func (b *Backend) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, er
 
 var _ nvdevice.CadencedTelemetryReader = (*Backend)(nil)
 
-// TelemetryWith is Telemetry; a fast pass (opts.SkipSlow) leaves out the
-// slow readings and reads no inventory entry: it uses the entries (GPU and
-// MIG device handles) of the last pass that read them, unless the GPU
-// count changed, a MIG change went through the backend since, or a GPU was
-// lost. The entries are most of a full pass's NVML calls (some seventy of
-// an H200's ninety-four: MIG profiles and placements, 36 NVLink states).
-// A MIG device made or destroyed by another tool (nvidia-smi) is seen at
-// the next full pass.
+// TelemetryWith is Telemetry, without the slow readings when
+// opts.SkipSlow. With opts.KeepDevices it reads no inventory entry: it
+// uses the entries (GPU and MIG device handles) of the last pass that read
+// them, unless the GPU count changed, a MIG change went through the
+// backend since, or a GPU was lost. The entries are most of a full pass's
+// NVML calls (71 of an H200's 94: MIG profiles and placements, 36 NVLink
+// states). A MIG device made or destroyed by another tool (nvidia-smi) is
+// seen at the next pass that reads the entries.
 func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, error) {
 	b.passMu.Lock()
 	defer b.passMu.Unlock()
@@ -63,7 +63,7 @@ func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
 	entries := b.pass.entries
-	reuse := opts.SkipSlow && entries != nil && len(entries) == count && b.pass.entriesAt == changes
+	reuse := opts.KeepDevices && entries != nil && len(entries) == count && b.pass.entriesAt == changes
 	if !reuse {
 		entries = make([]*gpuEntry, count)
 	}

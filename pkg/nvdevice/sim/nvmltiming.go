@@ -13,7 +13,7 @@ import (
 // (pkg/nvdevice/nvml) makes in a telemetry pass: with it set
 // (SetNVMLTiming), the machine's Telemetry charges, for every GPU and MIG
 // device, the calls the backend would make for it, in the same cadence
-// (a full pass, or a fast one; see nvdevice.TelemetryOptions), so that
+// (nvdevice.TelemetryOptions), so that
 // what a pass costs on a real node can be measured without a GPU
 // (BenchmarkTelemetryPass in pkg/telemetry). It is off by default: tests
 // pay nothing for it.
@@ -165,9 +165,9 @@ func (m *Machine) modelOn() bool {
 }
 
 // devicesReadAgain says whether this pass reads every GPU's inventory
-// entry (and its MIG device handles), as the backend does: on a full pass,
-// on the first pass, and after the devices changed (a MIG device made or
-// destroyed through the backend).
+// entry (and its MIG device handles), as the backend does: unless told to
+// keep them (opts.KeepDevices), on the first pass, and after the devices
+// changed (a MIG device made or destroyed through the backend).
 func (m *Machine) devicesReadAgain(inv *nvdevice.Inventory, opts nvdevice.TelemetryOptions) bool {
 	var b strings.Builder
 	for _, g := range inv.GPUs {
@@ -181,7 +181,7 @@ func (m *Machine) devicesReadAgain(inv *nvdevice.Inventory, opts nvdevice.Teleme
 	defer m.nvml.mu.Unlock()
 	changed := m.nvml.devices != b.String()
 	m.nvml.devices = b.String()
-	return changed || !opts.SkipSlow
+	return changed || !opts.KeepDevices
 }
 
 // nvlinkStatesAsked is how many link states the backend asks of each GPU

@@ -53,11 +53,11 @@ func TestNVMLTimingReproducesTheH200(t *testing.T) {
 	assert.Equal(t, 36, got.ByFunction["nvmlDeviceGetNvLinkState"])
 	assert.Equal(t, 2, got.ByFunction["nvmlDeviceGetPcieThroughput"])
 	assert.Equal(t, 40*time.Millisecond, got.Wait)
-	assert.InDelta(t, 61.1, (got.CPU + got.Wait).Seconds()*1000, 0.5, "ms, the H200's third pass")
+	assert.InDelta(t, 61.1, (got.CPU+got.Wait).Seconds()*1000, 0.5, "ms, the H200's third pass")
 
 	// A fast pass makes the backend's 16 calls (pkg/nvdevice/nvml's
 	// TestTelemetryCallsPerPass counts them on go-nvml's mock).
-	fast := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true})
+	fast := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
 	assert.Equal(t, 16, fast.Calls, "calls: %v", fast.ByFunction)
 }
 
@@ -70,7 +70,7 @@ func TestNVMLTimingFastPass(t *testing.T) {
 	inv, err := m.Inventory(context.Background())
 	require.NoError(t, err)
 	m.SetNVMLTiming(H200NVMLTiming())
-	fast := nvdevice.TelemetryOptions{SkipSlow: true}
+	fast := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
 
 	first := passCost(t, m, fast)
 	assert.Equal(t, 8, first.ByFunction["nvmlDeviceGetPciInfo"], "the first pass reads every GPU's entry")
@@ -106,7 +106,7 @@ func TestFastPassLeavesSlowReadingsOut(t *testing.T) {
 	m := oneH200(t)
 	full, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{})
 	require.NoError(t, err)
-	fast, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{SkipSlow: true})
+	fast, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
 	require.NoError(t, err)
 	require.Len(t, fast, 1)
 	assert.True(t, full[0].ECCVolatileUncorrected.Supported)
