@@ -27,6 +27,10 @@ nvidia-smi --query-gpu=utilization.gpu,utilization.memory,power.draw,temperature
 GPUDRA_REAL_GPU=1 GPUDRA_REAL_GPU_PID=$pid GPUDRA_REAL_GPU_OUT="$OUT" \
   $BIN/nvml.test -test.run '^TestRealGPUTelemetry$' -test.v 2>&1 | tee "$OUT/realgpu-test.txt"
 test_rc=${PIPESTATUS[0]}
+# Each NVML call's cost, for the simulator's timing model (issue 50); the
+# process still holds the GPU. Informational: it does not decide PASS.
+GPUDRA_REAL_GPU=1 GPUDRA_REAL_GPU_OUT="$OUT" \
+  $BIN/nvml.test -test.run '^TestRealGPUCallCosts$' -test.v 2>&1 | tee "$OUT/call-costs-test.txt"
 $BIN/gpudra top --backend nvml --once > "$OUT/top.txt" 2>&1; top_rc=$?
 $BIN/gpudra top --backend nvml --once -o json > "$OUT/top.json" 2>&1
 # Refreshing, one JSON line a second: from the second on, the GPM figures.

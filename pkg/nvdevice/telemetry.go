@@ -142,3 +142,38 @@ var ThrottleReasons = []ThrottleReason{
 	{0x200, "board_limit"},
 	{0x400, "reliability"},
 }
+
+// TelemetryOptions says what one pass reads. The zero value reads
+// everything, as Telemetry does.
+type TelemetryOptions struct {
+	// SkipSlow leaves out the readings that change slowly (CopySlowReadings
+	// names them): they are left unsupported, and the caller keeps the last
+	// ones.
+	SkipSlow bool
+	// KeepDevices lets the backend use its devices as it last read them
+	// (which GPUs, their MIG devices, their handles) instead of reading
+	// them again: most of a full pass's NVML calls. A backend still reads
+	// them again after a MIG change made through it, a change of the GPU
+	// count or a GPU lost.
+	KeepDevices bool
+}
+
+// CadencedTelemetryReader is a TelemetryReader that can read the slowly
+// changing fields less often than the others. Telemetry reads everything.
+type CadencedTelemetryReader interface {
+	TelemetryReader
+	TelemetryWith(ctx context.Context, opts TelemetryOptions) ([]TelemetrySample, error)
+}
+
+// CopySlowReadings copies the readings that change slowly from src to dst:
+// the enforced power limit (set by an administrator), the ECC error counts
+// and the row remapping state (they move when the HBM fails, a few times in
+// a GPU's life). TelemetryOptions.SkipSlow leaves them out.
+// Only a GPU has them; a MIG device's sample has none to copy.
+func CopySlowReadings(dst, src *TelemetrySample) {
+	dst.PowerLimitWatts = src.PowerLimitWatts
+	dst.ECCVolatileCorrected, dst.ECCVolatileUncorrected = src.ECCVolatileCorrected, src.ECCVolatileUncorrected
+	dst.ECCAggregateCorrected, dst.ECCAggregateUncorrected = src.ECCAggregateCorrected, src.ECCAggregateUncorrected
+	dst.RemappedRowsCorrectable, dst.RemappedRowsUncorrectable = src.RemappedRowsCorrectable, src.RemappedRowsUncorrectable
+	dst.RemapPending, dst.RemapFailure = src.RemapPending, src.RemapFailure
+}

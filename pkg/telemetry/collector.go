@@ -24,6 +24,23 @@ import (
 // DefaultInterval is how often the sampler reads the devices.
 const DefaultInterval = 10 * time.Second
 
+// DefaultSlowInterval is how often the sampler reads the readings that
+// change slowly (nvdevice.CopySlowReadings: power limit, ECC counts, row
+// remapping): a full pass. The passes between are fast passes, which send
+// the last full pass's slow readings. A minute keeps an ECC count or a new
+// power limit at most a minute late, against the ten minutes over which the
+// alerts judge them (docs/alerts.md).
+const DefaultSlowInterval = time.Minute
+
+// DeviceInterval is how often a pass has the backend read its devices
+// again (which GPUs, their MIG devices, their handles: most of a pass's
+// NVML calls when it does) rather than keep them
+// (nvdevice.TelemetryOptions.KeepDevices). The backend reads them at once
+// after the changes it sees (a MIG change made through it, a GPU lost);
+// the interval bounds how late a MIG device made by another tool
+// (nvidia-smi) shows.
+const DeviceInterval = 10 * time.Minute
+
 func desc(name, help string, labels []string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", name), help, append(append([]string(nil), labels...), extra...), nil)
 }
@@ -89,6 +106,16 @@ type Collector struct {
 	// and the last pass's result.
 	attribCfg *AttributionConfig
 	attrib    *attribution
+
+	// The slow cadence (DefaultSlowInterval). slowInterval is under mu;
+	// the rest is only touched by the pass under way (sampling says there
+	// is one at most).
+	slowInterval time.Duration // 0: every pass reads everything
+	lastFull     time.Time     // when the last full pass that worked started
+	lastDevices  time.Time     // when the last pass that read the devices again and worked started
+	fullDue      bool          // a GPU has no slow readings yet: the next pass is full
+	// slow are the last full pass's slow readings, by GPU UUID.
+	slow map[string]nvdevice.TelemetrySample
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -99,7 +126,18 @@ func NewCollector(r nvdevice.TelemetryReader, node string, interval time.Duratio
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	return &Collector{reader: r, node: node, interval: interval, clock: clock.RealClock{}}
+	return &Collector{reader: r, node: node, interval: interval, clock: clock.RealClock{}, slowInterval: DefaultSlowInterval}
+}
+
+// SetSlowInterval sets how often a pass is a full pass (DefaultSlowInterval);
+// 0 makes every pass read everything, the devices too, as before the slow
+// cadence (issue 50).
+// A reader that is no nvdevice.CadencedTelemetryReader always reads
+// everything. Call it before Run.
+func (c *Collector) SetSlowInterval(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.slowInterval = max(0, d)
 }
 
 // Stale reports: a sample older than staleAfter intervals, or a read under
@@ -149,9 +187,9 @@ func (c *Collector) Sample(ctx context.Context) {
 	clk := c.clock
 	start := clk.Now()
 	c.started = start
-	attribCfg, claims := c.attribCfg, c.claims
+	attribCfg, claims, slowInterval := c.attribCfg, c.claims, c.slowInterval
 	c.mu.Unlock()
-	samples, err := c.reader.Telemetry(ctx)
+	samples, err := c.read(ctx, start, slowInterval)
 	end := clk.Now()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
@@ -166,6 +204,52 @@ func (c *Collector) Sample(ctx context.Context) {
 	c.attrib = attrib
 	c.sampling, c.sampled = false, true
 	c.samples, c.ok, c.at, c.took = samples, err == nil, end, end.Sub(start)
+}
+
+// read takes one pass: a full one when the slow cadence says so, else a
+// fast one whose GPUs get the last full pass's slow readings; it has the
+// backend read its devices again every DeviceInterval.
+func (c *Collector) read(ctx context.Context, start time.Time, slowInterval time.Duration) ([]nvdevice.TelemetrySample, error) {
+	cr, ok := c.reader.(nvdevice.CadencedTelemetryReader)
+	if !ok {
+		return c.reader.Telemetry(ctx)
+	}
+	everything := slowInterval <= 0
+	full := everything || c.lastFull.IsZero() || c.fullDue || start.Sub(c.lastFull) >= slowInterval
+	devices := everything || c.lastDevices.IsZero() || start.Sub(c.lastDevices) >= DeviceInterval
+	samples, err := cr.TelemetryWith(ctx, nvdevice.TelemetryOptions{SkipSlow: !full, KeepDevices: !devices})
+	if err != nil {
+		return nil, err // the next pass reads what this one was to read
+	}
+	if devices {
+		c.lastDevices = start
+	}
+	if full {
+		slow := make(map[string]nvdevice.TelemetrySample, len(samples))
+		for i := range samples {
+			if s := &samples[i]; !s.IsMIG() {
+				var kept nvdevice.TelemetrySample
+				nvdevice.CopySlowReadings(&kept, s)
+				slow[s.UUID] = kept // a GPU gone since is forgotten
+			}
+		}
+		c.slow, c.lastFull, c.fullDue = slow, start, false
+		return samples, nil
+	}
+	for i := range samples {
+		s := &samples[i]
+		if s.IsMIG() {
+			continue
+		}
+		if kept, ok := c.slow[s.UUID]; ok {
+			nvdevice.CopySlowReadings(s, &kept)
+		} else {
+			// A GPU new since the last full pass: its slow series are
+			// missing until the next pass, which reads them.
+			c.fullDue = true
+		}
+	}
+	return samples, nil
 }
 
 // Describe sends every metric's description.

@@ -41,6 +41,9 @@ type Backend struct {
 
 	mu     sync.Mutex
 	closed bool
+	// migChanges counts the MIG changes begun through the backend: a
+	// telemetry fast pass reads the devices again when it moved.
+	migChanges uint64
 	// symMu guards symbols: a pass reads them outside mu.
 	symMu    sync.Mutex
 	symbols  map[string]bool

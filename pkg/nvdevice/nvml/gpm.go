@@ -28,6 +28,12 @@ type passState struct {
 	// seen are the devices this pass sampled; what the previous pass
 	// kept of any other is let go at its end (the device went).
 	seen map[string]bool
+	// entries are the GPUs' inventory entries, by index, as the last
+	// pass that read them found them (nil for a GPU left out), and
+	// entriesAt the backend's migChanges then: a fast pass uses them
+	// (telemetry.go). Nil: the next pass reads them.
+	entries   []*gpuEntry
+	entriesAt uint64
 }
 
 func newPassState() passState {

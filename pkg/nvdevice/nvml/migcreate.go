@@ -47,6 +47,7 @@ func (b *Backend) migParent(uuid string) (nvml.Device, nvdevice.GPU, error) {
 func (b *Backend) CreateMigDevice(ctx context.Context, req nvdevice.MigCreateRequest) (*nvdevice.MigDevice, error) {
 	var out *nvdevice.MigDevice
 	err := b.locked(func() error {
+		b.migChanges++ // telemetry reads its devices again (telemetry.go)
 		var err error
 		out, err = b.createMigDevice(ctx, req)
 		if err != nil {
@@ -169,6 +170,7 @@ func starts(pls []nvdevice.Placement) string {
 // compute instance went) is destroyed, so that a retry finishes the job.
 func (b *Backend) DeleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef) error {
 	return b.locked(func() error {
+		b.migChanges++
 		if err := b.deleteMigDevice(ctx, ref); err != nil {
 			return fmt.Errorf("delete MIG device (GPU instance %d, compute instance %d) on GPU %s: %w",
 				ref.GPUInstanceID, ref.ComputeInstanceID, ref.ParentUUID, err)
@@ -236,6 +238,7 @@ func (b *Backend) deleteMigDevice(ctx context.Context, ref nvdevice.MigDeviceRef
 // ref.Profile at ref.Start, then the GPU instance (see nvdevice.MigManager).
 func (b *Backend) DeleteMigPlacement(ctx context.Context, ref nvdevice.MigPlacementRef) error {
 	return b.locked(func() error {
+		b.migChanges++
 		if err := b.deleteMigPlacement(ctx, ref); err != nil {
 			return fmt.Errorf("delete MIG %s at placement start %d on GPU %s: %w", ref.Profile, ref.Start, ref.ParentUUID, err)
 		}

@@ -35,50 +35,81 @@ const symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 // hangs in the driver holds up no prepare. A MIG device destroyed between
 // its entry and its readings has its readings left unsupported.
 func (b *Backend) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
+	return b.TelemetryWith(ctx, nvdevice.TelemetryOptions{})
+}
+
+var _ nvdevice.CadencedTelemetryReader = (*Backend)(nil)
+
+// TelemetryWith is Telemetry, without the slow readings when
+// opts.SkipSlow. With opts.KeepDevices it reads no inventory entry: it
+// uses the entries (GPU and MIG device handles) of the last pass that read
+// them, unless the GPU count changed, a MIG change went through the
+// backend since, or a GPU was lost. The entries are most of a full pass's
+// NVML calls (71 of an H200's 94: MIG profiles and placements, 36 NVLink
+// states). A MIG device made or destroyed by another tool (nvidia-smi) is
+// seen at the next pass that reads the entries.
+func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, error) {
 	b.passMu.Lock()
 	defer b.passMu.Unlock()
 	var count int
+	var changes uint64
 	err := b.locked(func() error {
 		var ret nvml.Return
 		count, ret = b.lib.DeviceGetCount()
+		changes = b.migChanges
 		return check(ret, "count GPUs")
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
+	entries := b.pass.entries
+	reuse := opts.KeepDevices && entries != nil && len(entries) == count && b.pass.entriesAt == changes
+	if !reuse {
+		entries = make([]*gpuEntry, count)
+	}
+	b.pass.entries = nil // kept again once the pass has worked
+	lost := false
 	var out []nvdevice.TelemetrySample
 	for i := range count {
 		if err := ctx.Err(); err != nil {
 			clear(b.pass.seen)
 			return nil, err
 		}
-		var g *gpuEntry
-		err := b.locked(func() error {
-			var err error
-			g, err = b.gpuToSample(ctx, i)
-			return err
-		})
-		if err != nil {
-			clear(b.pass.seen) // the next pass starts over
-			return nil, fmt.Errorf("read the devices to sample: %w", err)
+		if !reuse {
+			err := b.locked(func() error {
+				var err error
+				entries[i], err = b.gpuToSample(ctx, i)
+				return err
+			})
+			if err != nil {
+				clear(b.pass.seen) // the next pass starts over
+				return nil, fmt.Errorf("read the devices to sample: %w", err)
+			}
 		}
-		if g != nil {
-			out = append(out, b.sampleGPU(ctx, g)...)
+		if g := entries[i]; g != nil {
+			samples, ok := b.sampleGPU(ctx, g, opts)
+			lost = lost || !ok
+			out = append(out, samples...)
 		}
+	}
+	if !lost {
+		b.pass.entries, b.pass.entriesAt = entries, changes
 	}
 	b.endPass()
 	return out, nil
 }
 
-// gpuEntry is what a pass needs of a GPU's inventory entry, and its handle.
+// gpuEntry is what a pass needs of a GPU's inventory entry, and its
+// handles: the GPU's, and its MIG devices' by UUID.
 type gpuEntry struct {
 	nvdevice.GPU
-	dev nvml.Device
+	dev  nvml.Device
+	migs map[string]nvml.Device
 }
 
 // gpuToSample reads the inventory entry of the GPU at index i as Inventory
-// does; nil for a GPU that is lost (logged) or not a compute GPU. The
-// caller holds b.mu.
+// does, and its MIG device handles; nil for a GPU that is lost (logged) or
+// not a compute GPU. The caller holds b.mu.
 func (b *Backend) gpuToSample(ctx context.Context, i int) (*gpuEntry, error) {
 	dev, ret := b.lib.DeviceGetHandleByIndex(i)
 	err := check(ret, "get handle of GPU %d", i)
@@ -96,18 +127,26 @@ func (b *Backend) gpuToSample(ctx context.Context, i int) (*gpuEntry, error) {
 	if skippedProducts[g.ProductName] {
 		return nil, nil
 	}
-	return &gpuEntry{GPU: g, dev: dev}, nil
+	e := &gpuEntry{GPU: g, dev: dev}
+	if len(g.MIG.Devices) > 0 {
+		e.migs = migHandles(klog.FromContext(ctx).WithValues("gpu", g.UUID), dev)
+	}
+	return e, nil
 }
 
-// sampleGPU takes every reading of the GPU and of its MIG devices. The
-// caller holds b.passMu, not b.mu.
-func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry) []nvdevice.TelemetrySample {
+// sampleGPU takes every reading of the GPU and of its MIG devices (the
+// slow ones only on a full pass); false, and no sample, for a GPU lost
+// since its entry was read. The caller holds b.passMu, not b.mu.
+func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, bool) {
 	logger := klog.FromContext(ctx)
 	dev := g.dev
-	b.pass.seen[g.UUID] = true
 	glog := logger.WithValues("gpu", g.UUID)
 	s := nvdevice.TelemetrySample{UUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName}
-	b.readGPUTelemetry(glog, dev, &s)
+	if !b.readGPUTelemetry(glog, dev, !opts.SkipSlow, &s) {
+		glog.V(4).Info("GPU left out of telemetry: lost since its entry was read")
+		return nil, false
+	}
+	b.pass.seen[g.UUID] = true
 	gpm := b.gpmSupported(glog, g.UUID, dev)
 	if gpm {
 		metrics := gpmActivity
@@ -125,10 +164,6 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry) []nvdevice.Telemet
 		b.readProcesses(glog, g.UUID, dev, true, &s)
 	}
 	out := []nvdevice.TelemetrySample{s}
-	if len(g.MIG.Devices) == 0 {
-		return out
-	}
-	handles := migHandles(glog, dev)
 	for _, m := range g.MIG.Devices {
 		if m.UUID == "" {
 			continue // a GPU instance without a spanning compute instance is no device
@@ -139,7 +174,7 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry) []nvdevice.Telemet
 			UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
 			MigProfile: m.Profile, MigStart: m.Placement.Start,
 		}
-		if h, ok := handles[m.UUID]; ok {
+		if h, ok := g.migs[m.UUID]; ok {
 			readMemory(mlog, h, &ms)
 			b.readProcesses(mlog, m.UUID, h, false, &ms)
 		}
@@ -150,7 +185,7 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry) []nvdevice.Telemet
 		}
 		out = append(out, ms)
 	}
-	return out
+	return out, true
 }
 
 // field logs a refused reading and says whether the call succeeded.
@@ -162,17 +197,20 @@ func field(logger logr.Logger, ret nvml.Return, what string) bool {
 	return false
 }
 
-func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) {
-	if u, ret := dev.GetUtilizationRates(); field(logger, ret, "utilization") {
+// readGPUTelemetry takes the GPU's own readings, the slow ones too when
+// slow; false when the GPU is lost (its first reading says so).
+func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, slow bool, s *nvdevice.TelemetrySample) bool {
+	u, ret := dev.GetUtilizationRates()
+	if ret == nvml.ERROR_GPU_IS_LOST {
+		return false
+	}
+	if field(logger, ret, "utilization") {
 		s.GPUUtilization = nvdevice.Read(float64(u.Gpu) / 100)
 		s.MemoryUtilization = nvdevice.Read(float64(u.Memory) / 100)
 	}
 	readMemory(logger, dev, s)
 	if mw, ret := dev.GetPowerUsage(); field(logger, ret, "power usage") {
 		s.PowerWatts = nvdevice.Read(float64(mw) / 1000)
-	}
-	if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
-		s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
 	}
 	if c, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); field(logger, ret, "temperature") {
 		s.TemperatureCelsius = nvdevice.Read(float64(c))
@@ -181,7 +219,6 @@ func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, s *nvdev
 		s.SMClockHertz = nvdevice.Read(float64(mhz) * 1e6)
 	}
 	var reasons uint64
-	var ret nvml.Return
 	if b.hasSymbol(symClocksEventReasons) {
 		reasons, ret = dev.GetCurrentClocksEventReasons()
 	} else {
@@ -189,6 +226,25 @@ func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, s *nvdev
 	}
 	if field(logger, ret, "clock event reasons") {
 		s.ClockEventReasons = nvdevice.Read(float64(reasons))
+	}
+	// NVML gives KB/s (1024 bytes).
+	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
+		s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+	}
+	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
+		s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+	}
+	if slow {
+		readSlowTelemetry(logger, dev, s)
+	}
+	return true
+}
+
+// readSlowTelemetry takes the readings that change slowly
+// (nvdevice.CopySlowReadings): a full pass only.
+func readSlowTelemetry(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) {
+	if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
+		s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
 	}
 	ecc := []struct {
 		to      *nvdevice.Reading
@@ -211,13 +267,6 @@ func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, s *nvdev
 		s.RemappedRowsUncorrectable = nvdevice.Read(float64(unc))
 		s.RemapPending = nvdevice.Read(boolValue(pending))
 		s.RemapFailure = nvdevice.Read(boolValue(failed))
-	}
-	// NVML gives KB/s (1024 bytes).
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
-		s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
-	}
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
-		s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
 	}
 }
 

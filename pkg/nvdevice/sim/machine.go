@@ -52,6 +52,9 @@ type Machine struct {
 	usage usage
 	// driverUnloaded: the kernel driver is gone (driverload.go).
 	driverUnloaded bool
+	// nvml is the NVML timing model of the telemetry passes, off unless
+	// set (nvmltiming.go); it has a lock of its own.
+	nvml nvmlModel
 }
 
 var (

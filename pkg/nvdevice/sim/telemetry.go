@@ -85,22 +85,50 @@ func (m *Machine) setLoadLocked(uuid string, load float64) {
 // for them), so that a slow or hung reading holds up no MIG change or
 // inventory read.
 func (m *Machine) Telemetry(ctx context.Context) ([]nvdevice.TelemetrySample, error) {
+	return m.TelemetryWith(ctx, nvdevice.TelemetryOptions{})
+}
+
+var _ nvdevice.CadencedTelemetryReader = (*Machine)(nil)
+
+// TelemetryWith is Telemetry, without the slow readings on a fast pass
+// (opts.SkipSlow). With the NVML timing model on (SetNVMLTiming), it
+// charges the NVML calls the backend makes for the same pass.
+func (m *Machine) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, error) {
 	m.readProcessFeed()
 	inv, err := m.Inventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
+	model := m.modelOn()
+	readEntries := model && m.devicesReadAgain(inv, opts)
+	if model {
+		m.charge(nvmlCalls{"nvmlDeviceGetCount": 1})
+	}
 	var out []nvdevice.TelemetrySample
-	for _, listed := range inv.GPUs {
+	for i := range inv.GPUs {
+		listed := &inv.GPUs[i]
+		if readEntries {
+			calls := nvmlCalls{}
+			entryCalls(calls, listed)
+			m.charge(calls)
+		}
 		m.readingsOf(listed.UUID)
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		s, ok := m.sampleGPU(listed.UUID)
-		out = append(out, s...)
 		if !ok {
 			return nil, fmt.Errorf("read the devices to sample: simulated machine %q is closed", m.spec.Name)
 		}
+		if opts.SkipSlow && len(s) > 0 {
+			nvdevice.CopySlowReadings(&s[0], &nvdevice.TelemetrySample{})
+		}
+		if model {
+			calls := nvmlCalls{}
+			readingCalls(calls, listed, s, !gpuModels[m.spec.modelOf(listed.Index)].noGPM, opts)
+			m.charge(calls)
+		}
+		out = append(out, s...)
 	}
 	return out, nil
 }

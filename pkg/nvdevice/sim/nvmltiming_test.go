@@ -1,0 +1,118 @@
+package sim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpudra/gpudra/pkg/nvdevice"
+)
+
+// oneH200 is the GPU the timing model is calibrated on: one H200, MIG
+// capable and off, no NVLink (a VM), a CUDA process busy on it.
+func oneH200(t *testing.T) *Machine {
+	t.Helper()
+	m, err := New(MachineSpec{Name: "vm-h200", GPUModel: ModelH200SXM, GPUCount: 1, NVLink: NVLinkNone}, "node-a")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, m.StartProcess(inv.GPUs[0].UUID, 489, 0.97, 2<<30))
+	return m
+}
+
+// passCost is what one pass with opts charged.
+func passCost(t *testing.T, m *Machine, opts nvdevice.TelemetryOptions) NVMLLedger {
+	t.Helper()
+	before := m.NVMLLedger()
+	_, err := m.TelemetryWith(context.Background(), opts)
+	require.NoError(t, err)
+	after := m.NVMLLedger()
+	d := NVMLLedger{Calls: after.Calls - before.Calls, CPU: after.CPU - before.CPU, Wait: after.Wait - before.Wait, ByFunction: map[string]int{}}
+	for fn, n := range after.ByFunction {
+		if n -= before.ByFunction[fn]; n > 0 {
+			d.ByFunction[fn] = n
+		}
+	}
+	return d
+}
+
+// TestNVMLTimingReproducesTheH200: a full pass over the GPU the model is
+// calibrated on makes the backend's 94 calls (pkg/nvdevice/nvml's
+// TestTelemetryCallsPerPass) and costs what the steady pass took there
+// (61.1 ms).
+func TestNVMLTimingReproducesTheH200(t *testing.T) {
+	m := oneH200(t)
+	m.SetNVMLTiming(H200NVMLTiming())
+	full := nvdevice.TelemetryOptions{}
+	passCost(t, m, full)
+	got := passCost(t, m, full)
+	assert.Equal(t, 94, got.Calls, "calls: %v", got.ByFunction)
+	assert.Equal(t, 36, got.ByFunction["nvmlDeviceGetNvLinkState"])
+	assert.Equal(t, 2, got.ByFunction["nvmlDeviceGetPcieThroughput"])
+	assert.Equal(t, 40*time.Millisecond, got.Wait)
+	assert.InDelta(t, 61.1, (got.CPU+got.Wait).Seconds()*1000, 0.5, "ms, the H200's third pass")
+
+	// A fast pass makes the backend's 16 calls (pkg/nvdevice/nvml's
+	// TestTelemetryCallsPerPass counts them on go-nvml's mock).
+	fast := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
+	assert.Equal(t, 16, fast.Calls, "calls: %v", fast.ByFunction)
+}
+
+// TestNVMLTimingFastPass: a fast pass reads neither the devices' entries
+// nor the slow readings; a MIG change makes the next fast pass read the
+// entries again, as the backend does after a change it made.
+func TestNVMLTimingFastPass(t *testing.T) {
+	m, err := NewBuiltin("hgx-h200", "node-a")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	m.SetNVMLTiming(H200NVMLTiming())
+	fast := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
+
+	first := passCost(t, m, fast)
+	assert.Equal(t, 8, first.ByFunction["nvmlDeviceGetPciInfo"], "the first pass reads every GPU's entry")
+	steady := passCost(t, m, fast)
+	for _, fn := range []string{"nvmlDeviceGetPciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetRemappedRows"} {
+		assert.Zero(t, steady.ByFunction[fn], fn)
+	}
+	assert.Equal(t, 8, steady.ByFunction["nvmlDeviceGetUtilizationRates"], "fast readings every pass")
+
+	_, err = m.CreateMigDevice(context.Background(), nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "1g.18gb", Start: 0})
+	require.NoError(t, err)
+	after := passCost(t, m, fast)
+	assert.Equal(t, 8, after.ByFunction["nvmlDeviceGetPciInfo"], "a MIG change: the entries are read again")
+	assert.Equal(t, 1, after.ByFunction["nvmlGpmMigSampleGet"], "the new MIG device is sampled")
+
+	full := passCost(t, m, nvdevice.TelemetryOptions{})
+	assert.Equal(t, 32, full.ByFunction["nvmlDeviceGetTotalEccErrors"], "a full pass reads the slow readings")
+	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetPciInfo"], "and the entries")
+}
+
+// TestNVMLTimingOffByDefault: without SetNVMLTiming a pass charges
+// nothing and spends nothing.
+func TestNVMLTimingOffByDefault(t *testing.T) {
+	m := oneH200(t)
+	_, err := m.Telemetry(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, m.NVMLLedger().Calls)
+}
+
+// TestFastPassLeavesSlowReadingsOut: a fast pass's GPU samples have no
+// slow readings (the collector fills them in), the rest as a full pass.
+func TestFastPassLeavesSlowReadingsOut(t *testing.T) {
+	m := oneH200(t)
+	full, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{})
+	require.NoError(t, err)
+	fast, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
+	require.NoError(t, err)
+	require.Len(t, fast, 1)
+	assert.True(t, full[0].ECCVolatileUncorrected.Supported)
+	assert.False(t, fast[0].ECCVolatileUncorrected.Supported)
+	assert.False(t, fast[0].PowerLimitWatts.Supported)
+	assert.Equal(t, full[0].PowerWatts, fast[0].PowerWatts)
+	nvdevice.CopySlowReadings(&fast[0], &full[0])
+	assert.Equal(t, full[0], fast[0])
+}
