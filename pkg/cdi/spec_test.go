@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -89,6 +90,87 @@ func TestRemove(t *testing.T) {
 	require.NoError(t, w.Remove("uid-a"))
 	assert.False(t, w.Exists("uid-a"))
 	require.NoError(t, w.Remove("uid-a"), "removing twice is fine")
+}
+
+// writeLegacySpec writes a claim's spec as gpudra wrote it before claim
+// specs were JSON: YAML, the CDI library's default encoding.
+func writeLegacySpec(t *testing.T, dir string, c Claim) {
+	t.Helper()
+	spec, err := BuildSpec(c, majors)
+	require.NoError(t, err)
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	require.NoError(t, err)
+	require.NoError(t, cache.WriteSpec(spec, SpecName(c.UID)))
+	require.FileExists(t, filepath.Join(dir, SpecName(c.UID)+".yaml"))
+}
+
+// TestWriteWritesJSON: a claim's spec is JSON, in a file named for it with
+// the .json extension, which the CDI library reads back.
+func TestWriteWritesJSON(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	spec, err := BuildSpec(claimA(), majors)
+	require.NoError(t, err)
+	require.NoError(t, w.Write("uid-a", spec))
+
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	assert.Equal(t, SpecName("uid-a")+".json", entries[0].Name())
+	b, err := os.ReadFile(filepath.Join(dir, entries[0].Name()))
+	require.NoError(t, err)
+	var back map[string]any
+	require.NoError(t, json.Unmarshal(b, &back), "the spec is JSON")
+	assert.Equal(t, Vendor+"/"+Class, back["kind"])
+	oci := inject(t, dir, QualifiedName("uid-a", "gpu-3"))
+	assert.Contains(t, nodePaths(oci), "/dev/nvidia3")
+}
+
+// TestWriteReplacesTheClaimsYAMLSpec: a node upgraded from a version that
+// wrote YAML specs may hold one for the claim being written; both would
+// define the same CDI devices, which the CDI library refuses as a conflict,
+// so the old one goes.
+func TestWriteReplacesTheClaimsYAMLSpec(t *testing.T) {
+	dir := t.TempDir()
+	writeLegacySpec(t, dir, claimA())
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	spec, err := BuildSpec(claimA(), majors)
+	require.NoError(t, err)
+	require.NoError(t, w.Write("uid-a", spec))
+
+	assert.NoFileExists(t, filepath.Join(dir, SpecName("uid-a")+".yaml"))
+	oci := inject(t, dir, QualifiedName("uid-a", "gpu-3"), QualifiedName("uid-a", "gpu-0-mig-3g-40gb-4"))
+	assert.Len(t, nodePaths(oci), 7)
+}
+
+// TestYAMLSpecsOfAnEarlierVersionAreFoundAndRemoved: what a node kept from
+// a version that wrote YAML is still the claim's spec: found, listed and
+// removed (unprepare, the sweep at start).
+func TestYAMLSpecsOfAnEarlierVersionAreFoundAndRemoved(t *testing.T) {
+	dir := t.TempDir()
+	writeLegacySpec(t, dir, claimA())
+	writeLegacySpec(t, dir, Claim{UID: "uid-b", Devices: []prepared.Device{{Device: "gpu-1", UUID: "GPU-b"}}})
+	w, err := NewWriter(dir)
+	require.NoError(t, err)
+	spec, err := BuildSpec(Claim{UID: "uid-b", Devices: []prepared.Device{{Device: "gpu-1", UUID: "GPU-b"}}}, majors)
+	require.NoError(t, err)
+	// Both encodings of uid-b, as a kill between the two steps of Write
+	// would leave them.
+	require.NoError(t, w.cache.WriteSpec(spec, SpecName("uid-b")+".json"))
+
+	uids, err := w.ClaimUIDs()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"uid-a", "uid-b"}, uids, "each claim once")
+	assert.True(t, w.Exists("uid-a"))
+	require.NoError(t, w.Remove("uid-a"))
+	require.NoError(t, w.Remove("uid-b"))
+	assert.False(t, w.Exists("uid-a"))
+	assert.False(t, w.Exists("uid-b"))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
 }
 
 func TestBuildSpecErrors(t *testing.T) {

@@ -12,6 +12,31 @@ type Inventorier interface {
 	Inventory(ctx context.Context) (*Inventory, error)
 }
 
+// InventorySnapshotter is a backend that keeps the node's inventory as a
+// snapshot that it replaces when the node changes and never modifies, and
+// can hand that out without a copy for each caller.
+//
+// A type that embeds such a backend to change what Inventory returns must
+// hide InventorySnapshot too (ReadOnlyInventory would call the embedded
+// one).
+type InventorySnapshotter interface {
+	// InventorySnapshot is Inventory without the caller's own copy: the
+	// same value for every caller until the node changes. Nobody may
+	// modify it. It fails when Inventory would.
+	InventorySnapshot(ctx context.Context) (*Inventory, error)
+}
+
+// ReadOnlyInventory is b's snapshot where b keeps one
+// (InventorySnapshotter), else what b.Inventory returns. The caller reads
+// it and never modifies it: another caller may hold the same value. The
+// same pointer from two calls means the node did not change in between.
+func ReadOnlyInventory(ctx context.Context, b Inventorier) (*Inventory, error) {
+	if s, ok := b.(InventorySnapshotter); ok {
+		return s.InventorySnapshot(ctx)
+	}
+	return b.Inventory(ctx)
+}
+
 // MigManager creates and destroys MIG devices (a GPU instance with one
 // compute instance spanning it).
 type MigManager interface {

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
 	"github.com/gpudra/gpudra/pkg/slicebuilder"
@@ -94,7 +95,7 @@ func (s *NodeState) rebuildLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	}
 	var index map[string]PlannedDevice
 	if len(claims) > 0 {
-		inv, err := s.opts.Backend.Inventory(ctx)
+		inv, err := nvdevice.ReadOnlyInventory(ctx, s.opts.Backend)
 		if err != nil {
 			return false, fmt.Errorf("rebuild the lost checkpoint: read GPUs: %w", err)
 		}

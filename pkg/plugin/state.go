@@ -81,9 +81,13 @@ type NodeState struct {
 	cpID fileID
 	// index caches the device index of the inventory it was built from
 	// (keyed by fingerprint): rebuilding 208 device names on every prepare
-	// was the largest cost of a prepare.
+	// was the largest cost of a prepare. indexInventory is the inventory
+	// it was last checked against: a backend's snapshot is the same
+	// pointer until the node changes (nvdevice.ReadOnlyInventory), and
+	// then not even the fingerprint is made again.
 	index            map[string]PlannedDevice
 	indexFingerprint string
+	indexInventory   *nvdevice.Inventory
 
 	// claims is what PreparedClaims returns: the prepared claims as the
 	// last successful call under the node lock left them.
@@ -186,7 +190,9 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 			return prepared.Claim{}, err
 		}
 	}
-	inv, err := s.opts.Backend.Inventory(ctx)
+	// Read only, for the index: where the backend keeps a snapshot, no
+	// copy of every GPU for each prepare.
+	inv, err := nvdevice.ReadOnlyInventory(ctx, s.opts.Backend)
 	if err != nil {
 		return prepared.Claim{}, fmt.Errorf("read GPUs: %w", err)
 	}
@@ -417,11 +423,17 @@ func checkConflicts(cp *checkpoint.Checkpoint, uid string, plan []PlannedDevice,
 	return nil
 }
 
+// indexLocked is the device index of inv, which the caller and the index
+// only read.
 func (s *NodeState) indexLocked(inv *nvdevice.Inventory) map[string]PlannedDevice {
+	if inv == s.indexInventory && s.index != nil {
+		return s.index // the same snapshot: the node did not change
+	}
 	// Every MIG device counts here: the plans name the ones that exist.
 	if fp := fingerprint(inv, nil); fp != s.indexFingerprint || s.index == nil {
 		s.index, s.indexFingerprint = deviceIndex(inv), fp
 	}
+	s.indexInventory = inv
 	return s.index
 }
 

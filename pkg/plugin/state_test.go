@@ -209,6 +209,39 @@ func TestPrepareMigCreatesAndUnprepareDestroys(t *testing.T) {
 	assert.Empty(t, e.migDevices(), "the MIG device the driver created is destroyed")
 }
 
+// TestPrepareFollowsTheMachineBetweenPrepares: a prepare reads the node's
+// devices without a copy (the backend's snapshot, with the device index
+// built from it kept while it is the same); a change between two prepares,
+// by the driver or outside it, is still what the next prepare plans with.
+func TestPrepareFollowsTheMachineBetweenPrepares(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	s := e.start()
+	inv, err := e.machine.Inventory(ctx)
+	require.NoError(t, err)
+	_, err = prep(s, claim("u1", []string{"gpu-0-mig-3g-40gb-4"}))
+	require.NoError(t, err)
+	_, err = s.Unprepare(ctx, "u1")
+	require.NoError(t, err)
+	require.Empty(t, e.migDevices())
+
+	// Made outside the driver: the next prepare takes it as it is.
+	outside, err := e.machine.CreateMigDevice(ctx, nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "3g.40gb", Start: 4})
+	require.NoError(t, err)
+	devs, err := prep(s, claim("u2", []string{"gpu-0-mig-3g-40gb-4"}))
+	require.NoError(t, err)
+	assert.Equal(t, outside.UUID, devs[0].UUID, "the instance that is there, not a new one")
+	assert.Nil(t, devs[0].CreatedMig)
+
+	require.NoError(t, e.machine.LoseGPU(inv.GPUs[3].UUID))
+	_, err = prep(s, claim("u3", []string{"gpu-3"}))
+	require.EqualError(t, err, "device gpu-3 of claim ns/claim-u3 does not exist on this node (a GPU may have vanished)")
+	require.NoError(t, e.machine.RecoverGPU(inv.GPUs[3].UUID))
+	devs, err = prep(s, claim("u3", []string{"gpu-3"}))
+	require.NoError(t, err)
+	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
+}
+
 func TestDoubleUseRefused(t *testing.T) {
 	e := newEnv(t)
 	s := e.start()
@@ -303,6 +336,42 @@ func TestCrashAtEveryStep(t *testing.T) {
 			assert.Len(t, devs, 1)
 		})
 	}
+}
+
+// TestYAMLSpecsOfTheVersionBeforeAreCleanedUp: claim specs are JSON now;
+// a node upgraded from a version that wrote them as YAML keeps those, and
+// they go the same ways: a prepared claim's at its unprepare, one that no
+// record names at the start.
+func TestYAMLSpecsOfTheVersionBeforeAreCleanedUp(t *testing.T) {
+	e := newEnv(t)
+	s := e.start()
+	for uid, gpu := range map[string]string{"u1": "gpu-1", "u2": "gpu-2"} {
+		_, err := prep(s, claim(uid, []string{gpu}))
+		require.NoError(t, err)
+	}
+	require.ElementsMatch(t, []string{cdi.SpecName("u1") + ".json", cdi.SpecName("u2") + ".json"}, e.cdiSpecs())
+	// The same specs as the version before wrote them: YAML.
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cdiDir), cdiapi.WithAutoRefresh(false))
+	require.NoError(t, err)
+	yamlOf := map[string]func(){}
+	for _, uid := range []string{"u1", "u2"} {
+		json := filepath.Join(e.cdiDir, cdi.SpecName(uid)+".json")
+		spec, err := cdiapi.ReadSpec(json, 0)
+		require.NoError(t, err)
+		require.NoError(t, os.Remove(json))
+		yamlOf[uid] = func() { require.NoError(t, cache.WriteSpec(spec.Spec, cdi.SpecName(uid)+".yaml")) }
+		yamlOf[uid]()
+	}
+
+	_, err = s.Unprepare(context.Background(), "u2")
+	require.NoError(t, err)
+	assert.Equal(t, []string{cdi.SpecName("u1") + ".yaml"}, e.cdiSpecs(), "u2's spec is removed at its unprepare")
+	yamlOf["u2"]() // left again, as by a kill of the version before
+	restarted := e.start()
+	assert.Equal(t, []string{cdi.SpecName("u1") + ".yaml"}, e.cdiSpecs(), "u2's spec, which no record names, is removed at the start")
+	_, err = restarted.Unprepare(context.Background(), "u1")
+	require.NoError(t, err)
+	assert.Empty(t, e.cdiSpecs())
 }
 
 // TestCrashFullGPUAfterCDIWrite: a full-GPU prepare keeps no intent record;

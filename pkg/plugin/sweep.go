@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/plugin/checkpoint"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -39,7 +40,7 @@ func (s *NodeState) sweep(ctx context.Context) error {
 		// The device index is built now, not by the first prepare (0.2 to
 		// 0.8 ms of it for a DGX H100's 208 devices); a failed read leaves
 		// that to the first prepare, which reads the GPUs anyway.
-		if inv, err := s.opts.Backend.Inventory(ctx); err == nil {
+		if inv, err := nvdevice.ReadOnlyInventory(ctx, s.opts.Backend); err == nil {
 			s.indexLocked(inv)
 		}
 		if s.opts.Sharing != nil {

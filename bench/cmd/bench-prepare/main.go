@@ -6,13 +6,15 @@
 // driver's, interleaved (gpudra, example, gpudra, example, ... for
 // --rounds rounds), each on a control plane of its own started the same
 // way, at the same client limits, over the same claims; the last line then
-// compares them.
+// compares them. --before-binary adds another build of gpudra's plugin to
+// each round (before, gpudra, example), for a before and after in one run.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -24,7 +26,7 @@ import (
 
 func main() {
 	var cfg prepbench.Config
-	var pluginArgs, pluginEnv, devicesOverride, foreign, exampleBinary string
+	var pluginArgs, pluginEnv, devicesOverride, foreign, exampleBinary, beforeBinary string
 	var rounds, round int
 	var latencies string
 	flag.StringVar(&cfg.PluginBinary, "plugin-binary", "bin/gpudra-kubelet-plugin", "gpudra-kubelet-plugin, as built by make build (or, with --foreign, that plugin)")
@@ -41,7 +43,8 @@ func main() {
 	flag.StringVar(&pluginEnv, "plugin-env", "", "space-separated NAME=value added to the plugin's environment (e.g. GODEBUG=gctrace=1)")
 	flag.StringVar(&foreign, "foreign", "", "run --plugin-binary as another driver's plugin: dra-example-driver")
 	flag.StringVar(&exampleBinary, "example-binary", "", "the DRA example driver's dra-example-kubeletplugin: compare it with gpudra's, interleaved")
-	flag.IntVar(&rounds, "rounds", 1, "with --example-binary: gpudra/example pairs, interleaved")
+	flag.StringVar(&beforeBinary, "before-binary", "", "with --example-binary: another build of gpudra's plugin (the one before a change), run first in each round")
+	flag.IntVar(&rounds, "rounds", 1, "with --example-binary: gpudra/example pairs (or before/gpudra/example triples), interleaved")
 	flag.IntVar(&round, "round", 1, "without --example-binary: the round number --latencies records")
 	flag.StringVar(&latencies, "latencies", "", "append every claim's latencies to this CSV file (plugin,round,claim,prepare_us,unprepare_us,claimread_us)")
 	flag.BoolVar(&cfg.Paced, "paced", false, "the benchmark's own requests through the cluster's admin client (100 QPS, burst 200), as before issue 34: about 100 prepares a second instead of back to back")
@@ -72,7 +75,11 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
-		writeLatencies(latencies, cfg.Foreign, round, res)
+		name := "gpudra"
+		if cfg.Foreign != nil {
+			name = cfg.Foreign.Name
+		}
+		writeLatencies(latencies, name, round, res)
 		fmt.Printf("claim read (the API server's share) p50=%.2f p99=%.2f ms; plugin memory %s\n",
 			ms(prepbench.Percentile(res.ClaimRead, 0.5)), ms(prepbench.Percentile(res.ClaimRead, 0.99)), res.Memory)
 		fmt.Println(res.Line())
@@ -83,12 +90,19 @@ func main() {
 	}
 	example := cfg
 	example.PluginBinary, example.Backend, example.Foreign = exampleBinary, "", prepbench.ExampleDriver()
+	type run struct {
+		name string
+		cfg  prepbench.Config
+	}
+	order := []run{{"gpudra", cfg}, {"example", example}}
+	if beforeBinary != "" {
+		before := cfg
+		before.PluginBinary = beforeBinary
+		order = append([]run{{"before", before}}, order...)
+	}
 	byPlugin := map[string][]prepbench.Result{}
 	for r := 1; r <= rounds; r++ {
-		for _, run := range []struct {
-			name string
-			cfg  prepbench.Config
-		}{{"gpudra", cfg}, {"example", example}} {
+		for _, run := range order {
 			if cfg.Dir != "" {
 				run.cfg.Dir = fmt.Sprintf("%s/%s-%d", cfg.Dir, run.name, r)
 			}
@@ -96,10 +110,17 @@ func main() {
 			if err != nil {
 				fail(fmt.Errorf("%s, round %d: %w", run.name, r, err))
 			}
-			writeLatencies(latencies, run.cfg.Foreign, r, res)
+			name := run.name
+			if run.cfg.Foreign != nil {
+				name = run.cfg.Foreign.Name
+			}
+			writeLatencies(latencies, name, r, res)
 			byPlugin[run.name] = append(byPlugin[run.name], res)
 			fmt.Printf("round %d %-7s %s claimread-p50=%.2f\n", r, run.name, res.Line(), ms(prepbench.Percentile(res.ClaimRead, 0.5)))
 		}
+	}
+	if beforeBinary != "" {
+		fmt.Println("before: " + compare(byPlugin["before"], byPlugin["example"]))
 	}
 	fmt.Println(compare(byPlugin["gpudra"], byPlugin["example"]))
 }
@@ -125,19 +146,27 @@ func compare(g, e []prepbench.Result) string {
 	line := func(rs []prepbench.Result) string {
 		return fmt.Sprintf("p50=%.2f p90=%.2f p99=%.2f max=%.2f rss=%.1f", med(rs, p(0.5)), med(rs, p(0.9)), med(rs, p(0.99)), med(rs, p(1)), med(rs, rss))
 	}
-	return fmt.Sprintf("medians of %d rounds, prepare ms: gpudra %s; example %s; gpudra/example p99=%.2fx max=%.2fx", len(g),
-		line(g), line(e), med(g, p(0.99))/med(e, p(0.99)), med(g, p(1))/med(e, p(1)))
+	// Round by round: each run against the example's run next to it.
+	logSum := 0.0
+	for i := range g {
+		logSum += math.Log(p(0.99)(g[i]) / p(0.99)(e[i]))
+	}
+	all := func(rs []prepbench.Result) float64 {
+		var lat []time.Duration
+		for _, r := range rs {
+			lat = append(lat, r.Prepare...)
+		}
+		return ms(prepbench.Percentile(lat, 0.99))
+	}
+	return fmt.Sprintf("medians of %d rounds, prepare ms: gpudra %s; example %s; gpudra/example p99=%.2fx max=%.2fx; p99 round by round (geometric mean)=%.2fx; all prepares p99 %.2f/%.2f=%.2fx", len(g),
+		line(g), line(e), med(g, p(0.99))/med(e, p(0.99)), med(g, p(1))/med(e, p(1)), math.Exp(logSum/float64(len(g))), all(g), all(e), all(g)/all(e))
 }
 
 // writeLatencies appends a run's latencies to the CSV file at path (none
 // when path is empty).
-func writeLatencies(path string, foreign *prepbench.Foreign, round int, res prepbench.Result) {
+func writeLatencies(path, name string, round int, res prepbench.Result) {
 	if path == "" {
 		return
-	}
-	name := "gpudra"
-	if foreign != nil {
-		name = foreign.Name
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {

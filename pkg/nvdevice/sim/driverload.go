@@ -18,6 +18,7 @@ func (m *Machine) UnloadDriver() {
 	for i := range m.inv.GPUs {
 		m.inv.GPUs[i].MIG.Devices = nil
 	}
+	m.changedLocked()
 }
 
 // LoadDriver loads the driver again, at a new version (driver and CUDA
@@ -35,6 +36,7 @@ func (m *Machine) LoadDriver(driverVersion, cudaDriverVersion string) {
 	for i := range m.inv.GPUs {
 		m.inv.GPUs[i].DriverVersion, m.inv.GPUs[i].CUDADriverVersion = m.inv.DriverVersion, m.inv.CUDADriverVersion
 	}
+	m.changedLocked()
 }
 
 // driverLoadedLocked is the error of an NVML call while the driver is

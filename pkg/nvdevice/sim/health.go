@@ -85,6 +85,7 @@ func (m *Machine) LoseGPU(gpuUUID string) error {
 		return err
 	}
 	m.lost[gpuUUID] = true
+	m.changedLocked()
 	ev := nvdevice.HealthEvent{Kind: nvdevice.HealthGPULost, GPUUUID: gpuUUID, Time: time.Now(),
 		Message: "simulated GPU fell off the bus"}
 	m.health.Publish(ev)
@@ -116,6 +117,7 @@ func (m *Machine) RecoverGPU(gpuUUID string) error {
 		return fmt.Errorf("recover GPU %s after XID %d: %w", gpuUUID, f.xid, ErrResetRequired)
 	}
 	delete(m.lost, gpuUUID)
+	m.changedLocked()
 	m.recoveredLocked(gpuUUID, "simulated recovery")
 	return nil
 }
@@ -141,6 +143,7 @@ func (m *Machine) ResetGPU(uuid string) error {
 	}
 	bad = bad || m.lost[uuid]
 	delete(m.lost, uuid)
+	m.changedLocked()
 	if bad {
 		m.recoveredLocked(uuid, "simulated GPU reset")
 	}

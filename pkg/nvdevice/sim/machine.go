@@ -21,8 +21,13 @@ type Machine struct {
 	spec     MachineSpec
 	nodeName string
 
-	mu      sync.Mutex
-	inv     nvdevice.Inventory
+	mu  sync.Mutex
+	inv nvdevice.Inventory
+	// snap is what Inventory reads: a deep copy of inv without the GPUs
+	// that fell off the bus, shared by every InventorySnapshot caller and
+	// never modified; nil when the machine changed since it was made
+	// (changedLocked).
+	snap    *nvdevice.Inventory
 	fabric  map[string]nvdevice.FabricInfo
 	lost    map[string]bool // GPU UUID -> fallen off the bus
 	created int             // MIG devices created so far, for UUIDs
@@ -58,8 +63,9 @@ type Machine struct {
 }
 
 var (
-	_ nvdevice.Interface     = (*Machine)(nil)
-	_ nvdevice.ComputePolicy = (*Machine)(nil)
+	_ nvdevice.Interface            = (*Machine)(nil)
+	_ nvdevice.ComputePolicy        = (*Machine)(nil)
+	_ nvdevice.InventorySnapshotter = (*Machine)(nil)
 )
 
 // New builds a machine from a spec. nodeName seeds the UUIDs, so two nodes
@@ -176,6 +182,19 @@ func bridgeLinks(n int, partnerBusID string) []nvdevice.NVLinkLink {
 // Inventory returns a deep copy of the machine's state. GPUs that fell off
 // the bus are not listed, as NVML can no longer read them.
 func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
+	snap, err := m.InventorySnapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return copyInventory(snap), nil
+}
+
+// InventorySnapshot is Inventory without a copy for the caller: the same
+// read-only value until the machine changes (nvdevice.InventorySnapshotter),
+// so that a prepare does not copy every GPU of the node. As a read through
+// NVML it fails while the driver is unloaded and when a failure was
+// injected (FailInventory).
+func (m *Machine) InventorySnapshot(ctx context.Context) (*nvdevice.Inventory, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -190,14 +209,33 @@ func (m *Machine) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 	if err := m.readFaults.takeLocked(); err != nil {
 		return nil, err
 	}
-	out := &nvdevice.Inventory{DriverVersion: m.inv.DriverVersion, CUDADriverVersion: m.inv.CUDADriverVersion}
-	for _, g := range m.inv.GPUs {
-		if m.lost[g.UUID] {
-			continue
+	if m.snap == nil {
+		snap := &nvdevice.Inventory{DriverVersion: m.inv.DriverVersion, CUDADriverVersion: m.inv.CUDADriverVersion}
+		for _, g := range m.inv.GPUs {
+			if !m.lost[g.UUID] {
+				snap.GPUs = append(snap.GPUs, copyGPU(g))
+			}
 		}
-		out.GPUs = append(out.GPUs, copyGPU(g))
+		m.snap = snap
 	}
-	return out, nil
+	return m.snap, nil
+}
+
+// changedLocked is called, with m.mu held, by everything that changes what
+// Inventory shows (the GPUs, their MIG devices, which fell off the bus, the
+// driver's versions): the next read makes a new snapshot. Snapshots handed
+// out before keep what they showed.
+func (m *Machine) changedLocked() { m.snap = nil }
+
+func copyInventory(inv *nvdevice.Inventory) *nvdevice.Inventory {
+	out := &nvdevice.Inventory{DriverVersion: inv.DriverVersion, CUDADriverVersion: inv.CUDADriverVersion}
+	if inv.GPUs != nil {
+		out.GPUs = make([]nvdevice.GPU, len(inv.GPUs))
+		for i, g := range inv.GPUs {
+			out.GPUs[i] = copyGPU(g)
+		}
+	}
+	return out
 }
 
 func copyGPU(g nvdevice.GPU) nvdevice.GPU {

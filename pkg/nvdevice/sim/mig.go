@@ -104,6 +104,7 @@ func (m *Machine) createGILocked(req nvdevice.MigCreateRequest) (int, error) {
 		Engines:           prof.Engines,
 	}
 	g.MIG.Devices = append(g.MIG.Devices, d)
+	m.changedLocked()
 	return d.GPUInstanceID, nil
 }
 
@@ -123,6 +124,7 @@ func (m *Machine) createCILocked(req nvdevice.MigCreateRequest, giID int) (*nvde
 	d.UUID = "MIG-" + derivedUUID(g.UUID, "mig", fmt.Sprint(m.created))
 	d.ComputeInstanceID = 0
 	d.Profile = giProfileName(*d)
+	m.changedLocked()
 	out := *d
 	return &out, nil
 }
@@ -295,6 +297,7 @@ func (m *Machine) deleteGI(ctx context.Context, parentUUID, what string, find fu
 	hadCI := d.ComputeInstanceID >= 0
 	if hadCI {
 		d.Profile, d.UUID, d.ComputeInstanceID = giProfileName(*d)+noComputeInstance, "", -1
+		m.changedLocked()
 	}
 	m.mu.Unlock()
 	if hadCI {
@@ -315,5 +318,6 @@ func (m *Machine) deleteGI(ctx context.Context, parentUUID, what string, find fu
 		return fmt.Errorf("%s: destroy GPU instance %d: %w", where, id, err)
 	}
 	g.MIG.Devices = append(g.MIG.Devices[:i], g.MIG.Devices[i+1:]...)
+	m.changedLocked()
 	return nil
 }
