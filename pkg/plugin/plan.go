@@ -62,6 +62,13 @@ func Plan(claim *resourceapi.ResourceClaim, pool string, inv *nvdevice.Inventory
 }
 
 // planWithIndex is Plan over a device index the caller already built.
+// notOnNodeError is a claim's device the node's inventory does not have.
+type notOnNodeError struct{ device, claim string }
+
+func (e *notOnNodeError) Error() string {
+	return fmt.Sprintf("device %s of claim %s does not exist on this node (a GPU may have vanished)", e.device, e.claim)
+}
+
 func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[string]PlannedDevice, managed map[string]bool) ([]PlannedDevice, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
@@ -73,7 +80,7 @@ func planWithIndex(claim *resourceapi.ResourceClaim, pool string, index map[stri
 		}
 		pd, ok := index[r.Device]
 		if !ok {
-			return nil, fmt.Errorf("device %s of claim %s/%s does not exist on this node (a GPU may have vanished)", r.Device, claim.Namespace, claim.Name)
+			return nil, &notOnNodeError{device: r.Device, claim: claim.Namespace + "/" + claim.Name}
 		}
 		cfg, err := configFor(claim, r)
 		if err != nil {

@@ -198,6 +198,16 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	}
 	index := s.indexLocked(inv)
 	plan, err := planWithIndex(claim, s.opts.Pool, index, managed(cp))
+	var missing *notOnNodeError
+	if _, snapshot := s.opts.Backend.(nvdevice.InventorySnapshotter); snapshot && errors.As(err, &missing) {
+		// The snapshot may be older than the device (a MIG device made
+		// by another tool a moment ago): the GPUs as they are now decide.
+		if inv, err = s.opts.Backend.Inventory(ctx); err != nil {
+			return prepared.Claim{}, fmt.Errorf("read GPUs: %w", err)
+		}
+		index = s.indexLocked(inv)
+		plan, err = planWithIndex(claim, s.opts.Pool, index, managed(cp))
+	}
 	if err != nil {
 		return prepared.Claim{}, err
 	}

@@ -38,6 +38,8 @@ type env struct {
 	onRebuild func(RebuildReport)
 	// onPreparedClaims is the state's hook for the prepared claims gauge.
 	onPreparedClaims func(int)
+	// backend, when set, stands for the machine as the state's backend.
+	backend nvdevice.Interface
 }
 
 // testMachine is a DGX H100 with MIG mode on GPUs 0 and 1 only: MIG
@@ -70,7 +72,7 @@ func (e *env) start() *NodeState {
 		MPSControl: sharing.ExecMPSControl{Path: standIn}})
 	require.NoError(e.t, err)
 	s, err := NewNodeState(context.Background(), StateOptions{
-		Pool: pool, Backend: e.machine, CDI: w, Majors: host.Majors, CapMinors: host.CapMinors,
+		Pool: pool, Backend: e.backendOrMachine(), CDI: w, Majors: host.Majors, CapMinors: host.CapMinors,
 		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
 		Sharing: sharer, Claims: e.claims, OnPreparedClaims: e.onPreparedClaims,
 		OnRebuild: func(_ context.Context, r RebuildReport) {
@@ -240,6 +242,46 @@ func TestPrepareFollowsTheMachineBetweenPrepares(t *testing.T) {
 	devs, err = prep(s, claim("u3", []string{"gpu-3"}))
 	require.NoError(t, err)
 	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
+}
+
+func (e *env) backendOrMachine() nvdevice.Interface {
+	if e.backend != nil {
+		return e.backend
+	}
+	return e.machine
+}
+
+// staleSnapshot is a backend whose inventory snapshot is older than the
+// machine (as the NVML backend's may be, up to its TTL).
+type staleSnapshot struct {
+	*sim.Machine
+	snap *nvdevice.Inventory
+}
+
+func (b staleSnapshot) InventorySnapshot(context.Context) (*nvdevice.Inventory, error) {
+	return b.snap, nil
+}
+
+// TestPrepareReadsTheGPUsAgainForADeviceItsSnapshotLacks: a backend's
+// snapshot may be older than a device (taken while a GPU was off the bus,
+// up to the NVML backend's TTL): a prepare whose device it lacks reads the
+// GPUs again before it fails, and takes the device as it is now.
+func TestPrepareReadsTheGPUsAgainForADeviceItsSnapshotLacks(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	inv, err := e.machine.Inventory(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.machine.LoseGPU(inv.GPUs[3].UUID))
+	old, err := e.machine.Inventory(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.machine.RecoverGPU(inv.GPUs[3].UUID))
+	e.backend = staleSnapshot{Machine: e.machine, snap: old}
+	s := e.start()
+	devs, err := prep(s, claim("u1", []string{"gpu-3"}))
+	require.NoError(t, err, "gpu-3 is back, though not in the snapshot")
+	assert.Equal(t, inv.GPUs[3].UUID, devs[0].UUID)
+	_, err = prep(s, claim("u2", []string{"gpu-9"}))
+	require.EqualError(t, err, "device gpu-9 of claim ns/claim-u2 does not exist on this node (a GPU may have vanished)", "a device that is nowhere still fails")
 }
 
 func TestDoubleUseRefused(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -42,8 +43,19 @@ type Backend struct {
 	mu     sync.Mutex
 	closed bool
 	// migChanges counts the MIG changes begun through the backend: a
-	// telemetry fast pass reads the devices again when it moved.
+	// telemetry fast pass reads the devices again when it moved, and so
+	// does the inventory snapshot.
 	migChanges uint64
+	// snap is the inventory snapshot prepares read (snapshot.go): made at
+	// snapAt, when migChanges was snapChanges; never modified.
+	snap        *nvdevice.Inventory
+	snapAt      time.Time
+	snapChanges uint64
+	snapEvents  uint64
+	// healthEvents counts the health events published (a GPU lost, an
+	// XID, a recovery): the inventory snapshot is read again after one.
+	// Atomic: the event loop runs outside mu.
+	healthEvents atomic.Uint64
 	// symMu guards symbols: a pass reads them outside mu.
 	symMu    sync.Mutex
 	symbols  map[string]bool

@@ -146,6 +146,7 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watch
 			if ev, ok := translateEvent(data); ok {
 				logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "mig", ev.MigUUID, "xid", ev.XID)
 				b.health.Publish(ev)
+				b.healthEvents.Add(1) // the inventory snapshot is read again
 				if nvdevice.DefaultXIDPolicy.Critical(ev) {
 					tracker.track(ev)
 				}
@@ -156,6 +157,7 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watch
 			for _, ev := range lostGPUs(gpus, lost) {
 				logger.Error(nvdevice.ErrGPULost, "GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID)
 				b.health.Publish(ev)
+				b.healthEvents.Add(1)
 				tracker.track(ev)
 			}
 			pause(ctx, backoff.Step())
@@ -169,6 +171,7 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, gpus []watch
 				logger.Info("GPU health event", "kind", ev.Kind, "gpu", ev.GPUUUID, "message", ev.Message)
 				delete(lost, ev.GPUUUID) // it may be reported lost again
 				b.health.Publish(ev)
+				b.healthEvents.Add(1)
 			}
 		}
 	}
