@@ -66,6 +66,14 @@ func TestMetricsAndLiveness(t *testing.T) {
 	assert.Contains(t, body, `gpudra_plugin_claim_operations_total{operation="prepare",result="error"} 1`)
 	assert.Contains(t, body, `gpudra_plugin_claim_operation_duration_seconds_count{operation="prepare"} 2`)
 	assert.Contains(t, body, "gpudra_plugin_devices_published 58")
+	// Where each prepare's time went, as far as it got: both waited for
+	// the lock and read the GPUs; the bad one stopped at its plan (its
+	// device is the good one's); the good one made its GPU's MIG device (a
+	// whole GPU in MIG mode) and shared nothing.
+	for step, n := range map[string]int{PrepareStepLock: 2, PrepareStepInventory: 2, PrepareStepPlan: 1, PrepareStepMIG: 1, PrepareStepCDI: 1, PrepareStepCheckpoint: 1} {
+		assert.Contains(t, body, fmt.Sprintf(`gpudra_plugin_prepare_step_duration_seconds_count{step=%q} %d`, step, n))
+	}
+	assert.NotContains(t, body, `step="sharing"`)
 
 	p.Stop()
 	code, body = get(t, h, "/healthz")

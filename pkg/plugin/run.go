@@ -162,6 +162,7 @@ func Start(ctx context.Context, cfg Config, cancel context.CancelCauseFunc) (*Pl
 		CheckpointPath: filepath.Join(cfg.PluginDataDir, "checkpoint.json"), BootID: cfg.BootID, Sharing: sharer,
 		FeatureGates:     cfg.FeatureGates,
 		OnPreparedClaims: cfg.Metrics.onPreparedClaims(),
+		OnPrepareStep:    cfg.Metrics.onPrepareStep(),
 		Claims: ClaimsOfPool(func(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
 			list, err := cfg.Client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 			if err != nil {

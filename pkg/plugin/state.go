@@ -59,6 +59,9 @@ type StateOptions struct {
 	// FeatureGates refuse claims that need a feature that is off; nil:
 	// every gate at its default.
 	FeatureGates featuregate.FeatureGate
+	// OnPrepareStep, if set, receives how long each step of a prepare
+	// took (the PrepareStep* steps), for the plugin's metrics.
+	OnPrepareStep func(step string, d time.Duration)
 	// OnPreparedClaims, if set, receives the number of prepared claims
 	// after every call that read or changed the state (for the metrics).
 	OnPreparedClaims func(n int)
@@ -172,12 +175,46 @@ func (s *NodeState) ManagedMigDevices(ctx context.Context) (map[string]bool, err
 // returns the claim's record.
 func (s *NodeState) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (prepared.Claim, error) {
 	var out prepared.Claim
+	waited := s.stepTimer(PrepareStepLock)
 	err := s.withLock(ctx, func(cp *checkpoint.Checkpoint) error {
+		waited()
 		var err error
 		out, err = s.prepareLocked(ctx, cp, claim)
 		return err
 	})
 	return out, err
+}
+
+// The steps of a prepare whose time the plugin reports
+// (gpudra_plugin_prepare_step_duration_seconds, docs/metrics.md): where a
+// prepare's time goes on any node, real GPU or simulated.
+const (
+	// PrepareStepLock is the wait for the node lock and the checkpoint's
+	// load.
+	PrepareStepLock = "lock"
+	// PrepareStepInventory reads the GPUs (the backend's snapshot, or NVML).
+	PrepareStepInventory = "inventory"
+	// PrepareStepPlan maps the claim's allocation to devices and checks it.
+	PrepareStepPlan = "plan"
+	// PrepareStepMIG creates the claim's MIG devices (none: not observed).
+	PrepareStepMIG = "mig"
+	// PrepareStepSharing sets up time-slicing or MPS (none: not observed).
+	PrepareStepSharing = "sharing"
+	// PrepareStepCDI writes the claim's CDI spec.
+	PrepareStepCDI = "cdi"
+	// PrepareStepCheckpoint is the completed record's write and fsync
+	// beyond the CDI spec's (they run side by side), and its commit.
+	PrepareStepCheckpoint = "checkpoint"
+)
+
+// stepTimer starts timing a step of a prepare; the function it returns
+// reports it.
+func (s *NodeState) stepTimer(step string) func() {
+	if s.opts.OnPrepareStep == nil {
+		return func() {}
+	}
+	start := time.Now()
+	return func() { s.opts.OnPrepareStep(step, time.Since(start)) }
 }
 
 func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint, claim *resourceapi.ResourceClaim) (prepared.Claim, error) {
@@ -192,11 +229,14 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	}
 	// Read only, for the index: where the backend keeps a snapshot, no
 	// copy of every GPU for each prepare.
+	readDone := s.stepTimer(PrepareStepInventory)
 	inv, err := nvdevice.ReadOnlyInventory(ctx, s.opts.Backend)
 	if err != nil {
 		return prepared.Claim{}, fmt.Errorf("read GPUs: %w", err)
 	}
 	index := s.indexLocked(inv)
+	readDone()
+	planDone := s.stepTimer(PrepareStepPlan)
 	plan, err := planWithIndex(claim, s.opts.Pool, index, managed(cp))
 	var missing *notOnNodeError
 	if _, snapshot := s.opts.Backend.(nvdevice.InventorySnapshotter); snapshot && errors.As(err, &missing) {
@@ -221,6 +261,7 @@ func (s *NodeState) prepareLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	if err := claimFeatures(s.opts.FeatureGates, shareCfg, plan); err != nil {
 		return prepared.Claim{}, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
+	planDone()
 	setup := needsSharingSetup(shareCfg)
 	if setup && s.opts.Sharing == nil {
 		return prepared.Claim{}, fmt.Errorf("claim %s/%s: this node cannot share GPUs (sharing is not configured)", claim.Namespace, claim.Name)
@@ -256,10 +297,12 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 		if p.Mig != nil {
 			mig := p.Mig.Existing
 			if mig == nil {
+				migDone := s.stepTimer(PrepareStepMIG)
 				created, err := s.createMigLocked(ctx, cp, record, &d, p)
 				if err != nil {
 					return err
 				}
+				migDone()
 				mig = created
 			}
 			d.UUID = mig.UUID
@@ -279,10 +322,12 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 		if err := s.recordLocked(cp, record, "before-sharing"); err != nil {
 			return err
 		}
+		sharingDone := s.stepTimer(PrepareStepSharing)
 		edits, err := s.opts.Sharing.Prepare(ctx, *record)
 		if err != nil {
 			return err
 		}
+		sharingDone()
 		s.crash("after-sharing")
 		spec.Env = edits.Env
 		for _, m := range edits.Mounts {
@@ -309,7 +354,10 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	// never a record without its spec.
 	cp.Put(done)
 	staged := s.stageLocked(cp)
+	cdiDone := s.stepTimer(PrepareStepCDI)
 	writeErr := s.opts.CDI.Write(uid, cdiSpec)
+	cdiDone()
+	checkpointDone := s.stepTimer(PrepareStepCheckpoint)
 	pending, stageErr := staged()
 	if err := errors.Join(writeErr, stageErr); err != nil {
 		pending.Abort()
@@ -321,6 +369,7 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 		cp.Put(*record)
 		return err
 	}
+	checkpointDone()
 	*record = done
 	s.crash("after-complete")
 	return nil
