@@ -13,7 +13,9 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,7 +218,7 @@ func renderChart(ctx context.Context, helm, chartDir string) ([]*unstructured.Un
 	for {
 		var o map[string]any
 		if err := dec.Decode(&o); err != nil {
-			if err.Error() == "EOF" {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			return nil, fmt.Errorf("Kueue's rendered chart: %w", err)
@@ -236,7 +238,7 @@ func renderChart(ctx context.Context, helm, chartDir string) ([]*unstructured.Un
 }
 
 func errWithStderr(err error) error {
-	if ee, ok := err.(*exec.ExitError); ok && len(ee.Stderr) > 0 {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && len(ee.Stderr) > 0 {
 		return fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
 	}
 	return err
@@ -259,7 +261,7 @@ func managerConfig(dir string, health, webhookPort int, opts Options) ([]byte, e
 		if w == nil {
 			return nil, fmt.Errorf("Kueue's base configuration has no waitForPodsReady")
 		}
-		w["timeout"] = metav1.Duration{Duration: opts.PodsReadyTimeout}.Duration.String()
+		w["timeout"] = opts.PodsReadyTimeout.String()
 	}
 	return yaml.Marshal(cfg)
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -24,7 +23,6 @@ import (
 	"k8s.io/klog/v2"
 
 	gpudrav1 "github.com/gpudra/gpudra/api/gpudra/v1alpha1"
-	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/top"
 )
 
@@ -306,30 +304,9 @@ func (s *ClusterSource) Run(ctx context.Context) error {
 			notes = append(notes, note+": no reservation shows as waiting")
 		}
 	}
-	if s.cfg.Dynamic != nil {
-		for _, e := range []struct {
-			what  string
-			gvr   schema.GroupVersionResource
-			into  *[]cache.Store
-			hides string
-		}{
-			{"RayClusters", RayClusters, &st.rayClusters, "Ray clusters are not shown as such"},
-			{"RayJobs", RayJobs, &st.rayJobs, "RayJobs are not shown as such"},
-			{"Kueue Workloads", KueueWorkloads, &st.kueueWorkloads, "Kueue's admission and reasons are not shown"},
-			{"Kueue LocalQueues", LocalQueues, &st.localQueues, "a pending Kueue workload shows no ClusterQueue"},
-		} {
-			ns, note := s.engineScope(ctx, e.what, e.gvr)
-			if note != "" {
-				notes = append(notes, note+": "+e.hides)
-			}
-			if ns == nil {
-				continue
-			}
-			f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.cfg.Dynamic, 0, *ns, nil)
-			dynFactories = append(dynFactories, f)
-			*e.into = append(*e.into, watch(f.ForResource(e.gvr).Informer()))
-		}
-	}
+	engineFactories, engineNotes := s.watchEngines(ctx, &st, watch)
+	dynFactories = append(dynFactories, engineFactories...)
+	notes = append(notes, engineNotes...)
 	if pu, ok := s.cfg.Usage.(*PluginProxyUsage); ok && pu.Pods == nil {
 		// The plugin pods from the pods informer, where it watches their
 		// namespace: no List of them every read.
@@ -391,41 +368,6 @@ func (s *ClusterSource) Run(ctx context.Context) error {
 		}
 		s.publish()
 	}
-}
-
-// engineScope says where an engine's resource (KubeRay's, Kueue's) can
-// be watched: nil when it cannot. Each is optional: one the cluster does
-// not serve (discovery says 404, or its group lacks it) is left out
-// without a note, since most clusters run neither engine; discovery that
-// failed otherwise is a note that it could not tell, never "absent".
-// Where it is served, it is read in the namespace asked, else in every
-// namespace, falling back to the context's as pods are.
-func (s *ClusterSource) engineScope(ctx context.Context, what string, gvr schema.GroupVersionResource) (*string, string) {
-	served, err := kubeclient.ResourceServed(s.cfg.Client.Discovery(), gvr)
-	switch {
-	case err != nil:
-		return nil, fmt.Sprintf("%s: could not tell whether %s is served (%v)", what, gvr.GroupVersion(), err)
-	case !served:
-		return nil, ""
-	}
-	list := func(ns string) func(context.Context, metav1.ListOptions) error {
-		return func(ctx context.Context, o metav1.ListOptions) error {
-			_, err := s.cfg.Dynamic.Resource(gvr).Namespace(ns).List(ctx, o)
-			return err
-		}
-	}
-	ns := s.cfg.Namespace
-	ok, note := watchable(ctx, what, scopeOf(ns), list(ns))
-	if !ok && ns == "" && s.cfg.FallbackNamespace != "" {
-		// As pods are: the context's namespace (the pods' note says so).
-		if ok2, _ := watchable(ctx, what, "", list(s.cfg.FallbackNamespace)); ok2 {
-			ns, ok = s.cfg.FallbackNamespace, true
-		}
-	}
-	if !ok {
-		return nil, note
-	}
-	return &ns, ""
 }
 
 // changed asks for a rebuild (at most one pending).

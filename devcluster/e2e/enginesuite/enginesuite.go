@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/chart"
 	"github.com/gpudra/gpudra/devcluster/engine"
+	"github.com/gpudra/gpudra/devcluster/nodeagent"
 	"github.com/gpudra/gpudra/devcluster/noderuntime"
 )
 
@@ -74,6 +75,25 @@ func (s *Suite) StartCluster(ctx context.Context, repo string) (*devcluster.Clus
 		return nil, fmt.Errorf("start devcluster: %w (log: %s)", err, s.LogFile)
 	}
 	return c, nil
+}
+
+// AddGPUNodes adds the simulated GPU nodes, waits until each publishes its
+// slices, and installs the DeviceClasses of examples/deviceclasses (the
+// chart's) from examples.
+func (s *Suite) AddGPUNodes(ctx context.Context, c *devcluster.Cluster, examples string, nodes ...nodeagent.NodeOptions) error {
+	for _, opts := range nodes {
+		n, err := c.AddNode(ctx, opts)
+		if err == nil {
+			err = n.WaitForSlices(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("add node %s: %w (log: %s)", opts.Name, err, s.LogFile)
+		}
+	}
+	if _, err := c.ApplyFiles(ctx, "", filepath.Join(examples, "deviceclasses")); err != nil {
+		return fmt.Errorf("device classes: %w", err)
+	}
+	return nil
 }
 
 // End closes the run of code: it keeps the engines' logs with the suite's

@@ -59,15 +59,8 @@ func run(m *testing.M) int {
 	if err != nil {
 		return enginesuite.Fail(fmt.Errorf("the API server's version, which Kueue needs: %w (build the tests with -ldflags \"$(KUBE_LDFLAGS)\" of the Makefile, as make test-e2e does)", err))
 	}
-	n, err := cluster.AddNode(ctx, nodeagent.NodeOptions{Name: node, Machine: "dgx-h100-nomig"})
-	if err == nil {
-		err = n.WaitForSlices(ctx)
-	}
-	if err != nil {
-		return enginesuite.Fail(fmt.Errorf("add node: %w (log: %s)", err, suite.LogFile))
-	}
-	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "deviceclasses")); err != nil {
-		return enginesuite.Fail(fmt.Errorf("device classes: %w", err))
+	if err := suite.AddGPUNodes(ctx, cluster, examples, nodeagent.NodeOptions{Name: node, Machine: "dgx-h100-nomig"}); err != nil {
+		return enginesuite.Fail(err)
 	}
 	// A short waitForPodsReady: TestAdmittedGangThatCannotBePlacedGivesQuotaBack
 	// waits for it.

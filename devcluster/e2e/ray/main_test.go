@@ -54,17 +54,8 @@ func run(m *testing.M) int {
 	nodes := []nodeagent.NodeOptions{{Name: migNode, Machine: "dgx-h100"},
 		{Name: "dgx-h100-1", Machine: "dgx-h100-nomig"}, {Name: "dgx-h100-2", Machine: "dgx-h100-nomig"},
 		nodeagent.FractionalNode(fractionalNode, filepath.Join(examples, "machines", "one-h100.yaml"))}
-	for _, opts := range nodes {
-		n, err := cluster.AddNode(ctx, opts)
-		if err == nil {
-			err = n.WaitForSlices(ctx)
-		}
-		if err != nil {
-			return enginesuite.Fail(fmt.Errorf("add node: %w (log: %s)", err, suite.LogFile))
-		}
-	}
-	if _, err := cluster.ApplyFiles(ctx, "", filepath.Join(examples, "deviceclasses")); err != nil {
-		return enginesuite.Fail(fmt.Errorf("device classes: %w", err))
+	if err := suite.AddGPUNodes(ctx, cluster, examples, nodes...); err != nil {
+		return enginesuite.Fail(err)
 	}
 	if operator, err = rayoperator.Start(ctx, cluster, rayoperator.Options{}); err != nil {
 		return enginesuite.Fail(fmt.Errorf("start KubeRay's operator: %w (log: %s)", err, suite.LogFile))
