@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpudra/gpudra/devcluster"
 	"github.com/gpudra/gpudra/devcluster/engine"
+	"github.com/gpudra/gpudra/pkg/kuberay"
 )
 
 // BinaryEnv names the environment variable that points at KubeRay's
@@ -40,9 +41,9 @@ var rbac []byte
 
 // GVRs of KubeRay's objects, for tests and the demo.
 var (
-	RayClusters = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
-	RayJobs     = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
-	RayServices = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayservices"}
+	RayClusters = kuberay.RayClusters
+	RayJobs     = kuberay.RayJobs
+	RayServices = kuberay.RayServices
 )
 
 // Options configure the operator's run.

@@ -9,9 +9,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpudra/gpudra/pkg/kuberay"
 	"github.com/gpudra/gpudra/pkg/kueue"
 )
 
@@ -20,8 +20,8 @@ import (
 // (kueue.x-k8s.io/v1beta2). Their Go modules pin other Kubernetes
 // versions than gpudra's and are not imported.
 var (
-	RayClusters    = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}
-	RayJobs        = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
+	RayClusters    = kuberay.RayClusters
+	RayJobs        = kuberay.RayJobs
 	KueueWorkloads = kueue.Workloads
 	LocalQueues    = kueue.LocalQueues
 )

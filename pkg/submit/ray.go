@@ -6,8 +6,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/kuberay"
 )
 
 // KubeRay's RayJob (ray.io/v1, KubeRay v1.5). Only the fields submit sets
@@ -27,7 +28,7 @@ const (
 )
 
 // RayJobs is the RayJob resource.
-var RayJobs = schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayjobs"}
+var RayJobs = kuberay.RayJobs
 
 // RayJob is the part of a KubeRay RayJob that submit writes.
 type RayJob struct {
