@@ -68,7 +68,7 @@ BUNDLE_TAR ?= 1
 BUNDLE_NAME ?= gpu-smoke-bundle
 BUNDLE_DIR := $(abspath $(BIN))/$(BUNDLE_NAME)
 
-.PHONY: karpenter kuberay kueue all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
+.PHONY: karpenter kuberay kueue all real-node build browser print-version test test-unit test-nvml test-fuzz test-chart test-rules test-e2e test-e2e-image lint fmt bench bench-e2e bench-prepare bench-scale bench-scale-patched bench-dashboard demo demo-image demo-real-node devcluster helm probe gpu-smoke gpu-smoke-bundle image cross-cc test-image clean
 all: build
 
 build:
@@ -328,6 +328,16 @@ bench-scale: build helm
 	cd bench && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
 	HELM=$(HELM) $(BIN)/bench-scale --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
 		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale.log || { tail -20 $(BIN)/bench-scale.log; exit 1; }
+
+# The same sweep with kube-scheduler's allocator patched by
+# bench/upstream/*.patch (a proposal for upstream, docs/scale.md; never
+# shipped): bin/bench-scale-patched, results to bench-scale-patched-results.md
+# and .csv, the plot to bin/bench-scale-patched.png. BENCH_SCALE_ARGS as for bench-scale.
+bench-scale-patched: build helm
+	bash hack/patched-bench-scale.sh $(BIN)
+	HELM=$(HELM) $(BIN)/bench-scale-patched --controller-binary $(BIN)/gpudra-controller --plugin-binary $(BIN)/gpudra-kubelet-plugin \
+		--out bench-scale-patched-results.md --csv bench-scale-patched-results.csv --plot $(BIN)/bench-scale-patched.png \
+		$(if $(filter quick,$(BENCH_SCALE)),--quick) $(BENCH_SCALE_ARGS) 2> $(BIN)/bench-scale-patched.log || { tail -20 $(BIN)/bench-scale-patched.log; exit 1; }
 
 # gpudra dashboard on a large fleet (issue 37): devcluster's control plane
 # with 1,000 API-only nodes of 8 H100s each (the scale benchmark's migoff

@@ -139,6 +139,24 @@ func (c *Config) Defaults() {
 	}
 }
 
+// DefaultPlot is the committed plot (docs/benchmarks.md shows it), which a
+// sweep writes unless told otherwise.
+const DefaultPlot = "docs/bench-scale.png"
+
+// PlotPath is where a run draws its plot: the --plot flag's value where
+// given, else nowhere for a quick run (its 50 nodes would replace the
+// committed sweep's plot: issue 50), else DefaultPlot.
+func PlotPath(flagValue string, quick bool) string {
+	switch {
+	case flagValue != "":
+		return flagValue
+	case quick:
+		return ""
+	default:
+		return DefaultPlot
+	}
+}
+
 // Quick makes the configuration the short run (BENCH_SCALE=quick, the
 // e2e test): 50 nodes, MIG off and MIG mode with the plugin's default, a
 // few pods per workload. Fields set explicitly beforehand are kept.

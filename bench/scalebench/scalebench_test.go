@@ -41,3 +41,21 @@ func TestLineAndPlot(t *testing.T) {
 	_, err := png.Decode(&b)
 	require.NoError(t, err)
 }
+
+// A quick run draws no plot unless asked: its 50 nodes would replace the
+// committed sweep's (issue 50).
+func TestPlotPath(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flag  string
+		quick bool
+		want  string
+	}{
+		{name: "sweep", want: DefaultPlot},
+		{name: "quick", quick: true, want: ""},
+		{name: "quick, asked for", flag: "/tmp/p.png", quick: true, want: "/tmp/p.png"},
+		{name: "sweep elsewhere", flag: "/tmp/p.png", want: "/tmp/p.png"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { assert.Equal(t, tc.want, PlotPath(tc.flag, tc.quick)) })
+	}
+}

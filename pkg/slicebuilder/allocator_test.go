@@ -27,7 +27,7 @@ var testClasses = classLister{
 
 func deviceClass(name, expr string) *resourceapi.DeviceClass {
 	return &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), ResourceVersion: "1"},
 		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}},
 	}
 }

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -58,6 +59,11 @@ func newFleet(b *testing.B, machineName string, plain bool, opts Options) *fleet
 		for i := range template {
 			s := template[i].DeepCopy()
 			s.Name = fmt.Sprintf("%s-%d", name, i)
+			// An identity, as the API server gives every slice: what a
+			// scheduler that keeps results across pods keys them by
+			// (bench/upstream).
+			s.UID = types.UID(s.Name)
+			s.Generation = 1
 			s.Spec.NodeName = ptr.To(name)
 			s.Spec.Pool.Name = name
 			f.slices = append(f.slices, s)
@@ -131,6 +137,17 @@ func filterClaim(class, profile string, count int64) *resourceapi.ResourceClaim 
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
 }
 
+// prioritizedClaim asks for a whole GPU, else a 3g.40gb
+// (examples/prioritized-list).
+func prioritizedClaim() *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", UID: "uid-c"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+			FirstAvailable: []resourceapi.DeviceSubRequest{
+				{Name: "whole", DeviceClassName: "gpu.gpudra.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+				{Name: "mig-3g", DeviceClassName: "mig.gpudra.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1, Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+					Expression: `device.attributes["gpu.gpudra.dev"].migProfile == "3g.40gb"`}}}}}}}}}}
+}
+
 // BenchmarkSchedulerFilter runs the scheduler's allocator over 1,000 nodes
 // of each mix, for one pending pod of each case, and reports the time per
 // pod, the slices' heap, and the ratios the scale targets are written in
@@ -191,6 +208,8 @@ func BenchmarkSchedulerFilter(b *testing.B) {
 		{name: "1g.10gb-7held", hold: sevenHeld, claim: small, mig: true},
 		{name: "fits-nowhere", claim: filterClaim("gpu.gpudra.dev", "", 9)},
 		{name: "1dev-nomatch"},
+		{name: "gpu-or-3g.40gb", claim: prioritizedClaim(), mig: true},
+		{name: "1g.10gb-free", claim: small, mig: true},
 	}
 	times := map[string]map[string]time.Duration{}
 	heaps := map[string]uint64{}

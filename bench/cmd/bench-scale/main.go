@@ -44,7 +44,8 @@ func main() {
 	flag.Float64Var(&qps, "control-plane-qps", 1000, "client QPS of the scheduler and the controllers, burst twice that (0: the limits they ship with)")
 	flag.StringVar(&cfg.Out, "out", "bench-scale-results.md", "the Markdown results")
 	flag.StringVar(&cfg.CSV, "csv", "bench-scale-results.csv", "the CSV results")
-	flag.StringVar(&cfg.Plot, "plot", "docs/bench-scale.png", "the PNG plot of throughput and memory against node count")
+	var plot string
+	flag.StringVar(&plot, "plot", "", "the PNG plot of throughput and memory against node count (default "+scalebench.DefaultPlot+"; --quick: none, so that a quick run never overwrites the committed plot)")
 	flag.StringVar(&cfg.Dir, "dir", "", "where the clusters keep their files (default: a temporary directory)")
 	chartOpts := chart.Default(".")
 	flag.StringVar(&chartOpts.Dir, "chart", chartOpts.Dir, "the chart whose identities and DeviceClasses the cluster gets")
@@ -63,6 +64,7 @@ func main() {
 	if quick {
 		cfg.Quick()
 	}
+	cfg.Plot = scalebench.PlotPath(plot, quick)
 	ctx := klog.NewContext(context.Background(), klog.Background())
 	start := time.Now()
 	if _, err := scalebench.Run(ctx, cfg); err != nil {
