@@ -59,38 +59,63 @@ var (
 
 // TestTelemetryCallsPerPass pins what a pass asks of NVML on the GPU the
 // simulator's timing model is calibrated on (one H200: MIG capable and
-// off, no NVLink, GPM, a process): a full pass makes the 94 calls the
-// model divides the H200's pass among (sim.H200NVMLTiming), a fast pass
-// 16 (sim's TestNVMLTimingFastPassOfTheH200), and neither an inventory
-// entry nor a slow reading.
+// off, no NVLink, GPM, a process), as sim's TestNVMLTimingCallsPerPass
+// charges them: with a driver without field values (one call per reading,
+// the two PCIe throughput windows), the 94 calls of a full pass that the
+// model divides the H200's pass among (sim.H200NVMLTiming), 16 for a fast
+// one: what the backend asked of every driver before issue 50. With field
+// values, 86 and 14; 13 on a fast pass that reads no MPS list. No pass
+// but a full one reads an inventory entry or a slow reading.
 func TestTelemetryCallsPerPass(t *testing.T) {
-	gpus := board(1, nvml.DEVICE_MIG_DISABLE)
-	withTelemetry(gpus[0], telemetryFake{})
-	gpus[0].GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
-		return []nvml.ProcessInfo{{Pid: 489, UsedGpuMemory: 2 << 30}}, nvml.SUCCESS
-	}
-	lib := fakeLib(gpus)
-	withGPM(t, lib, gpus, &fakeGPM{supported: true})
-	b := testBackend(t, lib)
-	callsOf(t, b, fullPass, lib, gpus[0].Device) // GPM's first sample
+	for _, tc := range []struct {
+		name               string
+		missing            []string
+		mpsDevices         map[string]bool
+		wantFull, wantFast int
+	}{
+		{name: "field values", wantFull: 86, wantFast: 14},
+		{name: "field values, no device shared with MPS", mpsDevices: map[string]bool{}, wantFull: 85, wantFast: 13},
+		{name: "a driver without field values", missing: []string{symFieldValues}, wantFull: 94, wantFast: 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpus := board(1, nvml.DEVICE_MIG_DISABLE)
+			withTelemetry(gpus[0], telemetryFake{})
+			gpus[0].GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+				return []nvml.ProcessInfo{{Pid: 489, UsedGpuMemory: 2 << 30}}, nvml.SUCCESS
+			}
+			lib := fakeLib(gpus, tc.missing...)
+			withGPM(t, lib, gpus, &fakeGPM{supported: true})
+			b := testBackend(t, lib)
+			full, fast := fullPass, fastPass
+			full.MPSDevices, fast.MPSDevices = tc.mpsDevices, tc.mpsDevices
+			callsOf(t, b, full, lib, gpus[0].Device) // GPM's first sample
 
-	full, calls, total := callsOf(t, b, fullPass, lib, gpus[0].Device)
-	assert.Equal(t, 94, total, "a full pass: %v", calls)
-	assert.True(t, full[0].ECCVolatileCorrected.Supported)
+			fullSamples, calls, total := callsOf(t, b, full, lib, gpus[0].Device)
+			assert.Equal(t, tc.wantFull, total, "a full pass: %v", calls)
+			assert.True(t, fullSamples[0].ECCVolatileCorrected.Supported)
+			if tc.missing == nil {
+				assert.Equal(t, 1, calls["GetFieldValues"], "the power, PCIe and slow readings in one call")
+				assert.Zero(t, calls["GetPcieThroughput"], "no 20 ms PCIe window")
+			}
+			if tc.mpsDevices != nil {
+				assert.Zero(t, calls["GetMPSComputeRunningProcesses"], "no MPS list on a device not shared with MPS")
+			}
 
-	fast, calls, total := callsOf(t, b, fastPass, lib, gpus[0].Device)
-	assert.Equal(t, 16, total, "a fast pass: %v", calls)
-	for _, fn := range []string{"GetPciInfo", "GetNvLinkState", "GetGpuInstanceProfileInfo", "GetEnforcedPowerLimit", "GetTotalEccErrors", "GetRemappedRows"} {
-		assert.Zero(t, calls[fn], "a fast pass calls no %s", fn)
+			fastSamples, calls, total := callsOf(t, b, fast, lib, gpus[0].Device)
+			assert.Equal(t, tc.wantFast, total, "a fast pass: %v", calls)
+			for _, fn := range []string{"GetPciInfo", "GetNvLinkState", "GetGpuInstanceProfileInfo", "GetEnforcedPowerLimit", "GetTotalEccErrors", "GetRemappedRows"} {
+				assert.Zero(t, calls[fn], "a fast pass calls no %s", fn)
+			}
+			require.Len(t, fastSamples, 1)
+			assert.False(t, fastSamples[0].ECCVolatileCorrected.Supported, "no slow reading on a fast pass")
+			assert.False(t, fastSamples[0].PowerLimitWatts.Supported)
+			nvdevice.CopySlowReadings(&fastSamples[0], &fullSamples[0])
+			assert.Equal(t, fullSamples[0].ECCVolatileCorrected, fastSamples[0].ECCVolatileCorrected)
+			assert.Equal(t, fullSamples[0].PowerWatts, fastSamples[0].PowerWatts, "the fast readings are all there")
+			assert.True(t, fastSamples[0].SMActive.Supported, "GPM over the time since the previous pass")
+			assert.True(t, fastSamples[0].ProcessesRead)
+		})
 	}
-	require.Len(t, fast, 1)
-	assert.False(t, fast[0].ECCVolatileCorrected.Supported, "no slow reading on a fast pass")
-	assert.False(t, fast[0].PowerLimitWatts.Supported)
-	nvdevice.CopySlowReadings(&fast[0], &full[0])
-	assert.Equal(t, full[0].ECCVolatileCorrected, fast[0].ECCVolatileCorrected)
-	assert.Equal(t, full[0].PowerWatts, fast[0].PowerWatts, "the fast readings are all there")
-	assert.True(t, fast[0].SMActive.Supported, "GPM over the time since the previous pass")
-	assert.True(t, fast[0].ProcessesRead)
 }
 
 // TestFastPassSeesTheBackendsMIGChanges: a fast pass reads the entries

@@ -25,6 +25,9 @@ type passState struct {
 	// procSince: GPU UUID -> when the previous pass read its process
 	// utilization, in microseconds since the epoch (NVML's timestamps).
 	procSince map[string]uint64
+	// pcie: GPU UUID -> its PCIe byte counters as the previous pass read
+	// them (fields.go).
+	pcie map[string]pcieCount
 	// seen are the devices this pass sampled; what the previous pass
 	// kept of any other is let go at its end (the device went).
 	seen map[string]bool
@@ -39,7 +42,7 @@ type passState struct {
 func newPassState() passState {
 	return passState{
 		gpmSupport: map[string]bool{}, gpmPrev: map[string]nvml.GpmSample{},
-		procSince: map[string]uint64{}, seen: map[string]bool{},
+		procSince: map[string]uint64{}, pcie: map[string]pcieCount{}, seen: map[string]bool{},
 	}
 }
 
@@ -57,6 +60,11 @@ func (b *Backend) endPass() {
 	for uuid := range b.pass.procSince {
 		if !b.pass.seen[uuid] {
 			delete(b.pass.procSince, uuid)
+		}
+	}
+	for uuid := range b.pass.pcie {
+		if !b.pass.seen[uuid] {
+			delete(b.pass.pcie, uuid)
 		}
 	}
 	for uuid := range b.pass.gpmSupport {

@@ -21,6 +21,9 @@ var _ nvdevice.TelemetryReader = (*Backend)(nil)
 // (R535); older drivers have only nvmlDeviceGetCurrentClocksThrottleReasons.
 const symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 
+// symFieldValues reads several readings in one call (R418 and later).
+const symFieldValues = "nvmlDeviceGetFieldValues"
+
 // Telemetry reads each GPU's inventory entry (which GPU it is, its MIG
 // devices and their names' parts), then every reading of it and of its MIG
 // devices. A reading NVML refuses (not supported, no permission, a GPU that
@@ -156,12 +159,16 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry, opts nvdevice.Tele
 		}
 		b.readGPM(glog, g.UUID, dev.GpmSampleGet, metrics, &s)
 	}
+	var migProcs map[instanceKey][]nvdevice.ProcessSample
+	fromParent := false
 	if g.MIG.Enabled {
-		// NVML lists a MIG-mode GPU's processes per MIG device: none are
-		// the whole GPU's.
+		// A MIG-mode GPU has no process of its own: they are its MIG
+		// devices', all listed on its handle in one call when NVML gives
+		// their instance ids, else asked of each MIG device.
 		s.ProcessesRead = true
+		migProcs, fromParent = readMigProcesses(glog, dev, opts.MPSAny(g.MIG.Devices))
 	} else {
-		b.readProcesses(glog, g.UUID, dev, true, &s)
+		b.readProcesses(glog, g.UUID, dev, true, opts.MPS(g.UUID), &s)
 	}
 	out := []nvdevice.TelemetrySample{s}
 	for _, m := range g.MIG.Devices {
@@ -174,9 +181,16 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry, opts nvdevice.Tele
 			UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
 			MigProfile: m.Profile, MigStart: m.Placement.Start,
 		}
-		if h, ok := g.migs[m.UUID]; ok {
+		h, ok := g.migs[m.UUID]
+		if ok {
 			readMemory(mlog, h, &ms)
-			b.readProcesses(mlog, m.UUID, h, false, &ms)
+		}
+		switch {
+		case fromParent:
+			ms.Processes = migProcs[instanceKey{uint32(m.GPUInstanceID), uint32(m.ComputeInstanceID)}]
+			ms.ProcessesRead = true
+		case ok:
+			b.readProcesses(mlog, m.UUID, h, false, opts.MPS(m.UUID), &ms)
 		}
 		if gpm {
 			gi := m.GPUInstanceID
@@ -198,7 +212,9 @@ func field(logger logr.Logger, ret nvml.Return, what string) bool {
 }
 
 // readGPUTelemetry takes the GPU's own readings, the slow ones too when
-// slow; false when the GPU is lost (its first reading says so).
+// slow; false when the GPU is lost (its first reading says so). The
+// readings NVML gives as field values come from one call (fields.go);
+// each one it refuses is read by its own call.
 func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, slow bool, s *nvdevice.TelemetrySample) bool {
 	u, ret := dev.GetUtilizationRates()
 	if ret == nvml.ERROR_GPU_IS_LOST {
@@ -209,8 +225,11 @@ func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, slow boo
 		s.MemoryUtilization = nvdevice.Read(float64(u.Memory) / 100)
 	}
 	readMemory(logger, dev, s)
-	if mw, ret := dev.GetPowerUsage(); field(logger, ret, "power usage") {
-		s.PowerWatts = nvdevice.Read(float64(mw) / 1000)
+	got := b.readFields(logger, s.UUID, dev, slow, s)
+	if !got[nvml.FI_DEV_POWER_AVERAGE] {
+		if mw, ret := dev.GetPowerUsage(); field(logger, ret, "power usage") {
+			s.PowerWatts = nvdevice.Read(float64(mw) / 1000)
+		}
 	}
 	if c, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); field(logger, ret, "temperature") {
 		s.TemperatureCelsius = nvdevice.Read(float64(c))
@@ -227,40 +246,53 @@ func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, slow boo
 	if field(logger, ret, "clock event reasons") {
 		s.ClockEventReasons = nvdevice.Read(float64(reasons))
 	}
-	// NVML gives KB/s (1024 bytes).
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
-		s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
-	}
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
-		s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+	if !got.all(nvml.FI_DEV_PCIE_COUNT_TX_BYTES, nvml.FI_DEV_PCIE_COUNT_RX_BYTES) {
+		// No byte counters: NVML's throughput, sampled over 20 ms each
+		// (KB/s, 1024 bytes).
+		if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
+			s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+		}
+		if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
+			s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+		}
 	}
 	if slow {
-		readSlowTelemetry(logger, dev, s)
+		readSlowTelemetry(logger, dev, got, s)
 	}
 	return true
 }
 
 // readSlowTelemetry takes the readings that change slowly
-// (nvdevice.CopySlowReadings): a full pass only.
-func readSlowTelemetry(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) {
-	if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
-		s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
+// (nvdevice.CopySlowReadings) that the field values did not give: a full
+// pass only.
+func readSlowTelemetry(logger logr.Logger, dev nvml.Device, got fieldsRead, s *nvdevice.TelemetrySample) {
+	if !got[nvml.FI_DEV_POWER_CURRENT_LIMIT] {
+		if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
+			s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
+		}
 	}
 	ecc := []struct {
+		id      uint32
 		to      *nvdevice.Reading
 		typ     nvml.MemoryErrorType
 		counter nvml.EccCounterType
 		what    string
 	}{
-		{&s.ECCVolatileCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC, "ECC volatile corrected"},
-		{&s.ECCVolatileUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC, "ECC volatile uncorrected"},
-		{&s.ECCAggregateCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate corrected"},
-		{&s.ECCAggregateUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate uncorrected"},
+		{nvml.FI_DEV_ECC_SBE_VOL_TOTAL, &s.ECCVolatileCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC, "ECC volatile corrected"},
+		{nvml.FI_DEV_ECC_DBE_VOL_TOTAL, &s.ECCVolatileUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC, "ECC volatile uncorrected"},
+		{nvml.FI_DEV_ECC_SBE_AGG_TOTAL, &s.ECCAggregateCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate corrected"},
+		{nvml.FI_DEV_ECC_DBE_AGG_TOTAL, &s.ECCAggregateUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate uncorrected"},
 	}
 	for _, e := range ecc {
+		if got[e.id] {
+			continue
+		}
 		if n, ret := dev.GetTotalEccErrors(e.typ, e.counter); field(logger, ret, e.what) {
 			*e.to = nvdevice.Read(float64(n))
 		}
+	}
+	if got.all(nvml.FI_DEV_REMAPPED_COR, nvml.FI_DEV_REMAPPED_UNC, nvml.FI_DEV_REMAPPED_PENDING, nvml.FI_DEV_REMAPPED_FAILURE) {
+		return
 	}
 	if corr, unc, pending, failed, ret := dev.GetRemappedRows(); field(logger, ret, "remapped rows") {
 		s.RemappedRowsCorrectable = nvdevice.Read(float64(corr))
