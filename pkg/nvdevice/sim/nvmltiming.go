@@ -29,6 +29,14 @@ type NVMLTiming struct {
 	// Nil only counts the calls (NVMLLedger), which keeps a benchmark
 	// deterministic on a noisy machine.
 	Spend func(function string, cpu, wait time.Duration)
+	// PerCallReads charges what the backend asked before issue 50's part
+	// 2, the pass the H200's capture timed: a call per reading (power,
+	// the two PCIe throughput windows, the power limit, four ECC counts,
+	// the remapped rows) where the backend now makes one
+	// nvmlDeviceGetFieldValues call, each MIG device's two process lists
+	// where it now lists them on the GPU's handle, and the MPS list on
+	// every device (TelemetryOptions.MPSDevices ignored).
+	PerCallReads bool
 }
 
 // The H200's figures (testdata/real-gpus/h200/telemetry-processes, the
@@ -157,11 +165,13 @@ func (m *Machine) charge(calls nvmlCalls) {
 	}
 }
 
-// modelOn says whether the timing model is on.
-func (m *Machine) modelOn() bool {
+// modelOn says whether the timing model is on, and whether it charges the
+// reads before issue 50's part 2 (NVMLTiming.PerCallReads).
+func (m *Machine) modelOn() (on, perCall bool) {
 	m.nvml.mu.Lock()
 	defer m.nvml.mu.Unlock()
-	return m.nvml.timing != nil
+	t := m.nvml.timing
+	return t != nil, t != nil && t.PerCallReads
 }
 
 // devicesReadAgain says whether this pass reads every GPU's inventory
@@ -249,8 +259,9 @@ func computeProfilesOf(profile string) int {
 }
 
 // readingCalls are the calls of one GPU's readings in a pass, and of its
-// MIG devices' (the backend's sampleGPU).
-func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gpm bool, opts nvdevice.TelemetryOptions) {
+// MIG devices' (the backend's sampleGPU; perCall: as before issue 50's
+// part 2, NVMLTiming.PerCallReads).
+func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gpm, perCall bool, opts nvdevice.TelemetryOptions) {
 	gpmSample := func(get string) {
 		if gpm {
 			c.add("nvmlGpmSampleAlloc", 1)
@@ -259,33 +270,56 @@ func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gp
 			c.add("nvmlGpmSampleFree", 1)
 		}
 	}
+	mps := func(uuid string) bool { return perCall || opts.MPS(uuid) }
+	processLists := func(uuid string) {
+		c.add("nvmlDeviceGetComputeRunningProcesses", 1)
+		if mps(uuid) {
+			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+		}
+	}
 	for i := range s {
 		d := &s[i]
 		if d.IsMIG() {
 			c.add("nvmlDeviceGetMemoryInfo", 1)
-			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
-			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+			if perCall {
+				processLists(d.UUID)
+			}
 			gpmSample("nvmlGpmMigSampleGet")
 			continue
 		}
 		for _, fn := range []string{
-			"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage",
+			"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
 			"nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
 		} {
 			c.add(fn, 1)
 		}
-		c.add("nvmlDeviceGetPcieThroughput", 2)
-		if !opts.SkipSlow {
+		switch {
+		case !perCall:
+			// Power, the PCIe byte counters and, on a full pass, the slow
+			// readings: one call.
+			c.add("nvmlDeviceGetFieldValues", 1)
+		case opts.SkipSlow:
+			c.add("nvmlDeviceGetPowerUsage", 1)
+			c.add("nvmlDeviceGetPcieThroughput", 2)
+		default:
+			c.add("nvmlDeviceGetPowerUsage", 1)
+			c.add("nvmlDeviceGetPcieThroughput", 2)
 			c.add("nvmlDeviceGetEnforcedPowerLimit", 1)
 			c.add("nvmlDeviceGetTotalEccErrors", 4)
 			c.add("nvmlDeviceGetRemappedRows", 1)
 		}
 		gpmSample("nvmlGpmSampleGet")
-		if !g.MIG.Enabled { // a GPU in MIG mode lists no process of its own
-			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
-			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+		switch {
+		case !g.MIG.Enabled:
+			processLists(d.UUID)
 			if len(d.Processes) > 0 {
 				c.add("nvmlDeviceGetProcessUtilization", 1)
+			}
+		case !perCall:
+			// Every MIG device's processes, on the GPU's handle.
+			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
+			if opts.MPSAny(g.MIG.Devices) {
+				c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
 			}
 		}
 	}

@@ -39,13 +39,16 @@ func passCost(t *testing.T, m *Machine, opts nvdevice.TelemetryOptions) NVMLLedg
 	return d
 }
 
-// TestNVMLTimingReproducesTheH200: a full pass over the GPU the model is
-// calibrated on makes the backend's 94 calls (pkg/nvdevice/nvml's
-// TestTelemetryCallsPerPass) and costs what the steady pass took there
-// (61.1 ms).
+// TestNVMLTimingReproducesTheH200: with the reads the H200's capture
+// timed (PerCallReads), a full pass over the GPU the model is calibrated on
+// makes the backend's 94 calls (pkg/nvdevice/nvml's
+// TestTelemetryCallsPerPass, a driver without field values) and costs
+// what the steady pass took there (61.1 ms); a fast one 16 calls.
 func TestNVMLTimingReproducesTheH200(t *testing.T) {
 	m := oneH200(t)
-	m.SetNVMLTiming(H200NVMLTiming())
+	timing := H200NVMLTiming()
+	timing.PerCallReads = true
+	m.SetNVMLTiming(timing)
 	full := nvdevice.TelemetryOptions{}
 	passCost(t, m, full)
 	got := passCost(t, m, full)
@@ -55,10 +58,59 @@ func TestNVMLTimingReproducesTheH200(t *testing.T) {
 	assert.Equal(t, 40*time.Millisecond, got.Wait)
 	assert.InDelta(t, 61.1, (got.CPU+got.Wait).Seconds()*1000, 0.5, "ms, the H200's third pass")
 
-	// A fast pass makes the backend's 16 calls (pkg/nvdevice/nvml's
-	// TestTelemetryCallsPerPass counts them on go-nvml's mock).
 	fast := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
 	assert.Equal(t, 16, fast.Calls, "calls: %v", fast.ByFunction)
+}
+
+// TestNVMLTimingCallsPerPass: the model charges what the backend asks now
+// (pkg/nvdevice/nvml's TestTelemetryCallsPerPass counts the same on
+// go-nvml's mock): 86 calls a full pass and 14 a fast one on the H200, 13
+// without the MPS list, and no PCIe window.
+func TestNVMLTimingCallsPerPass(t *testing.T) {
+	m := oneH200(t)
+	m.SetNVMLTiming(H200NVMLTiming())
+	passCost(t, m, nvdevice.TelemetryOptions{})
+	full := passCost(t, m, nvdevice.TelemetryOptions{})
+	assert.Equal(t, 86, full.Calls, "calls: %v", full.ByFunction)
+	assert.Equal(t, 1, full.ByFunction["nvmlDeviceGetFieldValues"])
+	assert.Zero(t, full.Wait, "no PCIe window")
+	fastOpts := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
+	assert.Equal(t, 14, passCost(t, m, fastOpts).Calls)
+	fastOpts.MPSDevices = map[string]bool{}
+	assert.Equal(t, 13, passCost(t, m, fastOpts).Calls)
+}
+
+// TestNVMLTimingMIGProcessesOnTheGPU: a GPU in MIG mode lists its MIG
+// devices' processes on its own handle, one call (two with a MIG device
+// shared with MPS), where PerCallReads asks each MIG device twice.
+func TestNVMLTimingMIGProcessesOnTheGPU(t *testing.T) {
+	spec := MachineSpec{Name: "mig", GPUModel: ModelH200SXM, GPUCount: 1, NVLink: NVLinkNone, MigEnabled: MigEnabledSpec{All: true}}
+	for s := range 7 {
+		spec.MigDevices = append(spec.MigDevices, MigDeviceSpec{GPU: 0, Profile: "1g.18gb", Start: s})
+	}
+	m, err := New(spec, "node-a")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	mig := inv.GPUs[0].MIG.Devices[3].UUID
+	fast := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true, MPSDevices: map[string]bool{}}
+	timing := H200NVMLTiming()
+	m.SetNVMLTiming(timing)
+	passCost(t, m, fast)
+	got := passCost(t, m, fast)
+	assert.Equal(t, 1, got.ByFunction["nvmlDeviceGetComputeRunningProcesses"], "calls: %v", got.ByFunction)
+	assert.Zero(t, got.ByFunction["nvmlDeviceGetMPSComputeRunningProcesses"])
+	assert.Equal(t, 8, got.ByFunction["nvmlDeviceGetMemoryInfo"], "the GPU's and each MIG device's")
+	fast.MPSDevices[mig] = true
+	got = passCost(t, m, fast)
+	assert.Equal(t, 1, got.ByFunction["nvmlDeviceGetMPSComputeRunningProcesses"], "a MIG device shared with MPS")
+
+	timing.PerCallReads = true
+	m.SetNVMLTiming(timing)
+	passCost(t, m, fast)
+	got = passCost(t, m, fast)
+	assert.Equal(t, 7, got.ByFunction["nvmlDeviceGetComputeRunningProcesses"], "before: each MIG device")
+	assert.Equal(t, 7, got.ByFunction["nvmlDeviceGetMPSComputeRunningProcesses"])
 }
 
 // TestNVMLTimingFastPass: a fast pass reads neither the devices' entries
@@ -75,7 +127,7 @@ func TestNVMLTimingFastPass(t *testing.T) {
 	first := passCost(t, m, fast)
 	assert.Equal(t, 8, first.ByFunction["nvmlDeviceGetPciInfo"], "the first pass reads every GPU's entry")
 	steady := passCost(t, m, fast)
-	for _, fn := range []string{"nvmlDeviceGetPciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetRemappedRows"} {
+	for _, fn := range []string{"nvmlDeviceGetPciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieThroughput"} {
 		assert.Zero(t, steady.ByFunction[fn], fn)
 	}
 	assert.Equal(t, 8, steady.ByFunction["nvmlDeviceGetUtilizationRates"], "fast readings every pass")
@@ -87,7 +139,7 @@ func TestNVMLTimingFastPass(t *testing.T) {
 	assert.Equal(t, 1, after.ByFunction["nvmlGpmMigSampleGet"], "the new MIG device is sampled")
 
 	full := passCost(t, m, nvdevice.TelemetryOptions{})
-	assert.Equal(t, 32, full.ByFunction["nvmlDeviceGetTotalEccErrors"], "a full pass reads the slow readings")
+	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetFieldValues"], "a full pass reads the slow readings with the others")
 	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetPciInfo"], "and the entries")
 }
 

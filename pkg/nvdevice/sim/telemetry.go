@@ -99,7 +99,7 @@ func (m *Machine) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
-	model := m.modelOn()
+	model, perCall := m.modelOn()
 	readEntries := model && m.devicesReadAgain(inv, opts)
 	if model {
 		m.charge(nvmlCalls{"nvmlDeviceGetCount": 1})
@@ -125,7 +125,7 @@ func (m *Machine) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 		}
 		if model {
 			calls := nvmlCalls{}
-			readingCalls(calls, listed, s, !gpuModels[m.spec.modelOf(listed.Index)].noGPM, opts)
+			readingCalls(calls, listed, s, !gpuModels[m.spec.modelOf(listed.Index)].noGPM, perCall, opts)
 			m.charge(calls)
 		}
 		out = append(out, s...)
