@@ -52,9 +52,12 @@ func processCPU(b *testing.B) time.Duration {
 // cadence (the slow readings every minute, the devices every ten) with a
 // call per reading (slow-cadence, issue 50's first step); and the cadence
 // with the field values, the MIG processes on the GPU's handle and no MPS
-// list on a device not shared with MPS (field-values, now). Passes are
-// 10 s apart on a fake clock, so a run's average counts the full passes at
-// their share.
+// list on a device not shared with MPS (field-values, issue 50's part 2);
+// and that with the kept entries checked rather than read again every ten
+// minutes, and the readings NVML refused (a MIG-mode GPU's utilization
+// and own GPM sample) not asked again in between (checked-entries, now).
+// Passes are 10 s apart on a fake clock, so a run's average counts the
+// full passes at their share.
 //
 //   - cpu-ms/pass: the modelled NVML CPU plus the CPU this process spent
 //     (the collector and the simulator; getrusage), the figure the target
@@ -68,13 +71,14 @@ func processCPU(b *testing.B) time.Duration {
 func BenchmarkTelemetryPass(b *testing.B) {
 	for _, node := range passBenchNodes() {
 		for _, mode := range []struct {
-			name    string
-			slow    time.Duration
-			perCall bool
+			name                 string
+			slow                 time.Duration
+			perCall, fullEntries bool
 		}{
-			{"every-pass", 0, true},
-			{"slow-cadence", DefaultSlowInterval, true},
-			{"field-values", DefaultSlowInterval, false},
+			{"every-pass", 0, true, true},
+			{"slow-cadence", DefaultSlowInterval, true, true},
+			{"field-values", DefaultSlowInterval, false, true},
+			{"checked-entries", DefaultSlowInterval, false, false},
 		} {
 			b.Run(fmt.Sprintf("%s/%s", node.name, mode.name), func(b *testing.B) {
 				ctx := context.Background()
@@ -103,7 +107,7 @@ func BenchmarkTelemetryPass(b *testing.B) {
 					}
 				}
 				timing := sim.H200NVMLTiming()
-				timing.PerCallReads = mode.perCall
+				timing.PerCallReads, timing.FullEntries = mode.perCall, mode.fullEntries
 				m.SetNVMLTiming(timing)
 				clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
 				c := NewCollector(m, "node-a", DefaultInterval)

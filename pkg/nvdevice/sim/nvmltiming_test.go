@@ -64,20 +64,100 @@ func TestNVMLTimingReproducesTheH200(t *testing.T) {
 
 // TestNVMLTimingCallsPerPass: the model charges what the backend asks now
 // (pkg/nvdevice/nvml's TestTelemetryCallsPerPass counts the same on
-// go-nvml's mock): 86 calls a full pass and 14 a fast one on the H200, 13
-// without the MPS list, and no PCIe window.
+// go-nvml's mock): 86 calls a full pass that reads the entry in full (the
+// first), 17 one that checks it, 14 a fast one on the H200, 13 without the
+// MPS list, and no PCIe window; with FullEntries, 86 every full pass.
 func TestNVMLTimingCallsPerPass(t *testing.T) {
 	m := oneH200(t)
 	m.SetNVMLTiming(H200NVMLTiming())
-	passCost(t, m, nvdevice.TelemetryOptions{})
 	full := passCost(t, m, nvdevice.TelemetryOptions{})
 	assert.Equal(t, 86, full.Calls, "calls: %v", full.ByFunction)
 	assert.Equal(t, 1, full.ByFunction["nvmlDeviceGetFieldValues"])
 	assert.Zero(t, full.Wait, "no PCIe window")
+	checked := passCost(t, m, nvdevice.TelemetryOptions{})
+	assert.Equal(t, 17, checked.Calls, "calls: %v", checked.ByFunction)
+	assert.Zero(t, checked.ByFunction["nvmlDeviceGetPciInfo"])
 	fastOpts := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
 	assert.Equal(t, 14, passCost(t, m, fastOpts).Calls)
 	fastOpts.MPSDevices = map[string]bool{}
 	assert.Equal(t, 13, passCost(t, m, fastOpts).Calls)
+
+	before := H200NVMLTiming()
+	before.FullEntries = true
+	m.SetNVMLTiming(before)
+	passCost(t, m, nvdevice.TelemetryOptions{})
+	assert.Equal(t, 86, passCost(t, m, nvdevice.TelemetryOptions{}).Calls, "before: the entry read in full")
+}
+
+// TestNVMLTimingCheckedEntriesAndRefusals: on an HGX H200 with every GPU
+// cut into seven MIG devices, reading the devices again checks each GPU's
+// entry (its UUID, MIG mode, MIG device handles and UUIDs, one link state:
+// the first link is up), as the backend's sameEntry does, and a MIG-mode
+// GPU's utilization and own GPM sample, which NVML refuses as not
+// supported, are charged only on a pass that reads the devices (allocated,
+// refused, freed), as the backend asks them; FullEntries charges both
+// every pass, as before.
+func TestNVMLTimingCheckedEntriesAndRefusals(t *testing.T) {
+	spec := MachineSpec{Name: "mig56", GPUModel: ModelH200SXM, GPUCount: 8, NVLink: NVLinkNVSwitch, MigEnabled: MigEnabledSpec{All: true}}
+	for g := range 8 {
+		for s := range 7 {
+			spec.MigDevices = append(spec.MigDevices, MigDeviceSpec{GPU: g, Profile: "1g.18gb", Start: s})
+		}
+	}
+	m, err := New(spec, "node-a")
+	require.NoError(t, err)
+	m.SetNVMLTiming(H200NVMLTiming())
+	fast := nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true}
+	passCost(t, m, fast)
+
+	checked := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true})
+	for fn, want := range map[string]int{
+		"nvmlDeviceGetHandleByIndex": 8, "nvmlDeviceGetUUID": 8 + 56, "nvmlDeviceGetMigMode": 8,
+		"nvmlDeviceGetMigDeviceHandleByIndex": 56, "nvmlDeviceGetNvLinkState": 8,
+		"nvmlDeviceGetPciInfo": 0, "nvmlDeviceGetGpuInstanceProfileInfo": 0, "nvmlGpuInstanceGetComputeInstanceProfileInfo": 0,
+		"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetNvLinkRemotePciInfo": 0,
+	} {
+		assert.Equal(t, want, checked.ByFunction[fn], fn)
+	}
+	steady := passCost(t, m, fast)
+	assert.Zero(t, steady.ByFunction["nvmlDeviceGetUtilizationRates"], "refused: not asked between device reads")
+	assert.Zero(t, steady.ByFunction["nvmlGpmSampleGet"], "nor the GPU's GPM sample")
+	assert.Equal(t, 56, steady.ByFunction["nvmlGpmMigSampleGet"])
+	assert.Equal(t, 56, steady.ByFunction["nvmlGpmSampleAlloc"], "a buffer only for the MIG devices' samples")
+
+	before := H200NVMLTiming()
+	before.FullEntries = true
+	m.SetNVMLTiming(before)
+	passCost(t, m, fast)
+	steady = passCost(t, m, fast)
+	assert.Equal(t, 8, steady.ByFunction["nvmlDeviceGetUtilizationRates"], "before: asked every pass")
+	assert.Equal(t, 8, steady.ByFunction["nvmlGpmSampleGet"])
+	full := passCost(t, m, nvdevice.TelemetryOptions{SkipSlow: true})
+	assert.Equal(t, 8*nvlinkStatesAsked, full.ByFunction["nvmlDeviceGetNvLinkState"], "before: every entry read in full")
+}
+
+// TestPCIeRateFromTheSecondPass: a GPU's first pass has no PCIe figure, as
+// on the NVML backend (the rate between two passes' byte counters), and
+// neither has a GPU's first pass after one that did not see it.
+func TestPCIeRateFromTheSecondPass(t *testing.T) {
+	m := oneH200(t)
+	first, err := m.Telemetry(context.Background())
+	require.NoError(t, err)
+	assert.False(t, first[0].PCIeTXBytesPerSecond.Supported, "no rate from one pass")
+	assert.False(t, first[0].PCIeRXBytesPerSecond.Supported)
+	second, err := m.Telemetry(context.Background())
+	require.NoError(t, err)
+	assert.True(t, second[0].PCIeTXBytesPerSecond.Supported)
+	assert.Greater(t, second[0].PCIeRXBytesPerSecond.Value, 0.0, "a busy GPU moves bytes")
+
+	require.NoError(t, m.LoseGPU(second[0].UUID))
+	_, err = m.Telemetry(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, m.RecoverGPU(second[0].UUID))
+	back, err := m.Telemetry(context.Background())
+	require.NoError(t, err)
+	require.Len(t, back, 1)
+	assert.False(t, back[0].PCIeTXBytesPerSecond.Supported, "back after a pass without it: counts from now")
 }
 
 // TestNVMLTimingMIGProcessesOnTheGPU: a GPU in MIG mode lists its MIG
@@ -130,7 +210,7 @@ func TestNVMLTimingFastPass(t *testing.T) {
 	for _, fn := range []string{"nvmlDeviceGetPciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieThroughput"} {
 		assert.Zero(t, steady.ByFunction[fn], fn)
 	}
-	assert.Equal(t, 8, steady.ByFunction["nvmlDeviceGetUtilizationRates"], "fast readings every pass")
+	assert.Equal(t, 8, steady.ByFunction["nvmlDeviceGetTemperature"], "fast readings every pass")
 
 	_, err = m.CreateMigDevice(context.Background(), nvdevice.MigCreateRequest{ParentUUID: inv.GPUs[0].UUID, Profile: "1g.18gb", Start: 0})
 	require.NoError(t, err)
@@ -140,7 +220,8 @@ func TestNVMLTimingFastPass(t *testing.T) {
 
 	full := passCost(t, m, nvdevice.TelemetryOptions{})
 	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetFieldValues"], "a full pass reads the slow readings with the others")
-	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetPciInfo"], "and the entries")
+	assert.Zero(t, full.ByFunction["nvmlDeviceGetPciInfo"], "and the entries checked, not read")
+	assert.Equal(t, 8, full.ByFunction["nvmlDeviceGetMigMode"])
 }
 
 // TestNVMLTimingOffByDefault: without SetNVMLTiming a pass charges
@@ -156,6 +237,8 @@ func TestNVMLTimingOffByDefault(t *testing.T) {
 // slow readings (the collector fills them in), the rest as a full pass.
 func TestFastPassLeavesSlowReadingsOut(t *testing.T) {
 	m := oneH200(t)
+	_, err := m.Telemetry(context.Background()) // a GPU's first pass has no PCIe rate
+	require.NoError(t, err)
 	full, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{})
 	require.NoError(t, err)
 	fast, err := m.TelemetryWith(context.Background(), nvdevice.TelemetryOptions{SkipSlow: true, KeepDevices: true})
