@@ -48,9 +48,12 @@ var _ nvdevice.CadencedTelemetryReader = (*Backend)(nil)
 // uses the entries (GPU and MIG device handles) of the last pass that read
 // them, unless the GPU count changed, a MIG change went through the
 // backend since, or a GPU was lost. The entries are most of a full pass's
-// NVML calls (71 of an H200's 94: MIG profiles and placements, 36 NVLink
-// states). A MIG device made or destroyed by another tool (nvidia-smi) is
-// seen at the next pass that reads the entries.
+// NVML calls (72 of an H200's 86: MIG profiles and placements, 36 NVLink
+// states), so without opts.KeepDevices a pass checks each kept entry with
+// a few calls (sameEntry) and reads in full only those that changed, and
+// the first pass and one after such a change read them all in full. A MIG
+// device made or destroyed by another tool (nvidia-smi) is seen at the
+// next pass without opts.KeepDevices.
 func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, error) {
 	b.passMu.Lock()
 	defer b.passMu.Unlock()
