@@ -33,8 +33,9 @@ const DefaultInterval = 10 * time.Second
 const DefaultSlowInterval = time.Minute
 
 // DeviceInterval is how often a pass has the backend read its devices
-// again (which GPUs, their MIG devices, their handles: most of a pass's
-// NVML calls when it does) rather than keep them
+// again (which GPUs, their MIG devices, their handles; the NVML backend
+// checks each kept entry with a few calls and reads in full only those
+// that changed, and asks again the readings NVML refused) rather than keep them
 // (nvdevice.TelemetryOptions.KeepDevices). The backend reads them at once
 // after the changes it sees (a MIG change made through it, a GPU lost);
 // the interval bounds how late a MIG device made by another tool
