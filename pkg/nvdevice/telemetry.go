@@ -156,6 +156,28 @@ type TelemetryOptions struct {
 	// them again after a MIG change made through it, a change of the GPU
 	// count or a GPU lost.
 	KeepDevices bool
+	// MPSDevices, when not nil, are the only devices (GPU or MIG device
+	// UUIDs) whose MPS client list a pass reads: the ones the plugin
+	// shares with MPS. Nil reads it on every device. An MPS server is a
+	// compute process of its device, listed on every pass; only its
+	// clients are in the MPS list.
+	MPSDevices map[string]bool
+}
+
+// MPS says whether a pass reads the MPS client list of the device.
+func (o TelemetryOptions) MPS(uuid string) bool {
+	return o.MPSDevices == nil || o.MPSDevices[uuid]
+}
+
+// MPSAny says whether a pass reads the MPS client list of any of the MIG
+// devices (on their GPU's handle, which lists them all).
+func (o TelemetryOptions) MPSAny(devices []MigDevice) bool {
+	for _, d := range devices {
+		if o.MPS(d.UUID) {
+			return true
+		}
+	}
+	return false
 }
 
 // CadencedTelemetryReader is a TelemetryReader that can read the slowly

@@ -28,8 +28,10 @@ func spendNVML(_ string, cpu, wait time.Duration) {
 // the DRA socket, the fake API client) with the node's telemetry sampler
 // off, and on with its NVML calls costing what the H200's do
 // (sim.H200NVMLTiming, spent: spun and slept), in the sampler's cadence
-// (on) and reading everything every pass as before issue 50
-// (on-every-pass). A claim is prepared every 20 ms, as pods arrive, not
+// (on) and reading everything every pass (on-every-pass: the slow
+// readings and the devices every pass, with the backend's present read
+// path; before issue 50's part 2 that was its first step's, a call per
+// reading and the full entries). A claim is prepared every 20 ms, as pods arrive, not
 // back to back. The modes alternate in blocks of one sampling interval
 // each (one pass a block, at its start, as one pass falls in every
 // interval), so that the machine's noise falls on each alike:

@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // optsReader records the options of each pass it is asked for.
@@ -172,4 +174,32 @@ func TestFullPassAgainAfterAFailureOrANewGPU(t *testing.T) {
 	pass() // full: GPU 1 met without slow readings
 	assert.Equal(t, []bool{true, true, false, true, false, true}, r.fullPasses())
 	assert.Equal(t, 2, countSeries(c, "gpudra_gpu_power_limit_watts"))
+}
+
+// TestCollectorPassesTheMPSDevices: each pass is told the devices its
+// claims share with MPS, as they are at that pass; without SetClaims,
+// nil (every device's MPS list).
+func TestCollectorPassesTheMPSDevices(t *testing.T) {
+	m, err := sim.New(sim.MachineSpec{Name: "vm-h200", GPUModel: sim.ModelH200SXM, GPUCount: 1, NVLink: sim.NVLinkNone}, "n1")
+	require.NoError(t, err)
+	inv, err := m.Inventory(context.Background())
+	require.NoError(t, err)
+	r := &optsReader{CadencedTelemetryReader: m}
+	c := NewCollector(r, "n1", 10*time.Second)
+	c.Sample(context.Background())
+
+	var claims []prepared.Claim
+	c.SetClaims(func() []prepared.Claim { return claims })
+	c.Sample(context.Background())
+	claims = []prepared.Claim{{UID: "u", Namespace: "ns", Name: "c", State: prepared.PrepareCompleted,
+		Sharing: &gpuapi.Sharing{Strategy: gpuapi.MPS},
+		Devices: []prepared.Device{{Pool: "n1", Device: "gpu-0", UUID: inv.GPUs[0].UUID, GPUUUID: inv.GPUs[0].UUID}}}}
+	c.Sample(context.Background())
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Len(t, r.opts, 3)
+	assert.Nil(t, r.opts[0].MPSDevices, "no claims func: every device's")
+	assert.Equal(t, map[string]bool{}, r.opts[1].MPSDevices, "no claim shared with MPS: none")
+	assert.Equal(t, map[string]bool{inv.GPUs[0].UUID: true}, r.opts[2].MPSDevices)
 }

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -25,6 +26,31 @@ func (c *Collector) SetClaims(f ClaimsFunc) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.claims = f
+}
+
+// mpsDevicesOf are the devices (the UUIDs containers see: a GPU's or a MIG
+// device's) that the claims share with MPS: the only ones whose MPS client
+// list a pass reads (nvdevice.TelemetryOptions.MPSDevices). Without the
+// claims (device plugin mode) it is nil: every device's is read. A device
+// held otherwise can have MPS clients only of an MPS server its holder
+// started itself; that server is a compute process of the device, listed
+// every pass, in the holder's own pod.
+func mpsDevicesOf(claims ClaimsFunc) map[string]bool {
+	if claims == nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, c := range claims() {
+		if c.Strategy() != gpuapi.MPS {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.UUID != "" {
+				out[d.UUID] = true
+			}
+		}
+	}
+	return out
 }
 
 // holders are the claims on each device name, and the GPUs (UUIDs) that a

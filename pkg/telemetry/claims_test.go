@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	gpuapi "github.com/gpudra/gpudra/api/gpu/v1alpha1"
 	"github.com/gpudra/gpudra/pkg/nvdevice"
 	"github.com/gpudra/gpudra/pkg/prepared"
 )
@@ -104,4 +105,44 @@ func TestClaimsReadPerScrape(t *testing.T) {
 	empty := NewCollector(&fakeReader{}, "n1", 0)
 	empty.SetClaims(func() []prepared.Claim { t.Fatal("claims read without a sample"); return nil })
 	assert.Equal(t, 1, testutil.CollectAndCount(empty), "telemetry_up only before the first sample")
+}
+
+// TestMPSDevicesOf: the devices whose MPS client list a pass reads are
+// those of the claims shared with MPS, by the UUID containers see (a
+// GPU's or a MIG device's); without claims (device plugin mode) every
+// device's (nil); with claims but none shared with MPS, none.
+func TestMPSDevicesOf(t *testing.T) {
+	claim := func(strategy gpuapi.SharingStrategy, devices ...prepared.Device) prepared.Claim {
+		c := prepared.Claim{UID: "u", Namespace: "ns", Name: "c", State: prepared.PrepareCompleted, Devices: devices}
+		if strategy != "" {
+			c.Sharing = &gpuapi.Sharing{Strategy: strategy}
+		}
+		return c
+	}
+	gpu := prepared.Device{Pool: "n1", Device: "gpu-0", UUID: "GPU-a", GPUUUID: "GPU-a"}
+	mig := prepared.Device{Pool: "n1", Device: "gpu-1-mig-1g-18gb-0", UUID: "MIG-b", GPUUUID: "GPU-c", Mig: true}
+	noUUID := prepared.Device{Pool: "n1", Device: "gpu-2"}
+	for _, tc := range []struct {
+		name   string
+		claims ClaimsFunc
+		want   map[string]bool
+	}{
+		{name: "no claims func (device plugin mode): every device's", claims: nil, want: nil},
+		{name: "no claims: none", claims: func() []prepared.Claim { return nil }, want: map[string]bool{}},
+		{name: "an MPS claim on a GPU and a MIG device", claims: func() []prepared.Claim {
+			return []prepared.Claim{claim(gpuapi.MPS, gpu, mig)}
+		}, want: map[string]bool{"GPU-a": true, "MIG-b": true}},
+		{name: "time-slicing and exclusive claims: none", claims: func() []prepared.Claim {
+			return []prepared.Claim{claim(gpuapi.TimeSlicing, gpu), claim("", mig)}
+		}, want: map[string]bool{}},
+		{name: "a device without a UUID is left out", claims: func() []prepared.Claim {
+			return []prepared.Claim{claim(gpuapi.MPS, noUUID, gpu)}
+		}, want: map[string]bool{"GPU-a": true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := mpsDevicesOf(tc.claims)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.want == nil, got == nil, "nil (every device) is not empty (none)")
+		})
+	}
 }

@@ -33,8 +33,9 @@ const DefaultInterval = 10 * time.Second
 const DefaultSlowInterval = time.Minute
 
 // DeviceInterval is how often a pass has the backend read its devices
-// again (which GPUs, their MIG devices, their handles: most of a pass's
-// NVML calls when it does) rather than keep them
+// again (which GPUs, their MIG devices, their handles; the NVML backend
+// checks each kept entry with a few calls and reads in full only those
+// that changed, and asks again the readings NVML refused) rather than keep them
 // (nvdevice.TelemetryOptions.KeepDevices). The backend reads them at once
 // after the changes it sees (a MIG change made through it, a GPU lost);
 // the interval bounds how late a MIG device made by another tool
@@ -189,7 +190,7 @@ func (c *Collector) Sample(ctx context.Context) {
 	c.started = start
 	attribCfg, claims, slowInterval := c.attribCfg, c.claims, c.slowInterval
 	c.mu.Unlock()
-	samples, err := c.read(ctx, start, slowInterval)
+	samples, err := c.read(ctx, start, slowInterval, mpsDevicesOf(claims))
 	end := clk.Now()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reading device telemetry failed")
@@ -208,8 +209,9 @@ func (c *Collector) Sample(ctx context.Context) {
 
 // read takes one pass: a full one when the slow cadence says so, else a
 // fast one whose GPUs get the last full pass's slow readings; it has the
-// backend read its devices again every DeviceInterval.
-func (c *Collector) read(ctx context.Context, start time.Time, slowInterval time.Duration) ([]nvdevice.TelemetrySample, error) {
+// backend read its devices again every DeviceInterval, and the MPS client
+// lists of the devices shared with MPS only (mps; nil: of every device).
+func (c *Collector) read(ctx context.Context, start time.Time, slowInterval time.Duration, mps map[string]bool) ([]nvdevice.TelemetrySample, error) {
 	cr, ok := c.reader.(nvdevice.CadencedTelemetryReader)
 	if !ok {
 		return c.reader.Telemetry(ctx)
@@ -217,7 +219,7 @@ func (c *Collector) read(ctx context.Context, start time.Time, slowInterval time
 	everything := slowInterval <= 0
 	full := everything || c.lastFull.IsZero() || c.fullDue || start.Sub(c.lastFull) >= slowInterval
 	devices := everything || c.lastDevices.IsZero() || start.Sub(c.lastDevices) >= DeviceInterval
-	samples, err := cr.TelemetryWith(ctx, nvdevice.TelemetryOptions{SkipSlow: !full, KeepDevices: !devices})
+	samples, err := cr.TelemetryWith(ctx, nvdevice.TelemetryOptions{SkipSlow: !full, KeepDevices: !devices, MPSDevices: mps})
 	if err != nil {
 		return nil, err // the next pass reads what this one was to read
 	}

@@ -10,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpudra/gpudra/pkg/nvdevice/sim"
+	"github.com/gpudra/gpudra/pkg/prepared"
 )
 
 // passBenchNodes are the nodes of BenchmarkTelemetryPass: an HGX H200 with
@@ -46,10 +47,17 @@ func processCPU(b *testing.B) time.Duration {
 
 // BenchmarkTelemetryPass is what one sampling pass costs a node, on the
 // simulator's NVML timing model calibrated on the H200
-// (sim.H200NVMLTiming), with the sampler's cadence (slow-cadence: the slow
-// readings every minute, the devices every ten) against every pass reading
-// everything, as before issue 50 (every-pass). Passes are 10 s apart on a
-// fake clock, so a run's average counts the full passes at their share.
+// (sim.H200NVMLTiming), in three modes: every pass reading everything with
+// a call per reading, as before issue 50 (every-pass); the sampler's
+// cadence (the slow readings every minute, the devices every ten) with a
+// call per reading (slow-cadence, issue 50's first step); and the cadence
+// with the field values, the MIG processes on the GPU's handle and no MPS
+// list on a device not shared with MPS (field-values, issue 50's part 2);
+// and that with the kept entries checked rather than read again every ten
+// minutes, and the readings NVML refused (a MIG-mode GPU's utilization
+// and own GPM sample) not asked again in between (checked-entries, now).
+// Passes are 10 s apart on a fake clock, so a run's average counts the
+// full passes at their share.
 //
 //   - cpu-ms/pass: the modelled NVML CPU plus the CPU this process spent
 //     (the collector and the simulator; getrusage), the figure the target
@@ -62,11 +70,17 @@ func processCPU(b *testing.B) time.Duration {
 // loaded this machine is.
 func BenchmarkTelemetryPass(b *testing.B) {
 	for _, node := range passBenchNodes() {
-		for _, cadence := range []struct {
-			name string
-			slow time.Duration
-		}{{"every-pass", 0}, {"slow-cadence", DefaultSlowInterval}} {
-			b.Run(fmt.Sprintf("%s/%s", node.name, cadence.name), func(b *testing.B) {
+		for _, mode := range []struct {
+			name                 string
+			slow                 time.Duration
+			perCall, fullEntries bool
+		}{
+			{"every-pass", 0, true, true},
+			{"slow-cadence", DefaultSlowInterval, true, true},
+			{"field-values", DefaultSlowInterval, false, true},
+			{"checked-entries", DefaultSlowInterval, false, false},
+		} {
+			b.Run(fmt.Sprintf("%s/%s", node.name, mode.name), func(b *testing.B) {
 				ctx := context.Background()
 				m, err := sim.New(node.spec, "node-a")
 				if err != nil {
@@ -92,11 +106,16 @@ func BenchmarkTelemetryPass(b *testing.B) {
 						}
 					}
 				}
-				m.SetNVMLTiming(sim.H200NVMLTiming())
+				timing := sim.H200NVMLTiming()
+				timing.PerCallReads, timing.FullEntries = mode.perCall, mode.fullEntries
+				m.SetNVMLTiming(timing)
 				clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
 				c := NewCollector(m, "node-a", DefaultInterval)
 				c.SetClock(clk)
-				c.SetSlowInterval(cadence.slow)
+				c.SetSlowInterval(mode.slow)
+				// The plugin's claims: none shared with MPS (a node of
+				// whole GPUs and MIG devices), so no MPS client list.
+				c.SetClaims(func() []prepared.Claim { return nil })
 				c.Sample(ctx) // the first pass: GPM's first sample
 				before, cpu := m.NVMLLedger(), processCPU(b)
 				passes := 0

@@ -25,6 +25,9 @@ type passState struct {
 	// procSince: GPU UUID -> when the previous pass read its process
 	// utilization, in microseconds since the epoch (NVML's timestamps).
 	procSince map[string]uint64
+	// pcie: GPU UUID -> its PCIe byte counters as the previous pass read
+	// them (fields.go).
+	pcie map[string]pcieCount
 	// seen are the devices this pass sampled; what the previous pass
 	// kept of any other is let go at its end (the device went).
 	seen map[string]bool
@@ -34,12 +37,36 @@ type passState struct {
 	// (telemetry.go). Nil: the next pass reads them.
 	entries   []*gpuEntry
 	entriesAt uint64
+	// refused are the readings NVML refused as not supported, by device,
+	// since the devices were last read: a pass does not ask them again
+	// (a MIG-mode GPU's utilization and its own GPM sample: 32 calls a
+	// pass on a node of 8 such GPUs). Reading the devices again, every
+	// ten minutes or after a change, clears them.
+	refused map[refusal]bool
+}
+
+// refusal is a device's reading NVML refused.
+type refusal struct{ uuid, what string }
+
+// asks says whether a pass asks the device's reading: not one NVML refused
+// as not supported since the devices were last read.
+func (b *Backend) asks(uuid, what string) bool { return !b.pass.refused[refusal{uuid, what}] }
+
+// answered is field, remembering a reading refused as not supported
+// (NOT_SUPPORTED only: another error, a lost permission or a busy GPU, is
+// asked again next pass).
+func (b *Backend) answered(logger logr.Logger, uuid string, ret nvml.Return, what string) bool {
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		b.pass.refused[refusal{uuid, what}] = true
+	}
+	return field(logger, ret, what)
 }
 
 func newPassState() passState {
 	return passState{
 		gpmSupport: map[string]bool{}, gpmPrev: map[string]nvml.GpmSample{},
-		procSince: map[string]uint64{}, seen: map[string]bool{},
+		procSince: map[string]uint64{}, pcie: map[string]pcieCount{}, seen: map[string]bool{},
+		refused: map[refusal]bool{},
 	}
 }
 
@@ -57,6 +84,11 @@ func (b *Backend) endPass() {
 	for uuid := range b.pass.procSince {
 		if !b.pass.seen[uuid] {
 			delete(b.pass.procSince, uuid)
+		}
+	}
+	for uuid := range b.pass.pcie {
+		if !b.pass.seen[uuid] {
+			delete(b.pass.pcie, uuid)
 		}
 	}
 	for uuid := range b.pass.gpmSupport {
@@ -143,6 +175,13 @@ var (
 func (b *Backend) readGPM(logger logr.Logger, uuid string, get func(nvml.GpmSample) nvml.Return, metrics []gpmMetric, s *nvdevice.TelemetrySample) {
 	prev, hasPrev := b.pass.gpmPrev[uuid]
 	delete(b.pass.gpmPrev, uuid)
+	if !b.asks(uuid, "GPM sample") {
+		// Refused before (a MIG-mode GPU's own sample): no sample kept.
+		if hasPrev {
+			b.lib.GpmSampleFree(prev)
+		}
+		return
+	}
 	cur, ret := b.lib.GpmSampleAlloc()
 	if !field(logger, ret, "GPM sample allocation") {
 		if hasPrev {
@@ -150,7 +189,7 @@ func (b *Backend) readGPM(logger logr.Logger, uuid string, get func(nvml.GpmSamp
 		}
 		return
 	}
-	if !field(logger, get(cur), "GPM sample") {
+	if !b.answered(logger, uuid, get(cur), "GPM sample") {
 		// Figures are over one interval: the next pass starts over.
 		b.lib.GpmSampleFree(cur)
 		if hasPrev {

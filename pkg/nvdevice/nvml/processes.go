@@ -18,20 +18,17 @@ import (
 const notAvailable = math.MaxUint64
 
 // readProcesses lists the compute processes on a GPU or a MIG device (its
-// own handle), MPS clients included, one entry per PID. With a GPU
-// (perProcessSM), each process's SM utilization is averaged over the
-// samples NVML kept since the previous pass; NVML samples none per MIG
-// device. ProcessesRead stays false unless both lists were read.
-func (b *Backend) readProcesses(logger logr.Logger, uuid string, dev nvml.Device, perProcessSM bool, s *nvdevice.TelemetrySample) {
-	compute, ret := dev.GetComputeRunningProcesses()
-	if !field(logger, ret, "compute processes") {
+// own handle), MPS clients included when mps (the MPS list is read only
+// then), one entry per PID. With a GPU (perProcessSM), each process's SM
+// utilization is averaged over the samples NVML kept since the previous
+// pass; NVML samples none per MIG device. ProcessesRead stays false unless
+// every list asked was read.
+func (b *Backend) readProcesses(logger logr.Logger, uuid string, dev nvml.Device, perProcessSM, mps bool, s *nvdevice.TelemetrySample) {
+	lists, ok := processLists(logger, dev, mps)
+	if !ok {
 		return
 	}
-	mps, ret := dev.GetMPSComputeRunningProcesses()
-	if !field(logger, ret, "MPS compute processes") {
-		return
-	}
-	s.Processes = mergeProcesses(compute, mps)
+	s.Processes = mergeProcesses(lists...)
 	s.ProcessesRead = true
 	if !perProcessSM {
 		return
@@ -60,6 +57,65 @@ func (b *Backend) readProcesses(logger logr.Logger, uuid string, dev nvml.Device
 			s.Processes[i].SMUtilization = nvdevice.Read(v)
 		}
 	}
+}
+
+// processLists are the device's compute processes, and its MPS clients
+// when mps; false when NVML refused a list.
+func processLists(logger logr.Logger, dev nvml.Device, mps bool) ([][]nvml.ProcessInfo, bool) {
+	compute, ret := dev.GetComputeRunningProcesses()
+	if !field(logger, ret, "compute processes") {
+		return nil, false
+	}
+	if !mps {
+		return [][]nvml.ProcessInfo{compute}, true
+	}
+	clients, ret := dev.GetMPSComputeRunningProcesses()
+	if !field(logger, ret, "MPS compute processes") {
+		return nil, false
+	}
+	return [][]nvml.ProcessInfo{compute, clients}, true
+}
+
+// instanceKey is a MIG device's GPU and compute instance ids.
+type instanceKey struct{ gi, ci uint32 }
+
+// noInstance is what NVML gives as a process's instance ids outside MIG
+// mode, or to a caller without the privilege to see them.
+const noInstance = math.MaxUint32
+
+// readMigProcesses lists the processes of every MIG device of a GPU in MIG
+// mode in one call (two with mps) on the GPU's own handle, where asking
+// each MIG device took two calls per device: NVML gives a privileged
+// caller the GPU's processes with their GPU and compute instance ids. They
+// are returned by instance, merged as mergeProcesses does. False when NVML
+// refused the list, or gave a process without its instance ids (a caller
+// without the privilege): the caller then asks each MIG device.
+func readMigProcesses(logger logr.Logger, dev nvml.Device, mps bool) (map[instanceKey][]nvdevice.ProcessSample, bool) {
+	lists, ok := processLists(logger, dev, mps)
+	if !ok {
+		return nil, false
+	}
+	byInstance := map[instanceKey][][]nvml.ProcessInfo{}
+	for li, list := range lists {
+		for _, p := range list {
+			if p.GpuInstanceId == noInstance || p.ComputeInstanceId == noInstance {
+				logger.V(4).Info("MIG processes read per MIG device: the GPU's list gives no instance ids", "pid", p.Pid)
+				return nil, false
+			}
+			k := instanceKey{p.GpuInstanceId, p.ComputeInstanceId}
+			per := byInstance[k]
+			if per == nil {
+				per = make([][]nvml.ProcessInfo, len(lists))
+				byInstance[k] = per
+			}
+			per[li] = append(per[li], p)
+		}
+	}
+	out := make(map[instanceKey][]nvdevice.ProcessSample, len(byInstance))
+	for k, per := range byInstance {
+		out[k] = mergeProcesses(per...)
+	}
+	return out, true
 }
 
 // mergeProcesses is the compute and the MPS lists as one entry per PID,

@@ -169,8 +169,9 @@ func TestProcessUtilizationSinceThePreviousPass(t *testing.T) {
 func TestProcessesOfMigDevices(t *testing.T) {
 	gpus := board(1, nvml.DEVICE_MIG_ENABLE)
 	gpu := withTelemetry(gpus[0], telemetryFake{})
-	// The parent's list names every MIG device's processes: none of it may
-	// show as the whole GPU's.
+	// The parent's list names every MIG device's processes, here without
+	// their instance ids (a caller without the privilege): none of it may
+	// show as the whole GPU's, and each MIG device is asked for its own.
 	parent := &procFake{compute: []nvml.ProcessInfo{proc(100, gib), proc(200, gib)}}
 	withProcesses(gpu, parent)
 	gpu.addGI(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE) // MIG-1
@@ -202,4 +203,59 @@ func TestProcessesOfMigDevices(t *testing.T) {
 		assert.False(t, s.ProcessesRead, "%s: a failed list", s.UUID)
 		assert.Nil(t, s.Processes)
 	}
+}
+
+// TestProcessesOfMigDevicesFromTheGPU: NVML lists every MIG device's
+// processes on the GPU's handle, with their instance ids, to a privileged
+// caller: one list for the GPU, each process on the MIG device of its ids,
+// and no MIG device asked; MPS clients too when a MIG device is shared
+// with MPS.
+func TestProcessesOfMigDevicesFromTheGPU(t *testing.T) {
+	gpus := board(1, nvml.DEVICE_MIG_ENABLE)
+	gpu := withTelemetry(gpus[0], telemetryFake{})
+	gpu.addGI(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE) // MIG-1: GI 1, CI 0
+	gpu.addGI(nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE) // MIG-2: GI 2, CI 0
+	parent := &procFake{
+		compute: []nvml.ProcessInfo{
+			{Pid: 100, UsedGpuMemory: 5 * gib, GpuInstanceId: 1, ComputeInstanceId: 0},
+			{Pid: 200, UsedGpuMemory: gib, GpuInstanceId: 2, ComputeInstanceId: 0},
+			{Pid: 300, UsedGpuMemory: gib, GpuInstanceId: 2, ComputeInstanceId: 0}, // an MPS server
+		},
+		mps: []nvml.ProcessInfo{{Pid: 301, UsedGpuMemory: 2 * gib, GpuInstanceId: 2, ComputeInstanceId: 0}},
+	}
+	withProcesses(gpu, parent)
+	// What the MIG devices' own handles would say: never asked.
+	gpu.migProcs = map[string][]nvml.ProcessInfo{"MIG-1": {{Pid: 999, GpuInstanceId: 1}}}
+	lib := fakeLib(gpus)
+	b := testBackend(t, lib)
+	byUUID := func(opts nvdevice.TelemetryOptions) (map[string]nvdevice.TelemetrySample, map[string]int) {
+		got, calls, _ := callsOf(t, b, opts, lib, gpu.Device)
+		out := map[string]nvdevice.TelemetrySample{}
+		for _, s := range got {
+			out[s.UUID] = s
+		}
+		return out, calls
+	}
+
+	got, calls := byUUID(nvdevice.TelemetryOptions{MPSDevices: map[string]bool{"MIG-2": true}})
+	assert.Equal(t, 1, calls["GetComputeRunningProcesses"], "one list for the GPU and its MIG devices")
+	assert.Equal(t, 1, calls["GetMPSComputeRunningProcesses"], "and one of MPS clients")
+	assert.Empty(t, got["GPU-0"].Processes, "a GPU in MIG mode has no process of its own")
+	assert.Equal(t, []nvdevice.ProcessSample{{PID: 100, UsedMemoryBytes: nvdevice.Read(5 * gib)}}, got["MIG-1"].Processes)
+	assert.Equal(t, []nvdevice.ProcessSample{
+		{PID: 200, UsedMemoryBytes: nvdevice.Read(gib)},
+		{PID: 300, UsedMemoryBytes: nvdevice.Read(gib)},
+		{PID: 301, UsedMemoryBytes: nvdevice.Read(2 * gib)},
+	}, got["MIG-2"].Processes, "each process on the MIG device of its instance ids, MPS clients included")
+	assert.True(t, got["MIG-1"].ProcessesRead)
+	assert.True(t, got["MIG-2"].ProcessesRead)
+
+	got, calls = byUUID(nvdevice.TelemetryOptions{MPSDevices: map[string]bool{}})
+	assert.Zero(t, calls["GetMPSComputeRunningProcesses"], "no MIG device shared with MPS: no MPS list")
+	assert.Len(t, got["MIG-2"].Processes, 2, "the MPS server, a compute process, still")
+
+	parent.computeRet = nvml.ERROR_NOT_SUPPORTED // a driver that does not aggregate
+	got, _ = byUUID(nvdevice.TelemetryOptions{})
+	assert.Equal(t, []nvdevice.ProcessSample{{PID: 999, UsedMemoryBytes: nvdevice.Read(0)}}, got["MIG-1"].Processes, "asked of the MIG device instead")
+	assert.True(t, got["MIG-1"].ProcessesRead)
 }

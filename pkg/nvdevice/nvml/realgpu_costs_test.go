@@ -101,6 +101,8 @@ func TestRealGPUCallCosts(t *testing.T) {
 		{"nvmlDeviceGetFieldValues(PCIE_COUNT_TX_BYTES,RX)", n, func() {
 			dev.GetFieldValues([]nvml.FieldValue{{FieldId: nvml.FI_DEV_PCIE_COUNT_TX_BYTES}, {FieldId: nvml.FI_DEV_PCIE_COUNT_RX_BYTES}})
 		}},
+		{"nvmlDeviceGetFieldValues(a fast pass's fields)", n, func() { dev.GetFieldValues(passFields(false)) }},
+		{"nvmlDeviceGetFieldValues(a full pass's fields)", n, func() { dev.GetFieldValues(passFields(true)) }},
 		{"nvmlGpmSampleAlloc+Get+Free", n, func() {
 			if s, ret := lib.GpmSampleAlloc(); ret == nvml.SUCCESS {
 				dev.GpmSampleGet(s)
@@ -133,4 +135,16 @@ func TestRealGPUCallCosts(t *testing.T) {
 	if dir := os.Getenv("GPUDRA_REAL_GPU_OUT"); dir != "" {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "call-costs.txt"), []byte(out.String()), 0o644))
 	}
+}
+
+// passFields are the field values a pass asks (fields.go), the slow ones
+// too when slow.
+func passFields(slow bool) []nvml.FieldValue {
+	var out []nvml.FieldValue
+	for _, f := range gpuFields {
+		if slow || !f.slow {
+			out = append(out, nvml.FieldValue{FieldId: f.id})
+		}
+	}
+	return out
 }

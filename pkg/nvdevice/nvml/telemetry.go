@@ -21,6 +21,9 @@ var _ nvdevice.TelemetryReader = (*Backend)(nil)
 // (R535); older drivers have only nvmlDeviceGetCurrentClocksThrottleReasons.
 const symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 
+// symFieldValues reads several readings in one call (R418 and later).
+const symFieldValues = "nvmlDeviceGetFieldValues"
+
 // Telemetry reads each GPU's inventory entry (which GPU it is, its MIG
 // devices and their names' parts), then every reading of it and of its MIG
 // devices. A reading NVML refuses (not supported, no permission, a GPU that
@@ -45,9 +48,12 @@ var _ nvdevice.CadencedTelemetryReader = (*Backend)(nil)
 // uses the entries (GPU and MIG device handles) of the last pass that read
 // them, unless the GPU count changed, a MIG change went through the
 // backend since, or a GPU was lost. The entries are most of a full pass's
-// NVML calls (71 of an H200's 94: MIG profiles and placements, 36 NVLink
-// states). A MIG device made or destroyed by another tool (nvidia-smi) is
-// seen at the next pass that reads the entries.
+// NVML calls (72 of an H200's 86: MIG profiles and placements, 36 NVLink
+// states), so without opts.KeepDevices a pass checks each kept entry with
+// a few calls (sameEntry) and reads in full only those that changed, and
+// the first pass and one after such a change read them all in full. A MIG
+// device made or destroyed by another tool (nvidia-smi) is seen at the
+// next pass without opts.KeepDevices.
 func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOptions) ([]nvdevice.TelemetrySample, error) {
 	b.passMu.Lock()
 	defer b.passMu.Unlock()
@@ -62,10 +68,17 @@ func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
-	entries := b.pass.entries
-	reuse := opts.KeepDevices && entries != nil && len(entries) == count && b.pass.entriesAt == changes
+	kept := b.pass.entries
+	if len(kept) != count || b.pass.entriesAt != changes {
+		kept = nil // the devices changed: each entry is read in full
+	}
+	reuse := opts.KeepDevices && kept != nil
+	entries := kept
 	if !reuse {
 		entries = make([]*gpuEntry, count)
+		// A reading refused until now is asked again of the devices
+		// as they are read now.
+		clear(b.pass.refused)
 	}
 	b.pass.entries = nil // kept again once the pass has worked
 	lost := false
@@ -76,9 +89,13 @@ func (b *Backend) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 			return nil, err
 		}
 		if !reuse {
+			var last *gpuEntry
+			if kept != nil {
+				last = kept[i]
+			}
 			err := b.locked(func() error {
 				var err error
-				entries[i], err = b.gpuToSample(ctx, i)
+				entries[i], err = b.gpuToSample(ctx, i, last)
 				return err
 			})
 			if err != nil {
@@ -105,14 +122,24 @@ type gpuEntry struct {
 	nvdevice.GPU
 	dev  nvml.Device
 	migs map[string]nvml.Device
+	// nvlinkUp says whether one of its NVLink links was up when the entry
+	// was read: only then does a pass ask GPM for NVLink figures.
+	nvlinkUp bool
 }
 
 // gpuToSample reads the inventory entry of the GPU at index i as Inventory
 // does, and its MIG device handles; nil for a GPU that is lost (logged) or
-// not a compute GPU. The caller holds b.mu.
-func (b *Backend) gpuToSample(ctx context.Context, i int) (*gpuEntry, error) {
+// not a compute GPU. With last, the entry the previous read found at i, it
+// first checks that entry (sameEntry) and reads in full only a GPU that
+// changed. The caller holds b.mu.
+func (b *Backend) gpuToSample(ctx context.Context, i int, last *gpuEntry) (*gpuEntry, error) {
 	dev, ret := b.lib.DeviceGetHandleByIndex(i)
 	err := check(ret, "get handle of GPU %d", i)
+	if err == nil && last != nil {
+		if e, same := sameEntry(klog.FromContext(ctx).WithValues("gpu", last.UUID), dev, last); same {
+			return e, nil
+		}
+	}
 	var g nvdevice.GPU
 	if err == nil {
 		g, _, err = b.readGPU(ctx, i, dev)
@@ -127,11 +154,58 @@ func (b *Backend) gpuToSample(ctx context.Context, i int) (*gpuEntry, error) {
 	if skippedProducts[g.ProductName] {
 		return nil, nil
 	}
-	e := &gpuEntry{GPU: g, dev: dev}
+	e := &gpuEntry{GPU: g, dev: dev, nvlinkUp: hasActiveNVLink(&g)}
 	if len(g.MIG.Devices) > 0 {
 		e.migs = migHandles(klog.FromContext(ctx).WithValues("gpu", g.UUID), dev)
 	}
 	return e, nil
+}
+
+// sameEntry checks the entry last (a full read of the GPU) against the GPU
+// behind dev with the few calls that say whether it changed: its UUID, its
+// MIG mode, its MIG devices' UUIDs (with their handles, which the pass
+// needs anyway). A GPU's name, minor number, profiles and links, and a MIG
+// device's profile, placement and instance ids, do not change while its
+// UUID stays: a MIG device made again has a new UUID. Of the links, a
+// pass needs only whether one is up: their states are asked until one is.
+// This is what reading the devices costs, every ten minutes, instead of
+// the full entry (dozens of calls a GPU: 36 NVLink states, the remote end
+// of each active link, MIG profiles and placements, every compute
+// instance). False: the entry is read in full.
+func sameEntry(logger logr.Logger, dev nvml.Device, last *gpuEntry) (*gpuEntry, bool) {
+	if uuid, ret := dev.GetUUID(); ret != nvml.SUCCESS || uuid != last.UUID {
+		return nil, false
+	}
+	if last.MIG.Capable {
+		mode, _, ret := dev.GetMigMode()
+		if ret != nvml.SUCCESS || (mode == nvml.DEVICE_MIG_ENABLE) != last.MIG.Enabled {
+			return nil, false
+		}
+	}
+	e := &gpuEntry{GPU: last.GPU, dev: dev}
+	if last.MIG.Enabled {
+		e.migs = migHandles(logger, dev)
+		n := 0
+		for _, m := range last.MIG.Devices {
+			if m.UUID == "" {
+				continue
+			}
+			if _, ok := e.migs[m.UUID]; !ok {
+				return nil, false
+			}
+			n++
+		}
+		if n != len(e.migs) {
+			return nil, false // a MIG device the entry does not list
+		}
+	}
+	for _, l := range last.NVLink.Links {
+		if state, ret := dev.GetNvLinkState(l.Index); ret == nvml.SUCCESS && state == nvml.FEATURE_ENABLED {
+			e.nvlinkUp = true
+			break
+		}
+	}
+	return e, true
 }
 
 // sampleGPU takes every reading of the GPU and of its MIG devices (the
@@ -150,18 +224,22 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry, opts nvdevice.Tele
 	gpm := b.gpmSupported(glog, g.UUID, dev)
 	if gpm {
 		metrics := gpmActivity
-		if hasActiveNVLink(&g.GPU) {
+		if g.nvlinkUp {
 			// A GPU without links has no NVLink figure, not 0 B/s.
 			metrics = append(slices.Clip(metrics), gpmNVLink...)
 		}
 		b.readGPM(glog, g.UUID, dev.GpmSampleGet, metrics, &s)
 	}
+	var migProcs map[instanceKey][]nvdevice.ProcessSample
+	fromParent := false
 	if g.MIG.Enabled {
-		// NVML lists a MIG-mode GPU's processes per MIG device: none are
-		// the whole GPU's.
+		// A MIG-mode GPU has no process of its own: they are its MIG
+		// devices', all listed on its handle in one call when NVML gives
+		// their instance ids, else asked of each MIG device.
 		s.ProcessesRead = true
+		migProcs, fromParent = readMigProcesses(glog, dev, opts.MPSAny(g.MIG.Devices))
 	} else {
-		b.readProcesses(glog, g.UUID, dev, true, &s)
+		b.readProcesses(glog, g.UUID, dev, true, opts.MPS(g.UUID), &s)
 	}
 	out := []nvdevice.TelemetrySample{s}
 	for _, m := range g.MIG.Devices {
@@ -174,9 +252,16 @@ func (b *Backend) sampleGPU(ctx context.Context, g *gpuEntry, opts nvdevice.Tele
 			UUID: m.UUID, ParentUUID: g.UUID, Minor: g.Minor, ProductName: g.ProductName,
 			MigProfile: m.Profile, MigStart: m.Placement.Start,
 		}
-		if h, ok := g.migs[m.UUID]; ok {
+		h, ok := g.migs[m.UUID]
+		if ok {
 			readMemory(mlog, h, &ms)
-			b.readProcesses(mlog, m.UUID, h, false, &ms)
+		}
+		switch {
+		case fromParent:
+			ms.Processes = migProcs[instanceKey{uint32(m.GPUInstanceID), uint32(m.ComputeInstanceID)}]
+			ms.ProcessesRead = true
+		case ok:
+			b.readProcesses(mlog, m.UUID, h, false, opts.MPS(m.UUID), &ms)
 		}
 		if gpm {
 			gi := m.GPUInstanceID
@@ -198,69 +283,103 @@ func field(logger logr.Logger, ret nvml.Return, what string) bool {
 }
 
 // readGPUTelemetry takes the GPU's own readings, the slow ones too when
-// slow; false when the GPU is lost (its first reading says so).
+// slow; false when the GPU is lost (its first reading says so). The
+// readings NVML gives as field values come from one call (fields.go);
+// each one it refuses is read by its own call.
 func (b *Backend) readGPUTelemetry(logger logr.Logger, dev nvml.Device, slow bool, s *nvdevice.TelemetrySample) bool {
-	u, ret := dev.GetUtilizationRates()
-	if ret == nvml.ERROR_GPU_IS_LOST {
-		return false
+	uuid := s.UUID
+	if b.asks(uuid, "utilization") {
+		u, ret := dev.GetUtilizationRates()
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			return false
+		}
+		if b.answered(logger, uuid, ret, "utilization") {
+			s.GPUUtilization = nvdevice.Read(float64(u.Gpu) / 100)
+			s.MemoryUtilization = nvdevice.Read(float64(u.Memory) / 100)
+		}
 	}
-	if field(logger, ret, "utilization") {
-		s.GPUUtilization = nvdevice.Read(float64(u.Gpu) / 100)
-		s.MemoryUtilization = nvdevice.Read(float64(u.Memory) / 100)
+	if b.asks(uuid, "memory") {
+		// The first call of a MIG-mode GPU, whose utilization NVML
+		// refuses: it says whether the GPU is lost.
+		if readMemory(logger, dev, s) == nvml.ERROR_GPU_IS_LOST {
+			return false
+		}
 	}
-	readMemory(logger, dev, s)
-	if mw, ret := dev.GetPowerUsage(); field(logger, ret, "power usage") {
-		s.PowerWatts = nvdevice.Read(float64(mw) / 1000)
+	got := b.readFields(logger, uuid, dev, slow, s)
+	if !got[nvml.FI_DEV_POWER_AVERAGE] && b.asks(uuid, "power usage") {
+		if mw, ret := dev.GetPowerUsage(); b.answered(logger, uuid, ret, "power usage") {
+			s.PowerWatts = nvdevice.Read(float64(mw) / 1000)
+		}
 	}
-	if c, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); field(logger, ret, "temperature") {
-		s.TemperatureCelsius = nvdevice.Read(float64(c))
+	if b.asks(uuid, "temperature") {
+		if c, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); b.answered(logger, uuid, ret, "temperature") {
+			s.TemperatureCelsius = nvdevice.Read(float64(c))
+		}
 	}
-	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_SM); field(logger, ret, "SM clock") {
-		s.SMClockHertz = nvdevice.Read(float64(mhz) * 1e6)
+	if b.asks(uuid, "SM clock") {
+		if mhz, ret := dev.GetClockInfo(nvml.CLOCK_SM); b.answered(logger, uuid, ret, "SM clock") {
+			s.SMClockHertz = nvdevice.Read(float64(mhz) * 1e6)
+		}
 	}
-	var reasons uint64
-	if b.hasSymbol(symClocksEventReasons) {
-		reasons, ret = dev.GetCurrentClocksEventReasons()
-	} else {
-		reasons, ret = dev.GetCurrentClocksThrottleReasons()
+	if b.asks(uuid, "clock event reasons") {
+		var reasons uint64
+		var ret nvml.Return
+		if b.hasSymbol(symClocksEventReasons) {
+			reasons, ret = dev.GetCurrentClocksEventReasons()
+		} else {
+			reasons, ret = dev.GetCurrentClocksThrottleReasons()
+		}
+		if b.answered(logger, uuid, ret, "clock event reasons") {
+			s.ClockEventReasons = nvdevice.Read(float64(reasons))
+		}
 	}
-	if field(logger, ret, "clock event reasons") {
-		s.ClockEventReasons = nvdevice.Read(float64(reasons))
-	}
-	// NVML gives KB/s (1024 bytes).
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
-		s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
-	}
-	if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
-		s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+	if !got.all(nvml.FI_DEV_PCIE_COUNT_TX_BYTES, nvml.FI_DEV_PCIE_COUNT_RX_BYTES) {
+		// No byte counters: NVML's throughput, sampled over 20 ms each
+		// (KB/s, 1024 bytes).
+		if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_TX_BYTES); field(logger, ret, "PCIe TX throughput") {
+			s.PCIeTXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+		}
+		if kb, ret := dev.GetPcieThroughput(nvml.PCIE_UTIL_RX_BYTES); field(logger, ret, "PCIe RX throughput") {
+			s.PCIeRXBytesPerSecond = nvdevice.Read(float64(kb) * 1024)
+		}
 	}
 	if slow {
-		readSlowTelemetry(logger, dev, s)
+		readSlowTelemetry(logger, dev, got, s)
 	}
 	return true
 }
 
 // readSlowTelemetry takes the readings that change slowly
-// (nvdevice.CopySlowReadings): a full pass only.
-func readSlowTelemetry(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) {
-	if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
-		s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
+// (nvdevice.CopySlowReadings) that the field values did not give: a full
+// pass only.
+func readSlowTelemetry(logger logr.Logger, dev nvml.Device, got fieldsRead, s *nvdevice.TelemetrySample) {
+	if !got[nvml.FI_DEV_POWER_CURRENT_LIMIT] {
+		if mw, ret := dev.GetEnforcedPowerLimit(); field(logger, ret, "power limit") {
+			s.PowerLimitWatts = nvdevice.Read(float64(mw) / 1000)
+		}
 	}
 	ecc := []struct {
+		id      uint32
 		to      *nvdevice.Reading
 		typ     nvml.MemoryErrorType
 		counter nvml.EccCounterType
 		what    string
 	}{
-		{&s.ECCVolatileCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC, "ECC volatile corrected"},
-		{&s.ECCVolatileUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC, "ECC volatile uncorrected"},
-		{&s.ECCAggregateCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate corrected"},
-		{&s.ECCAggregateUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate uncorrected"},
+		{nvml.FI_DEV_ECC_SBE_VOL_TOTAL, &s.ECCVolatileCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC, "ECC volatile corrected"},
+		{nvml.FI_DEV_ECC_DBE_VOL_TOTAL, &s.ECCVolatileUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC, "ECC volatile uncorrected"},
+		{nvml.FI_DEV_ECC_SBE_AGG_TOTAL, &s.ECCAggregateCorrected, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate corrected"},
+		{nvml.FI_DEV_ECC_DBE_AGG_TOTAL, &s.ECCAggregateUncorrected, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC, "ECC aggregate uncorrected"},
 	}
 	for _, e := range ecc {
+		if got[e.id] {
+			continue
+		}
 		if n, ret := dev.GetTotalEccErrors(e.typ, e.counter); field(logger, ret, e.what) {
 			*e.to = nvdevice.Read(float64(n))
 		}
+	}
+	if got.all(nvml.FI_DEV_REMAPPED_COR, nvml.FI_DEV_REMAPPED_UNC, nvml.FI_DEV_REMAPPED_PENDING, nvml.FI_DEV_REMAPPED_FAILURE) {
+		return
 	}
 	if corr, unc, pending, failed, ret := dev.GetRemappedRows(); field(logger, ret, "remapped rows") {
 		s.RemappedRowsCorrectable = nvdevice.Read(float64(corr))
@@ -271,13 +390,15 @@ func readSlowTelemetry(logger logr.Logger, dev nvml.Device, s *nvdevice.Telemetr
 }
 
 // readMemory reads the framebuffer of a GPU or a MIG device (a MIG device
-// handle gives its own memory).
-func readMemory(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) {
-	if m, ret := dev.GetMemoryInfo(); field(logger, ret, "memory") {
+// handle gives its own memory), and says what NVML answered.
+func readMemory(logger logr.Logger, dev nvml.Device, s *nvdevice.TelemetrySample) nvml.Return {
+	m, ret := dev.GetMemoryInfo()
+	if field(logger, ret, "memory") {
 		s.FramebufferUsedBytes = nvdevice.Read(float64(m.Used))
 		s.FramebufferFreeBytes = nvdevice.Read(float64(m.Free))
 		s.FramebufferTotalBytes = nvdevice.Read(float64(m.Total))
 	}
+	return ret
 }
 
 // migHandles are the GPU's MIG device handles by UUID; a handle that cannot

@@ -4,6 +4,7 @@ package nvml
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,65 @@ type telemetryFake struct {
 	// throttle is what the old throttle-reasons call returns, events the
 	// new clock-events call.
 	throttle, events uint64
+	// pcie are the PCIe byte counters the field values give (nil: 0);
+	// fieldsRet, when set, is what nvmlDeviceGetFieldValues itself
+	// returns (a driver that refuses it).
+	pcie      *fakePCIe
+	fieldsRet nvml.Return
+}
+
+// fakePCIe is a GPU's PCIe byte counters, and when they were read
+// (microseconds; 0: NVML gives no timestamp).
+type fakePCIe struct {
+	tx, rx uint64
+	at     int64
+}
+
+// fieldValues answers nvmlDeviceGetFieldValues as a GPU with f's readings:
+// each field with the return of the call that reads it alone.
+func (f telemetryFake) fieldValues(values []nvml.FieldValue) nvml.Return {
+	if f.fieldsRet != nvml.SUCCESS {
+		return f.fieldsRet
+	}
+	var pcie fakePCIe
+	if f.pcie != nil {
+		pcie = *f.pcie
+	}
+	for i := range values {
+		v := &values[i]
+		n, ret := uint64(0), nvml.ERROR_NOT_SUPPORTED
+		switch v.FieldId {
+		case nvml.FI_DEV_POWER_AVERAGE:
+			n, ret = 512345, f.powerRet
+		case nvml.FI_DEV_POWER_CURRENT_LIMIT:
+			n, ret = 700000, f.powerRet
+		case nvml.FI_DEV_PCIE_COUNT_TX_BYTES:
+			n, ret = pcie.tx, f.pcieRet
+		case nvml.FI_DEV_PCIE_COUNT_RX_BYTES:
+			n, ret = pcie.rx, f.pcieRet
+		case nvml.FI_DEV_ECC_SBE_VOL_TOTAL:
+			n, ret = 3, f.eccRet
+		case nvml.FI_DEV_ECC_DBE_VOL_TOTAL:
+			n, ret = 1, f.eccRet
+		case nvml.FI_DEV_ECC_SBE_AGG_TOTAL:
+			n, ret = 30, f.eccRet
+		case nvml.FI_DEV_ECC_DBE_AGG_TOTAL:
+			n, ret = 2, f.eccRet
+		case nvml.FI_DEV_REMAPPED_COR:
+			n, ret = 5, f.remapRet
+		case nvml.FI_DEV_REMAPPED_UNC:
+			n, ret = 1, f.remapRet
+		case nvml.FI_DEV_REMAPPED_PENDING:
+			n, ret = 1, f.remapRet
+		case nvml.FI_DEV_REMAPPED_FAILURE:
+			n, ret = 0, f.remapRet
+		}
+		v.NvmlReturn = uint32(ret)
+		v.Timestamp = pcie.at
+		v.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG)
+		binary.LittleEndian.PutUint64(v.Value[:], n)
+	}
+	return nvml.SUCCESS
 }
 
 // withTelemetry fills the mock's telemetry calls: an H100 SXM5 at work.
@@ -33,6 +93,7 @@ func withTelemetry(g *fakeGPU, f telemetryFake) *fakeGPU {
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		return nvml.Memory{Total: 81559 << 20, Used: 40 << 30, Free: 81559<<20 - 40<<30}, nvml.SUCCESS
 	}
+	d.GetFieldValuesFunc = f.fieldValues
 	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 512345, f.powerRet }
 	d.GetEnforcedPowerLimitFunc = func() (uint32, nvml.Return) { return 700000, f.powerRet }
 	d.GetTemperatureFunc = func(s nvml.TemperatureSensors) (uint32, nvml.Return) {
@@ -100,10 +161,22 @@ func TestTelemetryOfAGPU(t *testing.T) {
 		missing []string
 		want    func(s *nvdevice.TelemetrySample)
 	}{
-		{name: "every reading", fake: telemetryFake{events: 0x4, throttle: 0x8}, want: func(*nvdevice.TelemetrySample) {}},
+		{
+			name: "every reading; the PCIe rate needs a second pass", fake: telemetryFake{events: 0x4, throttle: 0x8},
+			want: func(s *nvdevice.TelemetrySample) { s.PCIeTXBytesPerSecond, s.PCIeRXBytesPerSecond = na, na },
+		},
+		{
+			name: "a driver without field values: a call each, PCIe as NVML's 20 ms throughput",
+			fake: telemetryFake{events: 0x4}, missing: []string{symFieldValues},
+			want: func(*nvdevice.TelemetrySample) {},
+		},
+		{
+			name: "field values refused: a call each", fake: telemetryFake{events: 0x4, fieldsRet: nvml.ERROR_NOT_SUPPORTED},
+			want: func(*nvdevice.TelemetrySample) {},
+		},
 		{
 			name: "an older driver without the clock events call",
-			fake: telemetryFake{events: 0x4, throttle: 0x8}, missing: []string{symClocksEventReasons},
+			fake: telemetryFake{events: 0x4, throttle: 0x8}, missing: []string{symClocksEventReasons, symFieldValues},
 			want: func(s *nvdevice.TelemetrySample) { s.ClockEventReasons = nvdevice.Read(0x8) },
 		},
 		{
@@ -170,10 +243,11 @@ func TestTelemetryOfMigDevices(t *testing.T) {
 func hangPower(g *fakeGPU) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	g.GetPowerUsageFunc = func() (uint32, nvml.Return) {
+	read := g.GetFieldValuesFunc // the power draw is a field value
+	g.GetFieldValuesFunc = func(values []nvml.FieldValue) nvml.Return {
 		once.Do(func() { close(entered) })
 		<-release
-		return 512345, nvml.SUCCESS
+		return read(values)
 	}
 	return entered, release
 }

@@ -52,6 +52,9 @@ type Machine struct {
 	// load: GPU or MIG device UUID -> how busy it is, 0 to 1, for
 	// Telemetry (telemetry.go).
 	load map[string]float64
+	// pcieSeen are the GPUs the last telemetry pass sampled: only they
+	// have a PCIe rate in the next (telemetry.go: pcieRateOf).
+	pcieSeen map[string]bool
 	// usage is the processes on the devices and the ECC errors injected
 	// (processes.go), for Telemetry.
 	usage usage

@@ -29,6 +29,20 @@ type NVMLTiming struct {
 	// Nil only counts the calls (NVMLLedger), which keeps a benchmark
 	// deterministic on a noisy machine.
 	Spend func(function string, cpu, wait time.Duration)
+	// PerCallReads charges what the backend asked before issue 50's part
+	// 2, the pass the H200's capture timed: a call per reading (power,
+	// the two PCIe throughput windows, the power limit, four ECC counts,
+	// the remapped rows) where the backend now makes one
+	// nvmlDeviceGetFieldValues call, each MIG device's two process lists
+	// where it now lists them on the GPU's handle, and the MPS list on
+	// every device (TelemetryOptions.MPSDevices ignored).
+	PerCallReads bool
+	// FullEntries charges what the backend asked before it checked its
+	// kept entries: every read of the devices reads every GPU's entry in
+	// full (entryCalls), and a reading NVML refuses as not supported (a
+	// MIG-mode GPU's utilization and own GPM sample) is asked every pass.
+	// PerCallReads implies it.
+	FullEntries bool
 }
 
 // The H200's figures (testdata/real-gpus/h200/telemetry-processes, the
@@ -157,18 +171,38 @@ func (m *Machine) charge(calls nvmlCalls) {
 	}
 }
 
-// modelOn says whether the timing model is on.
-func (m *Machine) modelOn() bool {
+// modelOn says whether the timing model is on, and what it charges: the
+// reads before issue 50's part 2 (NVMLTiming.PerCallReads), the full
+// entries (NVMLTiming.FullEntries).
+func (m *Machine) modelOn() (on, perCall, fullEntries bool) {
 	m.nvml.mu.Lock()
 	defer m.nvml.mu.Unlock()
-	return m.nvml.timing != nil
+	t := m.nvml.timing
+	if t == nil {
+		return false, false, false
+	}
+	return true, t.PerCallReads, t.PerCallReads || t.FullEntries
 }
 
-// devicesReadAgain says whether this pass reads every GPU's inventory
-// entry (and its MIG device handles), as the backend does: unless told to
-// keep them (opts.KeepDevices), on the first pass, and after the devices
-// changed (a MIG device made or destroyed through the backend).
-func (m *Machine) devicesReadAgain(inv *nvdevice.Inventory, opts nvdevice.TelemetryOptions) bool {
+// entryRead is what a pass reads of the devices, as the backend does.
+type entryRead int
+
+const (
+	// keptEntries: none, the kept entries (a fast pass).
+	keptEntries entryRead = iota
+	// checkedEntries: each kept entry checked (the backend's sameEntry).
+	checkedEntries
+	// fullEntries: every GPU's entry read in full.
+	fullEntries
+)
+
+// devicesReadAgain says how this pass reads the devices, as the backend
+// does: in full on the first pass and after the devices changed (a MIG
+// device made or destroyed through the backend), or when full says so
+// (NVMLTiming.FullEntries) and the pass is told to read them; checked when
+// it is told to read them (not opts.KeepDevices) and they did not change;
+// else not at all.
+func (m *Machine) devicesReadAgain(inv *nvdevice.Inventory, opts nvdevice.TelemetryOptions, full bool) entryRead {
 	var b strings.Builder
 	for _, g := range inv.GPUs {
 		b.WriteString(g.UUID)
@@ -181,7 +215,35 @@ func (m *Machine) devicesReadAgain(inv *nvdevice.Inventory, opts nvdevice.Teleme
 	defer m.nvml.mu.Unlock()
 	changed := m.nvml.devices != b.String()
 	m.nvml.devices = b.String()
-	return changed || !opts.KeepDevices
+	switch {
+	case changed, !opts.KeepDevices && full:
+		return fullEntries
+	case !opts.KeepDevices:
+		return checkedEntries
+	}
+	return keptEntries
+}
+
+// checkedEntryCalls are the calls of the backend's check of a kept entry
+// (sameEntry): the GPU's handle and UUID, its MIG mode, in MIG mode its MIG
+// device handles and their UUIDs, and its links' states until one is up.
+func checkedEntryCalls(c nvmlCalls, g *nvdevice.GPU) {
+	c.add("nvmlDeviceGetHandleByIndex", 1)
+	c.add("nvmlDeviceGetUUID", 1)
+	if g.MIG.Capable {
+		c.add("nvmlDeviceGetMigMode", 1)
+	}
+	if g.MIG.Enabled {
+		c.add("nvmlDeviceGetMaxMigDeviceCount", 1)
+		c.add("nvmlDeviceGetMigDeviceHandleByIndex", 7)
+		c.add("nvmlDeviceGetUUID", len(g.MIG.Devices))
+	}
+	for _, l := range g.NVLink.Links {
+		c.add("nvmlDeviceGetNvLinkState", 1)
+		if l.Active {
+			break
+		}
+	}
 }
 
 // nvlinkStatesAsked is how many link states the backend asks of each GPU
@@ -249,8 +311,13 @@ func computeProfilesOf(profile string) int {
 }
 
 // readingCalls are the calls of one GPU's readings in a pass, and of its
-// MIG devices' (the backend's sampleGPU).
-func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gpm bool, opts nvdevice.TelemetryOptions) {
+// MIG devices' (the backend's sampleGPU; perCall: as before issue 50's
+// part 2, NVMLTiming.PerCallReads). refusedAsked says whether the pass
+// asks the readings NVML refuses as not supported, which the backend asks
+// only when it read the devices (or every pass, NVMLTiming.FullEntries):
+// a MIG-mode GPU's utilization and its own GPM sample (allocated, refused,
+// freed).
+func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gpm, perCall, refusedAsked bool, opts nvdevice.TelemetryOptions) {
 	gpmSample := func(get string) {
 		if gpm {
 			c.add("nvmlGpmSampleAlloc", 1)
@@ -259,33 +326,69 @@ func readingCalls(c nvmlCalls, g *nvdevice.GPU, s []nvdevice.TelemetrySample, gp
 			c.add("nvmlGpmSampleFree", 1)
 		}
 	}
+	mps := func(uuid string) bool { return perCall || opts.MPS(uuid) }
+	processLists := func(uuid string) {
+		c.add("nvmlDeviceGetComputeRunningProcesses", 1)
+		if mps(uuid) {
+			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+		}
+	}
 	for i := range s {
 		d := &s[i]
 		if d.IsMIG() {
 			c.add("nvmlDeviceGetMemoryInfo", 1)
-			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
-			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+			if perCall {
+				processLists(d.UUID)
+			}
 			gpmSample("nvmlGpmMigSampleGet")
 			continue
 		}
+		// A MIG-mode GPU's utilization and GPM sample NVML refuses as not
+		// supported: asked again only with refusedAsked.
+		migRefused := g.MIG.Enabled && !perCall
+		if !migRefused || refusedAsked {
+			c.add("nvmlDeviceGetUtilizationRates", 1)
+		}
 		for _, fn := range []string{
-			"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage",
+			"nvmlDeviceGetMemoryInfo",
 			"nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
 		} {
 			c.add(fn, 1)
 		}
-		c.add("nvmlDeviceGetPcieThroughput", 2)
-		if !opts.SkipSlow {
+		switch {
+		case !perCall:
+			// Power, the PCIe byte counters and, on a full pass, the slow
+			// readings: one call.
+			c.add("nvmlDeviceGetFieldValues", 1)
+		case opts.SkipSlow:
+			c.add("nvmlDeviceGetPowerUsage", 1)
+			c.add("nvmlDeviceGetPcieThroughput", 2)
+		default:
+			c.add("nvmlDeviceGetPowerUsage", 1)
+			c.add("nvmlDeviceGetPcieThroughput", 2)
 			c.add("nvmlDeviceGetEnforcedPowerLimit", 1)
 			c.add("nvmlDeviceGetTotalEccErrors", 4)
 			c.add("nvmlDeviceGetRemappedRows", 1)
 		}
-		gpmSample("nvmlGpmSampleGet")
-		if !g.MIG.Enabled { // a GPU in MIG mode lists no process of its own
-			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
-			c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
+		switch {
+		case !migRefused:
+			gpmSample("nvmlGpmSampleGet")
+		case gpm && refusedAsked:
+			c.add("nvmlGpmSampleAlloc", 1)
+			c.add("nvmlGpmSampleGet", 1)
+			c.add("nvmlGpmSampleFree", 1)
+		}
+		switch {
+		case !g.MIG.Enabled:
+			processLists(d.UUID)
 			if len(d.Processes) > 0 {
 				c.add("nvmlDeviceGetProcessUtilization", 1)
+			}
+		case !perCall:
+			// Every MIG device's processes, on the GPU's handle.
+			c.add("nvmlDeviceGetComputeRunningProcesses", 1)
+			if opts.MPSAny(g.MIG.Devices) {
+				c.add("nvmlDeviceGetMPSComputeRunningProcesses", 1)
 			}
 		}
 	}

@@ -72,6 +72,7 @@ func TestProcessesDriveTheGPUsTelemetry(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, gpu := oneGPU(t, false)
+			sampleOf(t, m, gpu) // a GPU's first pass has no PCIe rate
 			idle := sampleOf(t, m, gpu)
 			require.NoError(t, m.SetLoad(gpu, tc.load))
 			for _, p := range tc.procs {

@@ -99,17 +99,24 @@ func (m *Machine) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 	if err != nil {
 		return nil, fmt.Errorf("read the devices to sample: %w", err)
 	}
-	model := m.modelOn()
-	readEntries := model && m.devicesReadAgain(inv, opts)
+	model, perCall, full := m.modelOn()
+	entries := keptEntries
 	if model {
+		entries = m.devicesReadAgain(inv, opts, full)
 		m.charge(nvmlCalls{"nvmlDeviceGetCount": 1})
 	}
 	var out []nvdevice.TelemetrySample
+	seen := map[string]bool{}
 	for i := range inv.GPUs {
 		listed := &inv.GPUs[i]
-		if readEntries {
+		switch entries {
+		case fullEntries:
 			calls := nvmlCalls{}
 			entryCalls(calls, listed)
+			m.charge(calls)
+		case checkedEntries:
+			calls := nvmlCalls{}
+			checkedEntryCalls(calls, listed)
 			m.charge(calls)
 		}
 		m.readingsOf(listed.UUID)
@@ -120,17 +127,37 @@ func (m *Machine) TelemetryWith(ctx context.Context, opts nvdevice.TelemetryOpti
 		if !ok {
 			return nil, fmt.Errorf("read the devices to sample: simulated machine %q is closed", m.spec.Name)
 		}
+		if len(s) > 0 {
+			m.pcieRateOf(&s[0], seen)
+		}
 		if opts.SkipSlow && len(s) > 0 {
 			nvdevice.CopySlowReadings(&s[0], &nvdevice.TelemetrySample{})
 		}
 		if model {
 			calls := nvmlCalls{}
-			readingCalls(calls, listed, s, !gpuModels[m.spec.modelOf(listed.Index)].noGPM, opts)
+			readingCalls(calls, listed, s, !gpuModels[m.spec.modelOf(listed.Index)].noGPM, perCall, full || entries != keptEntries, opts)
 			m.charge(calls)
 		}
 		out = append(out, s...)
 	}
+	m.mu.Lock()
+	m.pcieSeen = seen
+	m.mu.Unlock()
 	return out, nil
+}
+
+// pcieRateOf leaves the GPU's PCIe figure out on the first pass that sees
+// it (the previous pass did not: a new GPU, or one back), as the NVML
+// backend does: it gives the rate between two passes' byte counters. It
+// adds the GPU to seen, this pass's GPUs.
+func (m *Machine) pcieRateOf(s *nvdevice.TelemetrySample, seen map[string]bool) {
+	seen[s.UUID] = true
+	m.mu.Lock()
+	before := m.pcieSeen[s.UUID]
+	m.mu.Unlock()
+	if !before {
+		s.PCIeTXBytesPerSecond, s.PCIeRXBytesPerSecond = nvdevice.Reading{}, nvdevice.Reading{}
+	}
 }
 
 // sampleGPU is the samples of the GPU and its MIG devices as they are now
