@@ -204,7 +204,7 @@ func (s *NodeState) executeLocked(ctx context.Context, cp *checkpoint.Checkpoint
 	// kill in between leaves a spec no record names (removed at start),
 	// never a record without its spec.
 	cp.Put(done)
-	staged := s.stageLocked(cp)
+	staged := s.stageLocked(cp, stagingFor(record))
 	cdiDone := s.stepTimer(PrepareStepCDI)
 	writeErr := s.opts.CDI.Write(uid, cdiSpec)
 	cdiDone()

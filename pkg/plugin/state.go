@@ -217,7 +217,7 @@ func (s *NodeState) rollbackLocked(ctx context.Context, cp *checkpoint.Checkpoin
 	}
 	s.crash("after-cdi-remove")
 	delete(cp.Claims, uid)
-	return s.storeLocked(cp)
+	return s.storeWithLocked(cp, stagingFor(&c))
 }
 
 // recordLocked stores the claim's record, then passes a crash point.
@@ -245,25 +245,48 @@ func (s *NodeState) crash(step string) {
 }
 
 func (s *NodeState) storeLocked(cp *checkpoint.Checkpoint) error {
+	return s.storeWithLocked(cp, checkpoint.Stage)
+}
+
+// stageFunc writes a checkpoint beside the one in place: checkpoint.Stage
+// (fsynced) or checkpoint.StageUnsynced.
+type stageFunc func(path string, c *checkpoint.Checkpoint) (*checkpoint.Pending, error)
+
+// stagingFor is how a store that records (or forgets) claim c is written:
+// without an fsync when c's only side effect is its CDI spec (no MIG
+// device created, no sharing set up). Such a record need not survive a
+// power loss: that is a reboot, after which the checkpoint of this boot is
+// discarded (checkpoint.Load), and the kubelet prepares the claim again;
+// a kill keeps the page cache. A record that names a MIG device or an MPS
+// daemon is fsynced, as are the stores of the sweep. A variable: tests see
+// which a prepare chose.
+var stagingFor = func(c *prepared.Claim) stageFunc {
+	if c.CreatesMig() || needsSharingSetup(c.Sharing) {
+		return checkpoint.Stage
+	}
+	return checkpoint.StageUnsynced
+}
+
+func (s *NodeState) storeWithLocked(cp *checkpoint.Checkpoint, stage stageFunc) error {
 	s.cp = nil
-	pending, err := checkpoint.Stage(s.opts.CheckpointPath, cp)
+	pending, err := stage(s.opts.CheckpointPath, cp)
 	if err != nil {
 		return err
 	}
 	return s.commitLocked(cp, pending)
 }
 
-// stageLocked writes and fsyncs cp beside the checkpoint in a goroutine of
+// stageLocked writes cp beside the checkpoint with stage in a goroutine of
 // its own; the function it returns waits for that. cp must not change
 // until then.
-func (s *NodeState) stageLocked(cp *checkpoint.Checkpoint) func() (*checkpoint.Pending, error) {
+func (s *NodeState) stageLocked(cp *checkpoint.Checkpoint, stage stageFunc) func() (*checkpoint.Pending, error) {
 	type staged struct {
 		p   *checkpoint.Pending
 		err error
 	}
 	done := make(chan staged, 1)
 	go func() {
-		p, err := checkpoint.Stage(s.opts.CheckpointPath, cp)
+		p, err := stage(s.opts.CheckpointPath, cp)
 		done <- staged{p, err}
 	}()
 	return func() (*checkpoint.Pending, error) {

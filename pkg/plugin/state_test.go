@@ -40,6 +40,9 @@ type env struct {
 	onPreparedClaims func(int)
 	// backend, when set, stands for the machine as the state's backend.
 	backend nvdevice.Interface
+	// bootID is the node's boot ("boot-1" if empty): a test changes it for
+	// a reboot.
+	bootID string
 }
 
 // testMachine is a DGX H100 with MIG mode on GPUs 0 and 1 only: MIG
@@ -71,9 +74,13 @@ func (e *env) start() *NodeState {
 	sharer, err := sharing.NewManager(sharing.Options{Root: filepath.Join(e.dir, "sharing"), Policy: host.ComputePolicy,
 		MPSControl: sharing.ExecMPSControl{Path: standIn}})
 	require.NoError(e.t, err)
+	boot := e.bootID
+	if boot == "" {
+		boot = "boot-1"
+	}
 	s, err := NewNodeState(context.Background(), StateOptions{
 		Pool: pool, Backend: e.backendOrMachine(), CDI: w, Majors: host.Majors, CapMinors: host.CapMinors,
-		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: "boot-1", CrashAt: e.crashAt,
+		CheckpointPath: filepath.Join(e.dir, "checkpoint.json"), BootID: boot, CrashAt: e.crashAt,
 		Sharing: sharer, Claims: e.claims, OnPreparedClaims: e.onPreparedClaims,
 		OnRebuild: func(_ context.Context, r RebuildReport) {
 			if e.onRebuild != nil {

@@ -52,6 +52,9 @@ type Backend struct {
 	snapAt      time.Time
 	snapChanges uint64
 	snapEvents  uint64
+	// snapTTL is InventorySnapshotTTL where zero (benchmarks set the
+	// one before).
+	snapTTL time.Duration
 	// healthEvents counts the health events published (a GPU lost, an
 	// XID, a recovery): the inventory snapshot is read again after one.
 	// Atomic: the event loop runs outside mu.

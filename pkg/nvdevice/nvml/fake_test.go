@@ -405,7 +405,7 @@ func fakeLib(gpus []*fakeGPU, missing ...string) *mock.Interface {
 
 // testBackend is a backend over fakeLib, with go-nvlib told not to look up
 // symbols in the (absent) library, and a sysfs root of its own.
-func testBackend(t *testing.T, lib nvml.Interface) *Backend {
+func testBackend(t testing.TB, lib nvml.Interface) *Backend {
 	t.Helper()
 	return newBackend(lib, t.TempDir(), device.New(lib, device.WithVerifySymbols(false)))
 }

@@ -24,8 +24,12 @@ var skippedProducts = map[string]bool{"DGX Display": true, "NVIDIA DGX Display":
 func (b *Backend) Inventory(ctx context.Context) (*nvdevice.Inventory, error) {
 	var inv *nvdevice.Inventory
 	err := b.locked(func() error {
+		now, events := b.now(), b.healthEvents.Load()
 		var err error
 		inv, err = b.readInventory(ctx)
+		if err == nil {
+			b.confirmSnapshot(inv, now, events) // the plugin's poll
+		}
 		return err
 	})
 	return inv, err

@@ -109,3 +109,26 @@ func TestFileModes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o640), fi.Mode().Perm())
 }
+
+// A staged checkpoint is fsynced by Stage and not by StageUnsynced; both
+// commit a whole checkpoint that Load reads back.
+func TestStageUnsyncedSkipsTheFileSync(t *testing.T) {
+	n := 0
+	orig := syncFile
+	syncFile = func(f *os.File) error { n++; return orig(f) }
+	t.Cleanup(func() { syncFile = orig })
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+
+	p, err := Stage(path, sample("boot-1"))
+	require.NoError(t, err)
+	require.NoError(t, p.Commit())
+	assert.Equal(t, 1, n, "Stage fsyncs the file")
+
+	p, err = StageUnsynced(path, sample("boot-1"))
+	require.NoError(t, err)
+	require.NoError(t, p.Commit())
+	assert.Equal(t, 1, n, "StageUnsynced does not")
+	res, err := Load(path, "boot-1", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, sample("boot-1").Claims, res.Checkpoint.Claims)
+}
