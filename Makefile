@@ -322,7 +322,7 @@ bench-prepare: build helm
 # 300 and 1,000 simulated DGX H100 nodes (Node objects and the slices the
 # plugin would publish, no kubelets) per node mix, gpudra-controller as its
 # own process. Tables to stdout, bench-scale-results.md and .csv, the plot
-# to docs/bench-scale.png; the last line is the largest point's summary; the
+# to docs/bench-scale.png (a quick run draws none); the last line is the largest point's summary; the
 # log goes to bin/bench-scale.log. BENCH_SCALE=quick: 50 nodes, two mixes.
 bench-scale: build helm
 	cd bench && CGO_ENABLED=0 $(GO) build -o $(abspath $(BIN))/bench-scale ./cmd/bench-scale
