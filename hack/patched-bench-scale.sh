@@ -28,6 +28,17 @@ done
 	echo "patched-bench-scale: upstream's allocator tests fail on the patched copy" >&2
 	exit 1
 }
+# gpudra's allocator tests (pkg/slicebuilder: its slices carry identities, as
+# the API server's do; TestAllocatorFollowsASliceChange changes one between
+# pods), against the patched allocator too.
+cp "$root/go.mod" "$work/main.mod"
+cp "$root/go.sum" "$work/main.sum"
+(cd "$root" && go mod edit -modfile="$work/main.mod" -replace "k8s.io/dynamic-resource-allocation=$work/dynamic-resource-allocation")
+(cd "$root/pkg/slicebuilder" && CGO_ENABLED=0 go test -modfile="$work/main.mod" -count=1 -run 'TestAllocator|TestDeviceOrder' . > "$work/gpudra-tests.log" 2>&1) || {
+	tail -20 "$work/gpudra-tests.log" >&2
+	echo "patched-bench-scale: gpudra's allocator tests fail against the patched allocator" >&2
+	exit 1
+}
 cp "$root/bench/go.mod" "$work/go.mod"
 cp "$root/bench/go.sum" "$work/go.sum"
 cd "$root/bench"

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
@@ -81,7 +82,14 @@ func newCluster(t *testing.T, machineName string, opts Options) *cluster {
 		cache:     cel.NewCache(100, cel.Features{}),
 	}
 	for _, s := range build(t, inv, "node-a", opts) {
-		c.slices = append(c.slices, s.DeepCopy())
+		s := s.DeepCopy()
+		// An identity of its own, as the API server gives every slice:
+		// what an allocator that keeps results across pods keys them by
+		// (bench/upstream; hack/patched-bench-scale.sh runs these tests
+		// against it).
+		s.UID = uuid.NewUUID()
+		s.Generation = 1
+		c.slices = append(c.slices, s)
 	}
 	return c
 }
@@ -102,6 +110,7 @@ func (c *cluster) device(name string) (resourceapi.Device, bool) {
 type ask struct {
 	class   string
 	profile string // a CEL selector on migProfile when set
+	product string // a CEL selector on productName when set
 	count   int64  // 1 when zero
 	// sameNVLink adds a matchAttribute constraint on nvlinkDomain.
 	sameNVLink bool
@@ -119,9 +128,14 @@ func (c *cluster) claim(a ask) *resourceapi.ResourceClaim {
 		Count:           max(a.count, 1),
 	}
 	if a.profile != "" {
-		req.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
 			Expression: fmt.Sprintf(`device.attributes["gpu.gpudra.dev"].migProfile == %q`, a.profile),
-		}}}
+		}})
+	}
+	if a.product != "" {
+		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.attributes["gpu.gpudra.dev"].productName == %q`, a.product),
+		}})
 	}
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{
@@ -347,4 +361,27 @@ func TestAllocatorHonoursTaints(t *testing.T) {
 			assert.Equal(t, tc.want, c.allocate(t, tc.ask))
 		})
 	}
+}
+
+// The allocator follows a slice that changed between two pods: a selector
+// that matched a device before its slice changed is asked again. Against
+// kube-scheduler's allocator as released this holds trivially (it keeps
+// nothing between pods); against the patched one of bench/upstream, which
+// keeps selector results across pods, it pins that the slice's generation
+// is part of what they are kept by.
+func TestAllocatorFollowsASliceChange(t *testing.T) {
+	c := newCluster(t, "dgx-h100-nomig", Options{})
+	h100 := ask{class: "gpu.gpudra.dev", product: "NVIDIA H100 80GB HBM3"}
+	require.Len(t, c.allocate(t, h100), 1)
+	c.allocated = sets.New[structured.DeviceID]()
+	for _, s := range c.slices {
+		for i := range s.Spec.Devices {
+			if _, ok := s.Spec.Devices[i].Attributes["productName"]; ok {
+				s.Spec.Devices[i].Attributes["productName"] = resourceapi.DeviceAttribute{StringValue: ptr.To("NVIDIA H200")}
+			}
+		}
+		s.Generation++
+	}
+	assert.Nil(t, c.allocate(t, h100), "no device is an H100 any more")
+	assert.Len(t, c.allocate(t, ask{class: "gpu.gpudra.dev", product: "NVIDIA H200"}), 1)
 }

@@ -11,8 +11,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
@@ -62,7 +62,7 @@ func newFleet(b *testing.B, machineName string, plain bool, opts Options) *fleet
 			// An identity, as the API server gives every slice: what a
 			// scheduler that keeps results across pods keys them by
 			// (bench/upstream).
-			s.UID = types.UID(s.Name)
+			s.UID = uuid.NewUUID()
 			s.Generation = 1
 			s.Spec.NodeName = ptr.To(name)
 			s.Spec.Pool.Name = name
